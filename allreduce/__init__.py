@@ -1,0 +1,1 @@
+"""Allreduce algorithms, their registry and the microbenchmark."""

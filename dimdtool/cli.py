@@ -1,0 +1,71 @@
+"""The ``dimd`` command group: an explicit registry of lazily imported commands.
+
+Each command lives in ``dimd.commands.<module>`` as a thin click wrapper over a
+library function. Modules load only when their command runs (or when help
+lists them), so ``dimd --help`` is instant and ``dimd pack`` never starts MPI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from dimd import __version__
+from dimd.errors import DimdError
+
+#: name -> "module:attribute"; explicit, never discovered by walking packages.
+COMMANDS: dict[str, str] = {
+    "sample-data": "dimd.commands.sample_data:sample_data",
+    "pack": "dimd.commands.pack:pack",
+    "inspect": "dimd.commands.pack:inspect",
+    "verify": "dimd.commands.pack:verify",
+    "shuffle": "dimd.commands.shuffle:shuffle",
+    "bench-io": "dimd.commands.shuffle:bench_io",
+    "bench-allreduce": "dimd.commands.allreduce:bench_allreduce",
+    "train": "dimd.commands.train:train",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group that imports a command's module only when it is needed."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attribute = target.split(":")
+        return getattr(importlib.import_module(module_name), attribute)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except DimdError as exc:
+            click.echo(f"dimd: error: {exc}", err=True)
+            ctx.exit(1)
+        except KeyboardInterrupt:
+            click.echo("dimd: interrupted", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                              "max_content_width": 100})
+@click.version_option(__version__, prog_name="dimd")
+def main() -> None:
+    """dimd: feed and synchronise data-parallel training on HPC clusters.
+
+    \b
+    Stages chain through files:
+      dimd pack imagenet/train -o /scratch/in1k/train
+      mpirun -n 64 dimd shuffle /scratch/in1k/train --verify
+      mpirun -n 64 dimd bench-allreduce --json allreduce.json
+      mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --model resnet50
+    """
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

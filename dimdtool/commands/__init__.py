@@ -1,0 +1,1 @@
+"""Click wrappers, one module per stage; the library modules never import click."""

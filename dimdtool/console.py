@@ -1,0 +1,86 @@
+"""Terminal output for the CLI: rich on a terminal, plain lines under a batch scheduler.
+
+Only the CLI layer imports this module; the library reports progress through
+plain callbacks (``advance(n)``) and never prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Callable, Iterator, TextIO
+
+Advance = Callable[[int], None]
+
+
+def is_terminal(stream: TextIO = sys.stderr) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def stdout_console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def progress(total: int | None, description: str, *, unit: str = "items", enabled: bool = True,
+             interval: float = 10.0, stream: TextIO | None = None) -> Iterator[Advance]:
+    """Yield ``advance(n)``: a rich bar with rate on a terminal, else a line every ``interval`` s."""
+    stream = stream or sys.stderr
+    if not enabled:
+        yield lambda n=1: None
+        return
+    if is_terminal(stream):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+
+        columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+        with Progress(*columns, console=stderr_console(), transient=False) as bar:
+            task = bar.add_task(description, total=total, rate="")
+            start = time.perf_counter()
+            done = 0
+
+            def advance(n: int = 1) -> None:
+                nonlocal done
+                done += n
+                elapsed = max(time.perf_counter() - start, 1e-9)
+                bar.update(task, advance=n, rate=f"{done / elapsed:,.0f} {unit}/s")
+
+            yield advance
+        return
+    yield from _plain_progress(total, description, unit, interval, stream)
+
+
+def _plain_progress(total: int | None, description: str, unit: str, interval: float,
+                    stream: TextIO) -> Iterator[Advance]:
+    start = last = time.perf_counter()
+    done = 0
+
+    def line() -> str:
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        rate = done / elapsed
+        if total:
+            eta = (total - done) / rate if rate > 0 else float("inf")
+            return (f"{description}: {done}/{total} {unit} ({100 * done / total:.0f}%), "
+                    f"{rate:,.0f} {unit}/s, {elapsed:.0f}s elapsed, eta {eta:.0f}s")
+        return f"{description}: {done} {unit}, {rate:,.0f} {unit}/s, {elapsed:.0f}s elapsed"
+
+    def advance(n: int = 1) -> None:
+        nonlocal done, last
+        done += n
+        now = time.perf_counter()
+        if now - last >= interval:
+            last = now
+            print(line(), file=stream, flush=True)
+
+    yield advance
+    print(line(), file=stream, flush=True)

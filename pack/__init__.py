@@ -1,0 +1,1 @@
+"""`dimd pack`: sources (folder tree, list file, Caffe LMDB), resize/encode, the writer, verify."""

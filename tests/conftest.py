@@ -1,0 +1,53 @@
+"""Shared fixtures: the sample tree, packed sets, and running real MPI ranks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+MPIEXEC = str(BIN / "mpiexec")
+DIMD = [sys.executable, "-m", "dimd"]
+
+
+def run_dimd(*args: str, check: bool = False, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``dimd ARGS`` as a user would, in a fresh process."""
+    proc = subprocess.run([*DIMD, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, **kwargs)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dimd {' '.join(map(str, args))} failed ({proc.returncode}):\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_mpi(n: int, *args: str, timeout: float = 240, check: bool = False,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``mpiexec -n N ARGS`` (e.g. a dimd command or a Python script) on real ranks.
+
+    A job that hangs fails the test through ``timeout`` instead of blocking it.
+    """
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([MPIEXEC, "-n", str(n), *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"mpiexec -n {n} {' '.join(map(str, args))} failed "
+                             f"({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_mpi_dimd(n: int, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return run_mpi(n, *DIMD, *args, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def sample_tree(tmp_path_factory) -> Path:
+    """A small class-tree of real JPEGs (4 classes x 12 images, some > 1000 px)."""
+    from dimd.sample_data import SampleSpec, generate
+
+    root = tmp_path_factory.mktemp("sample") / "train"
+    generate(SampleSpec(root=root, classes=4, per_class=12, seed=7, large_share=0.2), workers=2)
+    return root

@@ -1,0 +1,44 @@
+"""The command line as a user meets it: help, version, errors without tracebacks."""
+
+from conftest import run_dimd
+
+from dimd import __version__
+from dimd.cli import COMMANDS
+
+
+def test_help_lists_every_command_with_a_summary():
+    proc = run_dimd("--help", check=True)
+    for name in COMMANDS:
+        assert name in proc.stdout
+
+
+def test_version():
+    assert __version__ in run_dimd("--version", check=True).stdout
+
+
+def test_every_command_has_help():
+    for name in COMMANDS:
+        proc = run_dimd(name, "--help")
+        assert proc.returncode == 0, proc.stderr
+        assert "Usage:" in proc.stdout
+
+
+def test_user_error_is_one_line_without_traceback(tmp_path):
+    proc = run_dimd("sample-data", tmp_path / "x", "--classes", "0")
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "dimd: error: --classes must be between 1 and 80, got 0"
+
+
+def test_usage_error_exit_code_is_2():
+    assert run_dimd("no-such-command").returncode == 2
+
+
+def test_dimd_help_does_not_import_heavy_modules():
+    import subprocess, sys
+
+    code = ("import sys; from dimd.cli import main\n"
+            "try: main(['--help'])\nexcept SystemExit: pass\n"
+            "heavy = [m for m in ('torch', 'mpi4py.MPI', 'PIL.Image', 'h5py') if m in sys.modules]\n"
+            "print('HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert "HEAVY []" in out

@@ -1,0 +1,1 @@
+"""Training: models, schedules, the S-SGD and SMA engines, checkpoints, evaluation."""
