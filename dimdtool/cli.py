@@ -18,13 +18,8 @@ from dimd.errors import DimdError
 #: name -> "module:attribute"; explicit, never discovered by walking packages.
 COMMANDS: dict[str, str] = {
     "sample-data": "dimd.commands.sample_data:sample_data",
-    "pack": "dimd.commands.pack:pack",
-    "inspect": "dimd.commands.pack:inspect",
-    "verify": "dimd.commands.pack:verify",
-    "shuffle": "dimd.commands.shuffle:shuffle",
-    "bench-io": "dimd.commands.shuffle:bench_io",
-    "bench-allreduce": "dimd.commands.allreduce:bench_allreduce",
-    "train": "dimd.commands.train:train",
+    # Each stage adds its commands here as it lands: pack, inspect, verify,
+    # shuffle, bench-io, bench-allreduce, train.
 }
 
 
