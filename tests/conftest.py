@@ -51,3 +51,31 @@ def sample_tree(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("sample") / "train"
     generate(SampleSpec(root=root, classes=4, per_class=12, seed=7, large_share=0.2), workers=2)
     return root
+
+
+def pack_tree_as_is(root: Path, out: Path) -> Path:
+    """Pack a class tree without re-encoding (the files' own JPEG bytes).
+
+    Later stages test against this so they do not depend on ``dimd pack``'s
+    resize path; ``out`` is the dataset stem (``out.dimd`` + ``out.idx.h5``).
+    """
+    from PIL import Image
+
+    from dimd.format import PackedRecord, PackWriter
+
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    with PackWriter(out) as writer:
+        for label, name in enumerate(classes):
+            for path in sorted((root / name).iterdir()):
+                with Image.open(path) as image:
+                    width, height = image.size
+                writer.add(PackedRecord(path.read_bytes(), label, f"{name}/{path.name}",
+                                        height, width))
+        writer.commit(classes, short_side=0, quality=0, source=str(root))
+    return out
+
+
+@pytest.fixture(scope="session")
+def packed_sample(sample_tree, tmp_path_factory) -> Path:
+    """The sample tree as a packed data set stem (48 records, 4 classes)."""
+    return pack_tree_as_is(sample_tree, tmp_path_factory.mktemp("packed") / "sample")
