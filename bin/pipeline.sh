@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The dimd pipeline as workflow steps chained by files:
+#   pack train and val -> inspect -> shuffle --verify -> bench-allreduce -> train
+#
+# usage: bin/pipeline.sh TRAIN_SRC VAL_SRC WORKDIR [extra `dimd train` options...]
+#
+# Environment (all optional):
+#   NP=2                   MPI ranks for the MPI steps
+#   LAUNCH="mpiexec -n 2"  how MPI steps start (srun, jsrun, mpirun -hostfile ...)
+#   DIMD=dimd              the dimd executable
+#   PACK_WORKERS           `dimd pack --workers` (default: all cores)
+#   VAL_LIST               a `relative/path label` list for a flat val folder (ImageNet's val)
+#   MODEL=resnet50 IMAGE_SIZE=224 EPOCHS=90 BATCH_SIZE=64 LR=0.1
+#   STEPS="pack shuffle bench train"  the steps to run, in this order
+#
+# Every step writes its outputs under WORKDIR; a step that fails stops the pipeline.
+set -euo pipefail
+
+if [[ $# -lt 3 ]]; then
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2
+    exit 2
+fi
+train_src=$1 val_src=$2 work=$3
+shift 3
+
+NP=${NP:-2}
+LAUNCH=${LAUNCH:-"mpiexec -n $NP"}
+DIMD=${DIMD:-dimd}
+MODEL=${MODEL:-resnet50}
+IMAGE_SIZE=${IMAGE_SIZE:-224}
+EPOCHS=${EPOCHS:-90}
+BATCH_SIZE=${BATCH_SIZE:-64}
+LR=${LR:-0.1}
+STEPS=${STEPS:-"pack shuffle bench train"}
+
+mkdir -p "$work"
+step() { printf '\n== %s ==\n' "$*"; }
+workers=()
+[[ -n ${PACK_WORKERS:-} ]] && workers=(--workers "$PACK_WORKERS")
+
+for s in $STEPS; do
+    case $s in
+    pack)
+        step "pack $train_src -> $work/train"
+        $DIMD pack "$train_src" -o "$work/train" --force "${workers[@]}" --skipped "$work/train.skipped"
+        step "pack $val_src -> $work/val"
+        val_list=()
+        [[ -n ${VAL_LIST:-} ]] && val_list=(--list "$VAL_LIST")
+        $DIMD pack "$val_src" -o "$work/val" --force "${workers[@]}" "${val_list[@]}" \
+            --skipped "$work/val.skipped"
+        $DIMD inspect "$work/train" --json "$work/train.inspect.json"
+        ;;
+    shuffle)
+        step "shuffle --verify on $NP ranks"
+        $LAUNCH $DIMD shuffle "$work/train" --rounds 3 --verify --json "$work/shuffle.json"
+        ;;
+    bench)
+        step "bench-allreduce --check on $NP ranks"
+        $LAUNCH $DIMD bench-allreduce --check --max-bytes 4M --json "$work/allreduce.json"
+        ;;
+    train)
+        step "train $MODEL on $NP ranks"
+        $LAUNCH $DIMD train "$work/train" --val "$work/val" --model "$MODEL" \
+            --image-size "$IMAGE_SIZE" --epochs "$EPOCHS" --batch-size "$BATCH_SIZE" --lr "$LR" \
+            --checkpoint-dir "$work/checkpoints" --resume \
+            --metrics "$work/metrics.jsonl" --json "$work/train.json" "$@"
+        ;;
+    *)
+        echo "pipeline.sh: unknown step '$s' (steps: pack shuffle bench train)" >&2
+        exit 2
+        ;;
+    esac
+done
