@@ -1,0 +1,38 @@
+"""The model zoo: every model runs forward and backward on a tiny input."""
+
+import pytest
+import torch
+
+from dimd.errors import DimdError
+from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_forward_and_backward_on_a_tiny_input(name):
+    torch.manual_seed(0)
+    model = build_model(name, num_classes=5)
+    size = 32 if MODELS[name].image_size <= 32 else 64
+    images = torch.randn(2, 3, size, size)
+    logits = model(images)
+    assert logits.shape == (2, 5)
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 3])).backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_parameter_counts_match_the_papers():
+    assert parameter_count(build_model("resnet20", 10)) == pytest.approx(0.27e6, rel=0.02)
+    assert parameter_count(build_model("resnet50", 1000)) == 25_557_032   # torchvision's count
+    assert gradient_bytes(build_model("resnet20", 10)) == 4 * parameter_count(build_model("resnet20", 10))
+
+
+def test_zero_init_residual_zeroes_each_blocks_last_bn():
+    model = build_model("resnet18", 10, zero_init_residual=True)
+    assert float(model.layer1[0].bn2.weight.detach().abs().sum()) == 0
+    assert float(build_model("resnet18", 10).layer1[0].bn2.weight.detach().abs().sum()) > 0
+
+
+def test_unknown_model_names_the_choices():
+    with pytest.raises(DimdError, match="unknown model 'alexnet'.*resnet20"):
+        build_model("alexnet", 10)

@@ -1,0 +1,105 @@
+"""Every gradient in one contiguous buffer, so one allreduce (or a few buckets) moves them all.
+
+Each parameter's ``.grad`` is a view into :attr:`FlatGradients.buffer`;
+autograd accumulates into an existing gradient in place, so backward writes
+straight into the buffer and the allreduce needs no gather or scatter copies
+(the idea of DDP's ``gradient_as_bucket_view``). A short tail after the
+gradients carries per-step scalars (loss sum, correct count, a stop flag) in
+the same message, so they cost no extra collective.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+Reduce = Callable[[np.ndarray], None]
+
+
+class FlatGradients:
+    """One buffer: ``[grad_0 | grad_1 | ... | grad_n | extras]``, float32."""
+
+    def __init__(self, parameters: Iterable[torch.nn.Parameter], *, extras: int = 0,
+                 bucket_bytes: int = 0, dtype: torch.dtype = torch.float32) -> None:
+        self.parameters = [p for p in parameters if p.requires_grad]
+        if not self.parameters:
+            raise ValueError("the model has no trainable parameters")
+        device = self.parameters[0].device
+        for p in self.parameters:
+            if p.dtype != dtype or p.device != device or not p.is_contiguous():
+                raise ValueError(f"flat gradients need contiguous {dtype} parameters on one device, "
+                                 f"got {p.dtype} {tuple(p.shape)} on {p.device}")
+        sizes = np.array([p.numel() for p in self.parameters], np.int64)
+        ends = np.cumsum(sizes)
+        self.offsets = ends - sizes
+        self.numel = int(ends[-1])
+        self.buffer = torch.zeros(self.numel + extras, dtype=dtype, device=device)
+        self.grads = self.buffer[: self.numel]
+        self.extras = self.buffer[self.numel:]
+        self._host = (self.buffer if device.type == "cpu" else
+                      torch.empty_like(self.buffer, device="cpu", pin_memory=torch.cuda.is_available()))
+        self.host_array: np.ndarray = self._host.numpy()
+        self.bucket_bounds = bucket_bounds(ends, self.numel + extras, bucket_bytes, self.buffer.element_size())
+        self.attach()
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+    def attach(self) -> None:
+        """Point every ``.grad`` at its slice of the buffer (again, if something replaced it)."""
+        for p, offset in zip(self.parameters, self.offsets):
+            p.grad = self.buffer[int(offset): int(offset) + p.numel()].view_as(p)
+
+    def attached(self) -> bool:
+        """Whether every ``.grad`` still lives in the buffer (autograd accumulates in place)."""
+        base = self.buffer.data_ptr()
+        size = self.buffer.element_size()
+        return all(p.grad is not None and p.grad.data_ptr() == base + int(offset) * size
+                   for p, offset in zip(self.parameters, self.offsets))
+
+    def zero(self) -> None:
+        self.buffer.zero_()
+
+    def allreduce(self, reduce: Reduce, world_size: int) -> None:
+        """Sum the buffer across ranks with ``reduce`` (bucket by bucket), then average the gradients.
+
+        ``reduce`` sums a contiguous float32 numpy array in place across the
+        job. The extras tail is summed, not averaged.
+        """
+        if not self.attached():
+            raise RuntimeError("a gradient left the flat buffer (was zero_grad(set_to_none=True) called?)")
+        if self._host is not self.buffer:
+            self._host.copy_(self.buffer)
+        for start, stop in self.bucket_bounds:
+            reduce(self.host_array[start:stop])
+        if self._host is not self.buffer:
+            self.buffer.copy_(self._host, non_blocking=False)
+        if world_size > 1:
+            self.grads.div_(world_size)
+
+
+def bucket_bounds(param_ends: Sequence[int] | np.ndarray, total: int, bucket_bytes: int,
+                  itemsize: int) -> list[tuple[int, int]]:
+    """Split ``[0, total)`` into buckets of about ``bucket_bytes``, cut only at parameter ends.
+
+    ``bucket_bytes <= 0`` means one bucket. The tail beyond the last parameter
+    (the extras) joins the last bucket.
+    """
+    if bucket_bytes <= 0 or total * itemsize <= bucket_bytes:
+        return [(0, total)]
+    limit = max(bucket_bytes // itemsize, 1)
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    for end in np.asarray(param_ends, np.int64):
+        if end - start >= limit:
+            bounds.append((start, int(end)))
+            start = int(end)
+    if start < total:
+        if bounds and total - start < limit // 4:
+            bounds[-1] = (bounds[-1][0], total)   # no tiny trailing bucket
+        else:
+            bounds.append((start, total))
+    return bounds
