@@ -18,6 +18,9 @@ from dimd.errors import DimdError
 #: name -> "module:attribute"; explicit, never discovered by walking packages.
 COMMANDS: dict[str, str] = {
     "sample-data": "dimd.commands.sample_data:sample_data",
+    "pack": "dimd.commands.pack:pack_command",
+    "inspect": "dimd.commands.pack:inspect_command",
+    "verify": "dimd.commands.pack:verify_command",
     # Each stage adds its commands here as it lands: pack, inspect, verify,
     # shuffle, bench-io, bench-allreduce, train.
 }

@@ -1,0 +1,185 @@
+"""``dimd pack``, ``dimd inspect``, ``dimd verify``: thin click wrappers over :mod:`dimd.pack`."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import click
+
+from dimd.console import progress
+from dimd.errors import DimdError
+from dimd.units import format_bytes
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+@click.command("pack")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
+              help="Output stem: writes OUT.dimd (the JPEGs) and OUT.idx.h5 (the index).")
+@click.option("--list", "--labels", "list_file", type=_FILE,
+              help="Pack the images named in FILE, one 'relative/path label' line each "
+                   "(Caffe's convert_imageset format), e.g. ImageNet's flat val folder.")
+@click.option("--classes-file", type=_FILE,
+              help="Class names, one per line, line i naming label i (for --list and LMDB "
+                   "sources; default: the label numbers).")
+@click.option("--short-side", default=256, show_default=True,
+              help="Resize so the shorter side is this many pixels (aspect ratio kept).")
+@click.option("--quality", default=90, show_default=True, help="JPEG quality of the stored images.")
+@click.option("--workers", type=int, default=None,
+              help="Worker processes [default: the cores available]. The output is the same "
+                   "for any number.")
+@click.option("--strict", is_flag=True, help="Stop at the first image that cannot be packed.")
+@click.option("--skipped", "skipped_file", type=_FILE,
+              help="Write the names of skipped images, with the reason, to FILE.")
+@click.option("--force", is_flag=True, help="Overwrite an existing OUT.")
+@click.option("--json", "json_path", type=_FILE, help="Write the summary as JSON to PATH.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress; only the summary and errors.")
+def pack_command(src: Path, out: Path, list_file: Path | None, classes_file: Path | None,
+                 short_side: int, quality: int, workers: int | None, strict: bool,
+                 skipped_file: Path | None, force: bool, json_path: Path | None, quiet: bool) -> None:
+    """Resize and pack the images of SRC into one data file plus an HDF5 index.
+
+    \b
+    SRC is one of:
+      a folder of class sub-folders   labels are the sorted sub-folder names (like ImageFolder)
+      a folder plus --list FILE       'relative/path label' lines; label names from --classes-file
+      a Caffe LMDB folder (data.mdb)  caffe.Datum values, encoded or raw CHW BGR; name = key
+
+    Every image becomes RGB (grey, CMYK, palette and alpha handled, EXIF
+    orientation applied), its shorter side is resized to --short-side
+    (antialiased; large JPEGs are decoded at reduced scale first) and stored as
+    a JPEG of --quality. Files without an image extension and hidden files are
+    ignored; empty, truncated or undecodable images are skipped and named.
+    Outputs appear only when the pack completes.
+
+    \b
+    Examples:
+      dimd pack imagenet/train -o /scratch/in1k/train
+      dimd pack imagenet/val --list val.txt --classes-file synsets.txt -o /scratch/in1k/val
+      dimd pack caffe/ilsvrc12_train_lmdb -o /scratch/in1k/train --workers 16
+    """
+    from dimd.pack.packer import PackConfig, pack
+    from dimd.report import result_document, write_json
+
+    config = PackConfig(src=src, out=out, list_file=list_file, classes_file=classes_file,
+                        short_side=short_side, quality=quality, workers=workers, strict=strict,
+                        force=force)
+    bars = contextlib.ExitStack()
+    state = {"advance": lambda n=1: None}
+
+    def on_start(source) -> None:
+        state["advance"] = bars.enter_context(
+            progress(source.count, f"pack ({source.kind})", unit="img", enabled=not quiet))
+
+    def on_skip(name: str, reason: str) -> None:
+        click.echo(f"dimd: skipped {name}: {reason}", err=True)
+
+    with bars:
+        result = pack(config, advance=lambda n=1: state["advance"](n), on_skip=on_skip,
+                      on_start=on_start)
+    if skipped_file is not None:
+        from dimd.fsutil import atomic_write_text
+
+        atomic_write_text(skipped_file, "".join(f"{n}\t{r}\n" for n, r in result.skipped))
+    click.echo(f"packed {result.images} images in {len(result.classes)} classes "
+               f"({len(result.skipped)} skipped) to {result.data_path} + {result.index_path.name}: "
+               f"{format_bytes(result.bytes_in)} in, {format_bytes(result.bytes_out)} out, "
+               f"{result.seconds:.1f} s, {result.images_per_s:,.1f} images/s, "
+               f"{result.workers} worker{'s' if result.workers != 1 else ''}")
+    if json_path is not None:
+        write_json(json_path, result_document("pack", config, result.summary()))
+
+
+@click.command("inspect")
+@click.argument("dataset", type=click.Path(path_type=Path))
+@click.option("--json", "json_path", type=_FILE, help="Write the description as JSON to PATH.")
+@click.option("--all-classes", is_flag=True, help="List every class (default: at most 20).")
+def inspect_command(dataset: Path, json_path: Path | None, all_classes: bool) -> None:
+    """Describe a packed data set: count, classes, bytes, image sizes, how it was packed.
+
+    DATASET is the stem given to `dimd pack -o` (or either of its two files).
+    Fails if the data file's size does not match its index (truncated or
+    mismatched pair).
+
+    \b
+    Example:
+      dimd inspect /scratch/in1k/train --json train-info.json
+    """
+    from dimd.pack.inspection import describe
+    from dimd.report import result_document, write_json
+
+    info = describe(dataset)
+    attrs = info["attributes"]
+    lines = [
+        f"dataset     {info['dataset']}",
+        f"records     {info['count']}",
+        f"classes     {info['classes']}",
+        f"data        {format_bytes(info['data_bytes'])} ({info['data_bytes']} bytes), "
+        f"index {format_bytes(info['index_bytes'])}",
+        _stats_line("record", info["record_bytes"], " B"),
+        _stats_line("height", info["height"], " px"),
+        _stats_line("width", info["width"], " px"),
+        f"packed      short side {attrs.get('short_side')}, quality {attrs.get('quality')}, "
+        f"from {attrs.get('source')} ({attrs.get('source_kind', '?')}), "
+        f"format v{attrs.get('version')}, dimd {attrs.get('dimd_version')}",
+    ]
+    counts = list(info["class_counts"].items())
+    shown = counts if all_classes or len(counts) <= 20 else counts[:20]
+    lines.append("per class   " + ", ".join(f"{name}: {n}" for name, n in shown)
+                 + (f", ... ({len(counts) - len(shown)} more; --all-classes)" if len(shown) < len(counts) else ""))
+    click.echo("\n".join(lines))
+    if json_path is not None:
+        write_json(json_path, result_document("inspect", {"dataset": str(dataset)}, info))
+
+
+def _stats_line(label: str, stats: dict, unit: str) -> str:
+    return (f"{label:<11} min {stats['min']}{unit}, median {stats['median']:g}{unit}, "
+            f"mean {stats['mean']:g}{unit}, max {stats['max']}{unit}")
+
+
+@click.command("verify")
+@click.argument("dataset", type=click.Path(path_type=Path))
+@click.option("--workers", type=int, default=None, help="Worker processes [default: the cores available].")
+@click.option("--crc-only", is_flag=True, help="Check the crc32s only, do not decode the images.")
+@click.option("--json", "json_path", type=_FILE, help="Write the findings as JSON to PATH.")
+def verify_command(dataset: Path, workers: int | None, crc_only: bool, json_path: Path | None) -> None:
+    """Check that every record of a packed data set is intact: crc32 and a full decode.
+
+    Exits with status 1 and names every bad record (index, name, problem).
+
+    \b
+    Example:
+      dimd verify /scratch/in1k/train
+    """
+    import time
+
+    from dimd.format import PackedDataset
+    from dimd.pack.inspection import verify
+    from dimd.pack.packer import available_cores
+    from dimd.report import result_document, write_json
+
+    if workers is not None and workers < 1:
+        raise DimdError(f"--workers must be at least 1, got {workers}")
+    start = time.perf_counter()
+    total = len(PackedDataset(dataset, check_size=False))
+    with progress(total, "verify", unit="rec") as advance:
+        result = verify(dataset, workers=workers or available_cores(), decode=not crc_only,
+                        advance=advance)
+    seconds = time.perf_counter() - start
+    if json_path is not None:
+        write_json(json_path, result_document(
+            "verify", {"dataset": str(dataset), "crc_only": crc_only},
+            {"count": result.count, "bad": len(result.bad), "ok": result.ok, "seconds": round(seconds, 3),
+             "file_problem": result.file_problem,
+             "bad_records": [{"index": i, "name": n, "problem": p} for i, n, p in result.bad]}))
+    for i, name, problem in result.bad:
+        click.echo(f"dimd: bad record {i} ({name}): {problem}", err=True)
+    if result.file_problem:
+        click.echo(f"dimd: {result.file_problem}", err=True)
+    checked = "crc32" if crc_only else "crc32 and decode"
+    if not result.ok:
+        raise DimdError(f"{dataset}: {len(result.bad)} of {result.count} records are bad"
+                        + (" and the data file size is wrong" if result.file_problem else ""))
+    click.echo(f"ok: {result.count} records, {checked} checked in {seconds:.1f} s")

@@ -1,0 +1,136 @@
+"""Decode any image Pillow reads, make it RGB, resize its shorter side, encode JPEG.
+
+Speed comes from two places: JPEG draft (DCT-domain) decoding, which lets
+libjpeg-turbo decode a large image at 1/2, 1/4 or 1/8 scale when the source is
+at least twice the target, and pillow-simd's antialiased resize. The result is
+a pure function of the input bytes, so any number of workers writes the same
+output.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+#: Lower-case extensions of the files a folder source packs; anything else is ignored.
+IMAGE_EXTENSIONS = frozenset({
+    ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp",
+    ".ppm", ".pgm", ".pbm", ".pnm",
+})
+RESAMPLE = Image.Resampling.BICUBIC  # antialiased: the filter widens with the scale factor
+#: EXIF orientation tag value -> the transpose that shows the image upright (as ImageOps.exif_transpose).
+EXIF_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90,
+}
+
+
+class ImageSkipped(Exception):
+    """An input that is not a usable image (empty, truncated, undecodable); the pack goes on."""
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    data: bytes
+    height: int
+    width: int
+
+
+def target_size(width: int, height: int, short_side: int) -> tuple[int, int]:
+    """(width, height) with the shorter side equal to ``short_side``, aspect ratio kept."""
+    if width <= height:
+        return short_side, max(1, round(height * short_side / width))
+    return max(1, round(width * short_side / height)), short_side
+
+
+def open_image(data: bytes) -> Image.Image:
+    """Open encoded bytes lazily (no pixels decoded yet)."""
+    if not data:
+        raise ImageSkipped("empty file")
+    try:
+        return Image.open(io.BytesIO(data))
+    except Image.UnidentifiedImageError:
+        raise ImageSkipped("not an image Pillow can read") from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise ImageSkipped(f"unreadable image ({exc})") from None
+    except Image.DecompressionBombError as exc:
+        raise ImageSkipped(f"too large ({exc})") from None
+
+
+def resize_encoded(data: bytes, short_side: int, quality: int) -> EncodedImage:
+    """Encoded image bytes -> RGB JPEG whose shorter side is ``short_side``."""
+    image = open_image(data)
+    try:
+        orientation = image.getexif().get(0x0112, 1)
+        width, height = image.size
+        target = target_size(width, height, short_side)
+        if image.format == "JPEG" and (width >= 2 * target[0] and height >= 2 * target[1]):
+            # DCT-domain downscale: the decoded size stays >= target, the resize does the rest.
+            image.draft(image.mode, target)
+        image.load()
+    except ImageSkipped:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise ImageSkipped(f"too large ({exc})") from None
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise ImageSkipped(f"cannot decode ({exc})") from None
+    return _finish(image, target, orientation, quality)
+
+
+def resize_pixels(pixels: np.ndarray, short_side: int, quality: int) -> EncodedImage:
+    """An HxW (grey) or HxWx3 (RGB) uint8 array -> RGB JPEG with shorter side ``short_side``."""
+    image = Image.fromarray(np.ascontiguousarray(pixels), "L" if pixels.ndim == 2 else "RGB")
+    return _finish(image, target_size(image.width, image.height, short_side), 1, quality)
+
+
+def _finish(image: Image.Image, target: tuple[int, int], orientation: int,
+            quality: int) -> EncodedImage:
+    image = to_rgb_or_grey(image)
+    if image.size != target:
+        image = image.resize(target, RESAMPLE)
+    if orientation in EXIF_TRANSPOSE:  # after the resize: the same pixels, fewer of them
+        image = image.transpose(EXIF_TRANSPOSE[orientation])
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=quality)
+    return EncodedImage(out.getvalue(), image.height, image.width)
+
+
+def to_rgb_or_grey(image: Image.Image) -> Image.Image:
+    """Any mode -> "RGB" or "L" (grey stays one channel until after the resize: 3x cheaper).
+
+    Transparency is composited onto white, so a transparent background does not
+    turn black; 16-bit and 32-bit grey keep their top 8 bits instead of clipping.
+    """
+    mode = image.mode
+    if mode in ("RGB", "L"):
+        return image
+    if mode == "P":
+        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+        mode = image.mode
+    elif mode in ("1",):
+        return image.convert("L")
+    elif mode in ("I;16", "I;16L", "I;16B", "I;16N"):
+        return Image.fromarray((np.asarray(image, np.uint16) >> 8).astype(np.uint8), "L")
+    elif mode in ("I", "F"):
+        values = np.asarray(image, np.float64)
+        top = values.max() if values.size else 0
+        scale = 255.0 / top if top > 255 else 1.0
+        return Image.fromarray(np.clip(values * scale, 0, 255).astype(np.uint8), "L")
+    elif mode == "PA":
+        image = image.convert("RGBA")
+        mode = "RGBA"
+    if mode in ("RGBA", "LA", "RGBa", "La"):
+        if mode in ("RGBa", "La"):
+            image = image.convert(mode[0:-1] + "A")
+        alpha = image.getchannel("A")
+        base = image.convert("L" if image.mode == "LA" else "RGB")
+        background = Image.new(base.mode, base.size, 255 if base.mode == "L" else (255, 255, 255))
+        background.paste(base, mask=alpha)
+        return background
+    return image.convert("RGB")  # CMYK, YCbCr, LAB, HSV, RGBX, ...

@@ -1,0 +1,200 @@
+"""``dimd pack``: turn a source into a packed data set, in parallel, with the same bytes for any worker count.
+
+Workers (a process pool) read, decode, resize and encode; results come back in
+task order (``imap``), and the parent appends them to :class:`dimd.format.PackWriter`,
+which renames the outputs into place only when the pack completes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from dimd.errors import DimdError
+from dimd.format import PackedRecord, PackWriter, dataset_paths
+from dimd.pack.sources import Source, Task, open_source
+
+Advance = Callable[[int], None]
+OnSkip = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    src: Path
+    out: Path
+    list_file: Path | None = None
+    classes_file: Path | None = None
+    short_side: int = 256
+    quality: int = 90
+    workers: int | None = None  # None: the cores this process may use
+    strict: bool = False
+    force: bool = False
+    chunksize: int = 4
+
+
+@dataclass
+class PackResult:
+    data_path: Path
+    index_path: Path
+    source_kind: str
+    workers: int
+    images: int = 0
+    classes: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, reason)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+
+    @property
+    def images_per_s(self) -> float:
+        return (self.images + len(self.skipped)) / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> dict:
+        return {"images": self.images, "skipped": len(self.skipped), "classes": len(self.classes),
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+                "seconds": round(self.seconds, 3), "images_per_s": round(self.images_per_s, 1),
+                "workers": self.workers, "source_kind": self.source_kind,
+                "data_path": str(self.data_path), "index_path": str(self.index_path),
+                "skipped_images": [{"name": n, "reason": r} for n, r in self.skipped]}
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def validate(config: PackConfig) -> None:
+    if not 1 <= config.short_side <= 65535:
+        raise DimdError(f"--short-side must be between 1 and 65535, got {config.short_side}")
+    if not 1 <= config.quality <= 100:
+        raise DimdError(f"--quality must be between 1 and 100, got {config.quality}")
+    if config.workers is not None and config.workers < 1:
+        raise DimdError(f"--workers must be at least 1, got {config.workers}")
+
+
+def pack(config: PackConfig, *, advance: Advance | None = None,
+         on_skip: OnSkip | None = None, on_start: Callable[[Source], None] | None = None) -> PackResult:
+    """Pack ``config.src`` into ``config.out`` (``.dimd`` + ``.idx.h5``); see the module docstring.
+
+    ``on_start(source)`` is called once the source is resolved (e.g. to size a
+    progress bar), ``advance(n)`` after each image, ``on_skip(name, reason)``
+    for each image that is not packed.
+    """
+    validate(config)
+    start = time.perf_counter()
+    source = open_source(config.src, config.list_file, config.classes_file)
+    if on_start:
+        on_start(source)
+    workers = min(config.workers or available_cores(), max(source.count, 1))
+    data_path, index_path = dataset_paths(config.out)
+    result = PackResult(data_path, index_path, source.kind, workers)
+    max_label = -1
+    with PackWriter(config.out, force=config.force) as writer:
+        for name, label, data, height, width, size_in, reason in _processed(source, config, workers):
+            result.bytes_in += size_in
+            if data is None:
+                result.skipped.append((name, reason))
+                if on_skip:
+                    on_skip(name, reason)
+                if config.strict:
+                    raise DimdError(f"{name}: {reason} (--strict stops at the first bad image)")
+            else:
+                writer.add(PackedRecord(data, label, name, height, width))
+                max_label = max(max_label, label)
+            if advance:
+                advance(1)
+        if len(writer) == 0:
+            raise DimdError(f"{config.src}: none of its {source.count} images could be packed")
+        classes = source.classes if source.classes is not None else [str(i) for i in range(max_label + 1)]
+        if max_label >= len(classes):
+            raise DimdError(f"{config.src}: label {max_label} but the classes file names only "
+                            f"{len(classes)} classes")
+        writer.commit(classes, short_side=config.short_side, quality=config.quality,
+                      source=str(config.src),
+                      extra_attrs={"source_kind": source.kind, "skipped": len(result.skipped)})
+        result.images, result.bytes_out, result.classes = len(writer), writer.data_bytes, list(classes)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _processed(source: Source, config: PackConfig, workers: int) -> Iterator[tuple]:
+    """Results in task order, from this process or from a pool of ``workers``."""
+    settings = (config.short_side, config.quality)
+    if workers == 1:
+        _init_worker(*settings)
+        yield from map(process_task, source.tasks())
+        return
+    import multiprocessing
+
+    # Bound the tasks in flight: the pool's feeder thread would otherwise read a whole LMDB ahead.
+    throttle = _Throttle(workers * config.chunksize * 8)
+    with multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn").Pool(
+            workers, _init_worker, settings) as pool:
+        try:
+            for item in pool.imap(process_task, throttle.feed(source.tasks()), config.chunksize):
+                throttle.release()
+                yield item
+        finally:
+            throttle.close()
+
+
+class _Throttle:
+    """A semaphore around an iterable consumed by another thread; ``close`` unblocks it for good."""
+
+    def __init__(self, limit: int) -> None:
+        self._slots = threading.Semaphore(limit)
+        self._closed = False
+
+    def feed(self, items: Iterable[Task]) -> Iterator[Task]:
+        for item in items:
+            self._slots.acquire()
+            if self._closed:
+                return
+            yield item
+
+    def release(self) -> None:
+        self._slots.release()
+
+    def close(self) -> None:
+        self._closed = True
+        self._slots.release(1 << 20)
+
+
+_SETTINGS: tuple[int, int] = (256, 90)
+
+
+def _init_worker(short_side: int, quality: int) -> None:
+    global _SETTINGS
+    _SETTINGS = (short_side, quality)
+
+
+def process_task(task: Task) -> tuple:
+    """One task -> ``(name, label, jpeg | None, height, width, bytes_in, skip_reason)``."""
+    from dimd.pack.imaging import ImageSkipped, resize_encoded
+
+    name, label, kind, payload = task
+    short_side, quality = _SETTINGS
+    size_in = 0
+    try:
+        if kind == "file":
+            try:
+                with open(payload, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None
+            size_in = len(data)
+            image = resize_encoded(data, short_side, quality)
+        else:
+            from dimd.pack.lmdb_source import datum_image
+
+            size_in = len(payload)
+            label, image = datum_image(payload, short_side, quality)
+    except ImageSkipped as exc:
+        return name, label, None, 0, 0, size_in, str(exc)
+    return name, label, image.data, image.height, image.width, size_in, ""
