@@ -1,0 +1,265 @@
+"""The distributed in-memory store: partitioned load, zero-copy records, the group shuffle.
+
+DIMD paper, section 4.1: each learner loads a share of the packed file into
+memory; the learners of a group together hold every record once; a shuffle
+moves records between the ranks of a group with one ``Alltoallv``.
+
+Where a record lands after ``shuffle(seed, round)`` depends only on
+``(seed, round, group)``, not on where it was before: a permutation of the
+whole set assigns each record a slot, and slots are cut into balanced
+contiguous ranges, one per rank. So every rank keeps ``total // size`` (+1)
+records, and a resumed job reproduces the placement by loading and calling
+``shuffle`` once with the same seed and round.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from dimd.errors import DimdError
+from dimd.format import PackedDataset, crc32
+from dimd.shuffle.exchange import META_DTYPE, alltoallv_records, gather_bytes
+from dimd.shuffle.partition import (agree_or_raise, available_memory, memory_problem,
+                                    node_local_ranks, share_bounds, split_groups)
+
+#: Bytes per read call of the load: few large reads, but a progress callback now and then.
+READ_CHUNK = 64 << 20
+
+
+@dataclass(frozen=True)
+class ShuffleStats:
+    """One rank's view of one shuffle (bytes and records exchanged with other ranks)."""
+
+    round: int
+    seconds: float
+    group_size: int
+    records_sent: int
+    bytes_sent: int
+    records_received: int
+    bytes_received: int
+    records_held: int
+    bytes_held: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LoadStats:
+    """One rank's partitioned load."""
+
+    seconds: float
+    records: int
+    bytes: int
+    reads: int
+    first_record: int
+
+
+class DistributedStore:
+    """This rank's share of a packed data set, in one numpy buffer, plus its index rows.
+
+    Build it with :meth:`load` (collective over ``comm``).
+    """
+
+    def __init__(self, *, path: Path, comm: Any, group_comm: Any, group: int, groups: int,
+                 total: int, classes: list[str], data: np.ndarray, starts: np.ndarray,
+                 meta: np.ndarray, load_stats: LoadStats) -> None:
+        self.path = path
+        self.comm = comm
+        self.group_comm = group_comm
+        self.group = group
+        self.groups = groups
+        self.total = total
+        self.classes = classes
+        self.load_stats = load_stats
+        self.round: int | None = None  # the last shuffle's round; None: still in load order
+        self._set(data, starts, meta)
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, comm: Any, groups: int = 1, memory_limit: int | None = None,
+             *, advance: Callable[[int], None] | None = None) -> "DistributedStore":
+        """Collective over ``comm``: split into ``groups`` groups, load this rank's contiguous share.
+
+        Every rank checks, before reading, that its share (and the receive
+        buffer a shuffle needs) fits its part of the node's available memory
+        and ``memory_limit`` bytes; if any rank's does not, every rank raises
+        :class:`DimdError`. ``advance(n)`` is called with bytes read.
+        """
+        start_time = time.perf_counter()
+        group_comm = split_groups(comm, groups)
+        dataset, problem = None, None
+        try:
+            dataset = PackedDataset(path)
+        except DimdError as exc:
+            problem = str(exc)
+        agree_or_raise(comm, problem)
+        assert dataset is not None
+
+        total = len(dataset)
+        size, rank = group_comm.Get_size(), group_comm.Get_rank()
+        bounds = share_bounds(total, size)
+        first, stop = int(bounds[rank]), int(bounds[rank + 1])
+        begin, end = dataset.byte_range(first, stop)
+        rows = dataset.records[first:stop]
+        share = end - begin
+        # A shuffle holds the packed send buffer and the received one at once.
+        need = share * (2 if size > 1 else 1) + len(rows) * META_DTYPE.itemsize * 4
+        budget = available_memory() // node_local_ranks(comm)
+        agree_or_raise(comm, memory_problem(need, budget=budget, memory_limit=memory_limit,
+                                            rank=comm.Get_rank(), records=len(rows),
+                                            group_size=size, path=str(dataset.data_path)))
+
+        data, reads, problem = np.empty(share, np.uint8), 0, None
+        try:
+            reads = _read_range(dataset.data_path, begin, data, advance)
+            problem = _spot_check(dataset, first, rows, data, begin)
+        except OSError as exc:
+            problem = f"{dataset.data_path}: read failed ({exc})"
+        agree_or_raise(comm, problem)
+
+        meta = np.empty(len(rows), META_DTYPE)
+        meta["index"] = np.arange(first, stop, dtype=np.int64)
+        for field in ("label", "length", "crc32", "height", "width"):
+            meta[field] = rows[field]
+        starts = rows["offset"].astype(np.int64) - begin
+        stats = LoadStats(seconds=time.perf_counter() - start_time, records=len(rows), bytes=share,
+                          reads=reads, first_record=first)
+        return cls(path=dataset.data_path, comm=comm, group_comm=group_comm,
+                   group=comm.Get_rank() // size, groups=groups, total=total,
+                   classes=list(dataset.classes), data=data, starts=starts, meta=meta,
+                   load_stats=stats)
+
+    def _set(self, data: np.ndarray, starts: np.ndarray, meta: np.ndarray) -> None:
+        data.flags.writeable = False  # records are handed out as views: nobody may change them
+        self._data = data
+        self._starts = np.ascontiguousarray(starts, np.int64)
+        self._meta = meta
+        self.labels = np.ascontiguousarray(meta["label"])
+        self.global_index = np.ascontiguousarray(meta["index"])
+
+    # -- access ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._meta)
+
+    def record(self, i: int) -> memoryview:
+        """The encoded bytes of local record ``i``, without copying."""
+        start = int(self._starts[i])
+        return memoryview(self._data)[start : start + int(self._meta["length"][i])]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._meta["length"]
+
+    @property
+    def crc32(self) -> np.ndarray:
+        """The index's crc32 of each local record (what the bytes should hash to)."""
+        return self._meta["crc32"]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """(height, width) of each local record's stored image, as an n x 2 array."""
+        return np.stack([self._meta["height"], self._meta["width"]], axis=1)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._meta["length"].sum(dtype=np.int64))
+
+    def actual_crc32(self) -> np.ndarray:
+        """crc32 of the bytes held now, per local record (for verification)."""
+        return np.fromiter((crc32(self.record(i)) for i in range(len(self))), np.uint32, len(self))
+
+    # -- shuffle --------------------------------------------------------------------------
+
+    def placement(self, seed: int, round: int) -> np.ndarray:
+        """Slot of every global record after ``shuffle(seed, round)`` in this group."""
+        if seed < 0 or round < 0:
+            raise DimdError(f"seed and round must be non-negative (got {seed}, {round})")
+        return np.random.default_rng([seed, round, self.group]).permutation(self.total)
+
+    def shuffle(self, seed: int, round: int) -> ShuffleStats:
+        """Collective within the group: move records so each rank holds a fresh random share.
+
+        One ``Alltoallv`` of the bytes (after an ``Alltoall`` of counts and an
+        ``Alltoallv`` of the index rows). In a group of one rank it is a new
+        local order and moves no bytes.
+        """
+        start_time = time.perf_counter()
+        comm = self.group_comm
+        size, rank = comm.Get_size(), comm.Get_rank()
+        bounds = share_bounds(self.total, size)
+        slot_of = self.placement(seed, round)
+        sent_records = sent_bytes = received_records = received_bytes = 0
+        if size == 1:
+            order = np.argsort(slot_of[self._meta["index"]])
+            data, starts, meta = self._data, self._starts[order], self._meta[order]
+        else:
+            dest = np.searchsorted(bounds, slot_of[self._meta["index"]], side="right") - 1
+            order = np.argsort(dest, kind="stable")
+            send_meta = self._meta[order]
+            sendbuf = gather_bytes(self._data, self._starts[order], send_meta["length"])
+            counts = np.bincount(dest, minlength=size)
+            staying = order[dest[order] == rank]
+            sent_records = len(order) - len(staying)
+            sent_bytes = len(sendbuf) - int(self._meta["length"][staying].sum(dtype=np.int64))
+            self._data = np.empty(0, np.uint8)  # free the old share before the receive buffer exists
+            received = alltoallv_records(comm, sendbuf, send_meta, counts)
+            del sendbuf
+            position = slot_of[received.meta["index"]] - bounds[rank]
+            problem = None
+            if len(position) != bounds[rank + 1] - bounds[rank] or (
+                    len(position) and np.bincount(position, minlength=len(position)).max() != 1):
+                problem = (f"shuffle round {round}: rank {comm.Get_rank()} of group {self.group} "
+                           f"received {len(position)} records that do not fill its "
+                           f"{bounds[rank + 1] - bounds[rank]} slots (a record was lost or duplicated)")
+            agree_or_raise(comm, problem)
+            meta = np.empty_like(received.meta)
+            meta[position] = received.meta
+            starts = np.empty_like(received.starts)
+            starts[position] = received.starts
+            data = received.data
+            received_records, received_bytes = received.records_from_others, received.bytes_from_others
+        self._set(data, starts, meta)
+        self.round = round
+        return ShuffleStats(round=round, seconds=time.perf_counter() - start_time, group_size=size,
+                            records_sent=sent_records, bytes_sent=sent_bytes,
+                            records_received=received_records, bytes_received=received_bytes,
+                            records_held=len(self), bytes_held=self.nbytes)
+
+
+def _read_range(path: Path, begin: int, out: np.ndarray, advance: Callable[[int], None] | None) -> int:
+    """Fill ``out`` with the bytes of ``path`` from ``begin``, in a few large reads."""
+    view = memoryview(out)
+    done = reads = 0
+    with open(path, "rb", buffering=0) as f:
+        f.seek(begin)
+        while done < len(out):
+            n = f.readinto(view[done : done + READ_CHUNK])
+            reads += 1
+            if not n:
+                raise DimdError(f"{path}: ends at byte {begin + done}, the index expects "
+                                f"{begin + len(out)} (truncated data file?)")
+            done += n
+            if advance is not None:
+                advance(n)
+    return reads
+
+
+def _spot_check(dataset: PackedDataset, first: int, rows: np.ndarray, data: np.ndarray, begin: int) -> str | None:
+    """Compare the crc32 of the share's first and last record with the index (cheap mismatch check)."""
+    for i in {0, len(rows) - 1} if len(rows) else ():
+        start = int(rows["offset"][i]) - begin
+        actual = crc32(data[start : start + int(rows["length"][i])])
+        if actual != int(rows["crc32"][i]):
+            return (f"{dataset.data_path}: the bytes of record {first + i} do not "
+                    f"match the crc32 in {dataset.index_path.name} (the data and index files are "
+                    f"not a pair, or the data is corrupt)")
+    return None

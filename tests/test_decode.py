@@ -1,0 +1,86 @@
+"""In-memory decode: shapes, the crop distribution, draft decoding, and bad bytes."""
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dimd.shuffle import DecodeError, decode_eval, decode_train
+from dimd.shuffle.decode import random_resized_crop_box, to_chw
+
+
+def jpeg_bytes(width: int, height: int, seed: int = 0, mode: str = "RGB") -> bytes:
+    """A smooth, non-symmetric test picture (gradients), so crops and flips are visible."""
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([255 * x / width, 255 * y / height, 128 + 60 * np.sin((x + seed) / 37.0)], axis=2)
+    image = Image.fromarray(rgb.astype(np.uint8))
+    if mode != "RGB":
+        image = image.convert(mode)
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=92)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("size", [32, 224])
+def test_decode_train_gives_chw_uint8_of_the_requested_size(size):
+    out = decode_train(jpeg_bytes(500, 375), size, np.random.default_rng(0))
+    assert out.shape == (3, size, size) and out.dtype == np.uint8 and out.flags.c_contiguous
+
+
+def test_decode_train_is_a_function_of_the_generator():
+    data = memoryview(jpeg_bytes(640, 480))
+    a = decode_train(data, 64, np.random.default_rng(5))
+    b = decode_train(data, 64, np.random.default_rng(5))
+    c = decode_train(data, 64, np.random.default_rng(6))
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_crop_boxes_stay_inside_and_follow_scale_and_ratio():
+    rng = np.random.default_rng(1)
+    for width, height in [(256, 256), (341, 256), (256, 900), (1200, 300), (20, 17)]:
+        for _ in range(200):
+            left, top, w, h = random_resized_crop_box(width, height, rng)
+            assert 0 <= left and left + w <= width and 0 <= top and top + h <= height
+            assert w > 0 and h > 0
+    areas = []
+    for _ in range(2000):
+        _, _, w, h = random_resized_crop_box(400, 400, rng)
+        areas.append(w * h / 400 ** 2)
+        assert 3 / 4 - 0.02 <= w / h <= 4 / 3 + 0.02
+    assert 0.07 <= min(areas) < 0.15 and max(areas) > 0.9
+
+
+def test_decode_eval_matches_resize_then_centre_crop():
+    data = jpeg_bytes(1000, 700)  # large enough that draft decoding kicks in
+    ours = decode_eval(data, 64)
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    short = round(64 * 256 / 224)  # 73
+    resized = image.resize((round(1000 * short / 700), short), Image.BILINEAR)
+    left = (resized.width - 64) // 2
+    top = (resized.height - 64) // 2
+    reference = to_chw(np.asarray(resized.crop((left, top, left + 64, top + 64))))
+    assert ours.shape == (3, 64, 64)
+    assert np.abs(ours.astype(int) - reference.astype(int)).mean() < 4
+
+
+def test_flip_mirrors_the_crop():
+    hwc = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    assert np.array_equal(to_chw(hwc, flip=True), to_chw(hwc)[:, :, ::-1])
+
+
+def test_grayscale_jpegs_become_three_channels():
+    data = jpeg_bytes(300, 200, mode="L")
+    train = decode_train(data, 48, np.random.default_rng(0))
+    evaluated = decode_eval(data, 48)
+    assert train.shape == evaluated.shape == (3, 48, 48)
+    assert np.array_equal(evaluated[0], evaluated[1])
+
+
+def test_bad_bytes_raise_a_decode_error():
+    with pytest.raises(DecodeError, match="not a decodable image"):
+        decode_eval(b"definitely not a jpeg", 32)
+    truncated = jpeg_bytes(400, 300)[:2000]
+    with pytest.raises(DecodeError):
+        decode_train(truncated, 32, np.random.default_rng(0))

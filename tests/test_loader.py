@@ -1,0 +1,121 @@
+"""The batch loader on one rank: shapes, labels, determinism, exact resume, evaluation coverage."""
+
+import numpy as np
+import pytest
+import torch
+
+from dimd.errors import DimdError
+from dimd.format import PackedDataset
+from dimd.shuffle import BatchLoader, DistributedStore, decode_eval
+
+
+@pytest.fixture(scope="module")
+def store(packed_sample):
+    from dimd.mpi import init_mpi
+
+    init_mpi("funneled")
+    from mpi4py import MPI
+
+    return DistributedStore.load(packed_sample, MPI.COMM_WORLD)
+
+
+def collect(loader, epoch):
+    return [(images.clone(), labels.clone()) for images, labels in loader.epoch(epoch)]
+
+
+def test_training_batches_are_uint8_nchw_with_int64_labels(store):
+    with BatchLoader(store, batch_size=5, image_size=32, workers=2, seed=1) as loader:
+        assert loader.steps_per_epoch == 48 // 5 == len(loader)
+        batches = collect(loader, 0)
+    assert len(batches) == 9
+    for images, labels in batches:
+        assert images.shape == (5, 3, 32, 32) and images.dtype == torch.uint8
+        assert labels.shape == (5,) and labels.dtype == torch.int64
+
+
+def test_an_epoch_draws_without_replacement_and_labels_follow_the_records(store, packed_sample):
+    loader = BatchLoader(store, batch_size=5, image_size=32, seed=1)
+    indices = loader.epoch_indices(0)
+    drawn = np.concatenate(indices)
+    assert len(drawn) == 45 and len(set(drawn.tolist())) == 45
+    assert not np.array_equal(drawn, np.sort(drawn))
+    assert not np.array_equal(drawn, np.concatenate(loader.epoch_indices(1)))
+    names = PackedDataset(packed_sample).names
+    for (_, labels), batch in zip(collect(loader, 0), indices):
+        assert labels.tolist() == store.labels[batch].tolist()
+        for label, i in zip(labels.tolist(), batch):  # the class folder of the source file
+            assert names[store.global_index[i]].split("/")[0] == store.classes[label]
+    loader.close()
+
+
+def test_batches_do_not_depend_on_thread_count_or_timing(store):
+    one = collect(BatchLoader(store, batch_size=8, image_size=24, workers=1, seed=4), 2)
+    three = collect(BatchLoader(store, batch_size=8, image_size=24, workers=3, seed=4, prefetch=1), 2)
+    other_seed = collect(BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=5), 2)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(one, three))
+    assert not torch.equal(one[0][0], other_seed[0][0])
+
+
+def test_state_dict_resumes_exactly_mid_epoch(store):
+    reference = BatchLoader(store, batch_size=4, image_size=24, seed=9)
+    expected = collect(reference, 1)
+
+    first = BatchLoader(store, batch_size=4, image_size=24, seed=9)
+    for step, _ in enumerate(first.epoch(1)):
+        if step == 4:
+            state = first.state_dict()  # taken after consuming batches 0..4
+            break
+    first.close()
+    assert state["epoch"] == 1 and state["step"] == 5
+
+    resumed = BatchLoader(store, batch_size=4, image_size=24, seed=9)
+    resumed.load_state_dict(state)
+    rest = collect(resumed, 1)
+    assert len(rest) == len(expected) - 5
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(rest, expected[5:]))
+    assert resumed.state_dict()["epoch"] == 2 and resumed.state_dict()["step"] == 0
+    assert len(collect(resumed, 2)) == resumed.steps_per_epoch  # later epochs start at 0
+
+
+def test_resume_refuses_a_store_that_holds_other_records(packed_sample):
+    from mpi4py import MPI
+
+    store = DistributedStore.load(packed_sample, MPI.COMM_WORLD)
+    state = BatchLoader(store, batch_size=4, seed=0).state_dict()
+    store.shuffle(seed=0, round=0)
+    with pytest.raises(DimdError, match="replay its last shuffle"):
+        BatchLoader(store, batch_size=4, seed=0).load_state_dict(state)
+    with pytest.raises(DimdError, match="batch_size=4"):
+        BatchLoader(store, batch_size=3, seed=0).load_state_dict(state)
+
+
+def test_evaluation_visits_every_record_once_in_order(store):
+    loader = BatchLoader(store, batch_size=10, image_size=32, train=False, workers=2)
+    batches = collect(loader, 0)
+    assert loader.steps_per_epoch == len(batches) == 5
+    assert [len(labels) for _, labels in batches] == [10, 10, 10, 10, 8]
+    labels = torch.cat([labels for _, labels in batches])
+    assert labels.tolist() == store.labels.tolist()
+    images = torch.cat([images for images, _ in batches])
+    for i in (0, 23, 47):
+        assert np.array_equal(images[i].numpy(), decode_eval(store.record(i), 32))
+
+
+def test_a_batch_larger_than_the_share_is_refused(store):
+    with pytest.raises(DimdError, match="fewer than one batch per rank"):
+        BatchLoader(store, batch_size=49)
+
+
+def test_a_corrupt_record_names_itself(tmp_path, packed_sample):
+    from mpi4py import MPI
+
+    from dimd.format import PackedRecord, PackWriter
+
+    packed = PackedDataset(packed_sample)
+    with PackWriter(tmp_path / "bad") as writer:
+        writer.add(PackedRecord(bytes(packed.record(0)), 0, "good.jpg", 1, 1))
+        writer.add(PackedRecord(b"\xff\xd8not a jpeg at all", 1, "bad.jpg", 1, 1))
+        writer.commit(["a", "b"], short_side=0, quality=0, source="test")
+    bad = DistributedStore.load(tmp_path / "bad", MPI.COMM_WORLD)
+    with pytest.raises(DimdError, match=r"bad.dimd: record 1: not a decodable image"):
+        collect(BatchLoader(bad, batch_size=2, train=False), 0)

@@ -1,0 +1,83 @@
+"""The in-memory store on one rank: the load, zero-copy records, errors, the one-rank shuffle."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from dimd.errors import DimdError
+from dimd.format import PackedDataset, crc32
+from dimd.shuffle import DistributedStore
+
+
+@pytest.fixture(scope="module")
+def world():
+    from dimd.mpi import init_mpi
+
+    init_mpi("funneled")
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def test_load_holds_every_record_with_its_index_row(packed_sample, world):
+    store = DistributedStore.load(packed_sample, world)
+    packed = PackedDataset(packed_sample)
+    assert len(store) == store.total == len(packed) == 48
+    assert store.classes == packed.classes
+    assert np.array_equal(store.global_index, np.arange(48))
+    assert np.array_equal(store.labels, packed.labels) and store.labels.dtype == np.int32
+    for i in (0, 17, 47):
+        assert bytes(store.record(i)) == bytes(packed.record(i))
+    assert list(store.actual_crc32()) == list(packed.records["crc32"])
+    assert store.load_stats.reads == 1 and store.load_stats.bytes == packed.data_bytes
+
+
+def test_records_are_views_into_one_buffer(packed_sample, world):
+    store = DistributedStore.load(packed_sample, world)
+    view = store.record(3)
+    assert isinstance(view, memoryview) and view.readonly
+    assert np.shares_memory(np.frombuffer(view, np.uint8), np.frombuffer(store.record(3), np.uint8))
+    assert crc32(view) == int(store.crc32[3])
+
+
+def test_a_group_of_one_rank_shuffles_by_reordering_only(packed_sample, world):
+    store = DistributedStore.load(packed_sample, world, groups=1)
+    stats = store.shuffle(seed=3, round=0)
+    assert stats.bytes_sent == stats.bytes_received == 0 and stats.records_held == 48
+    assert not np.array_equal(store.global_index, np.arange(48))
+    assert sorted(store.global_index) == list(range(48))
+    assert list(store.actual_crc32()) == list(store.crc32)
+    first = store.global_index.copy()
+    store.shuffle(seed=3, round=1)
+    assert not np.array_equal(store.global_index, first)
+    store.shuffle(seed=3, round=0)  # the placement depends only on (seed, round)
+    assert np.array_equal(store.global_index, first)
+
+
+def test_memory_limit_error_suggests_more_ranks_per_group(packed_sample, world):
+    with pytest.raises(DimdError, match=r"needs .* --memory-limit is 1.0 KiB; use more ranks per group"):
+        DistributedStore.load(packed_sample, world, memory_limit=1024)
+
+
+def test_groups_must_divide_the_ranks(packed_sample, world):
+    with pytest.raises(DimdError, match="--groups 2 does not divide the 1 ranks"):
+        DistributedStore.load(packed_sample, world, groups=2)
+
+
+def test_data_file_that_is_not_the_index_pair_is_refused(packed_sample, world, tmp_path):
+    stem = tmp_path / "mismatch"
+    shutil.copy(packed_sample.with_suffix(".idx.h5"), stem.with_suffix(".idx.h5"))
+    data = bytearray(packed_sample.with_suffix(".dimd").read_bytes())
+    data[10:20] = bytes(10)  # same size, other bytes in the first record
+    stem.with_suffix(".dimd").write_bytes(bytes(data))
+    with pytest.raises(DimdError, match="do not match the crc32"):
+        DistributedStore.load(stem, world)
+    stem.with_suffix(".dimd").write_bytes(bytes(data[:-100]))
+    with pytest.raises(DimdError, match="truncated"):
+        DistributedStore.load(stem, world)
+
+
+def test_missing_dataset_is_a_clear_error(tmp_path, world):
+    with pytest.raises(DimdError, match="index file not found"):
+        DistributedStore.load(tmp_path / "nothing", world)
