@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "pack": "dimd.commands.pack:pack_command",
     "inspect": "dimd.commands.pack:inspect_command",
     "verify": "dimd.commands.pack:verify_command",
+    "shuffle": "dimd.commands.shuffle:shuffle_command",
     # Each stage adds its commands here as it lands: pack, inspect, verify,
     # shuffle, bench-io, bench-allreduce, train.
 }

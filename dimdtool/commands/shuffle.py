@@ -1,0 +1,115 @@
+"""``mpirun dimd shuffle``: partitioned in-memory load and timed group shuffles (thin wrapper)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import click
+
+from dimd.commands.mpi_job import mpi_command
+from dimd.units import format_bytes, parse_size
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+def _memory(rss: list[int]) -> str:
+    return " ".join(format_bytes(b) for b in rss)
+
+
+@click.command("shuffle")
+@click.argument("dataset", type=click.Path(path_type=Path))
+@click.option("--groups", "-g", default=1, show_default=True,
+              help="Split the ranks into G groups of consecutive ranks; each group holds the whole "
+                   "set, its ranks one share each. G = number of ranks: everyone holds everything.")
+@click.option("--rounds", "-r", default=5, show_default=True, help="Shuffles to run and time.")
+@click.option("--seed", default=0, show_default=True,
+              help="Placement seed: round r puts the records where shuffle(seed, r) always puts them.")
+@click.option("--verify", is_flag=True,
+              help="After the load and every round, check per group that the multiset of "
+                   "(name, crc32) is unchanged (every record once, bytes intact); fail loudly if not.")
+@click.option("--save-order", type=click.Path(file_okay=False, path_type=Path),
+              help="Each rank k writes the global record indices it holds after round r to "
+                   "DIR/round{r}_rank{k}.npy.")
+@click.option("--memory-limit", help="Refuse to load more than this per rank (e.g. 8G), "
+                                     "besides the node's available memory.")
+@click.option("--json", "json_path", type=_FILE, help="Write the figures as JSON to PATH (rank 0).")
+@click.option("-q", "--quiet", is_flag=True, help="No load progress; only the table and errors.")
+@mpi_command("single")
+def shuffle_command(dataset: Path, groups: int, rounds: int, seed: int, verify: bool,
+                    save_order: Path | None, memory_limit: str | None, json_path: Path | None,
+                    quiet: bool, comm, mpi_setup) -> None:
+    """Load a packed DATASET into the memory of the MPI ranks and shuffle it between them.
+
+    Each rank reads its contiguous share of DATASET (the stem given to `dimd
+    pack -o`) with a few large reads; then every round moves the records
+    between the ranks of each group with one MPI_Alltoallv, so that every rank
+    holds a fresh random share of the same size (+-1). Prints, per round, the
+    time (max over ranks), bytes moved, bandwidth and each rank's resident
+    memory, then the load time and a summary.
+
+    \b
+    Examples:
+      mpirun -n 8 dimd shuffle /scratch/in1k/train --verify
+      mpirun -n 32 dimd shuffle /scratch/in22k/train --groups 4 --rounds 3 --json shuffle.json
+    """
+    from dimd.console import progress
+    from dimd.report import result_document, write_json
+    from dimd.shuffle.rounds import ShuffleConfig, run_shuffle
+
+    root = comm.Get_rank() == 0
+    config = ShuffleConfig(dataset=dataset, groups=groups, rounds=rounds, seed=seed, verify=verify,
+                           save_order=save_order,
+                           memory_limit=parse_size(memory_limit) if memory_limit else None)
+    share = _share_estimate(dataset, comm.Get_size() // groups if groups > 0 else 1)
+
+    bar = contextlib.ExitStack()
+    advance = bar.enter_context(progress(share, "load", unit="B", enabled=root and not quiet))
+
+    def on_load(run) -> None:
+        bar.close()  # the load is over: its last progress line comes before the table
+        if root:
+            click.echo(f"shuffle {dataset}: {run.records} records, {format_bytes(run.data_bytes)}, "
+                       f"{run.world_size} ranks in {run.groups} group(s) of {run.group_size}, "
+                       f"seed {seed}" + (", verifying" if verify else ""))
+            click.echo(f"{'round':>5} {'seconds':>9} {'records moved':>14} {'bytes moved':>12} "
+                       f"{'GB/s':>7} {'verified':>8}  resident memory per rank")
+
+    def on_round(r) -> None:
+        if root:
+            click.echo(f"{r.round:>5} {r.seconds:>9.4f} {r.records_moved:>14} "
+                       f"{format_bytes(r.bytes_moved):>12} {r.gb_per_s:>7.3f} "
+                       f"{'ok' if r.verified else '-':>8}  {_memory(r.resident_bytes)}")
+
+    with bar:
+        run = run_shuffle(config, comm, advance_load=advance, on_load=on_load, on_round=on_round)
+    summary = run.summary()
+    if root:
+        click.echo(f"load: {run.load_seconds:.3f} s (max over ranks), {run.load_reads} reads, "
+                   f"{summary['load_gb_per_s'] or 0:.3f} GB/s, resident memory per rank "
+                   f"{_memory(run.load_resident_bytes)}" + (", verified" if run.load_verified else ""))
+        if run.rounds:
+            click.echo(f"summary: {summary['rounds']} rounds, median {summary['seconds_median']:.4f} s "
+                       f"(min {summary['seconds_min']:.4f}, max {summary['seconds_max']:.4f}), "
+                       f"median {format_bytes(summary['bytes_moved_median'])} moved at "
+                       f"{summary['gb_per_s_median']:.3f} GB/s"
+                       + ("; every round verified" if verify else ""))
+        if json_path is not None:
+            figures = {"world_size": run.world_size, "groups": run.groups, "group_size": run.group_size,
+                       "records": run.records, "data_bytes": run.data_bytes,
+                       "load": {"seconds": run.load_seconds, "reads": run.load_reads,
+                                "resident_bytes": run.load_resident_bytes,
+                                "verified": run.load_verified},
+                       "rounds": run.rounds, "summary": summary}
+            write_json(json_path, result_document("shuffle", config, figures, mpi=mpi_setup.as_dict()))
+
+
+def _share_estimate(dataset: Path, group_size: int) -> int | None:
+    """Bytes rank 0 will read (for the progress bar); None when the data file is not there."""
+    from dimd.format import dataset_paths
+
+    data_path, _ = dataset_paths(dataset)
+    try:
+        return max(1, data_path.stat().st_size // max(group_size, 1))
+    except OSError:
+        return None

@@ -1,0 +1,160 @@
+"""The group shuffle on real MPI ranks: conservation, balance, fresh orders, labels, errors that end the job."""
+
+import json
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import run_mpi, run_mpi_dimd
+from dimd.format import PackedDataset, PackedRecord, PackWriter
+
+
+def saved_orders(folder, rounds, ranks):
+    return [[np.load(folder / f"round{r}_rank{k}.npy") for k in range(ranks)] for r in range(rounds)]
+
+
+@pytest.mark.parametrize("ranks,groups", [(2, 1), (3, 1), (3, 3), (4, 2), (4, 4)])
+def test_shuffle_conserves_balances_and_reorders(packed_sample, tmp_path, ranks, groups):
+    orders, report = tmp_path / "orders", tmp_path / "shuffle.json"
+    proc = run_mpi_dimd(ranks, "shuffle", packed_sample, "--groups", groups, "--rounds", 3, "--seed", 11,
+                        "--verify", "--save-order", orders, "--json", report, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "every round verified" in proc.stdout
+    held = saved_orders(orders, 3, ranks)
+    per_group = ranks // groups
+    share = 48 // per_group
+    for r, ranks_held in enumerate(held):
+        for g in range(groups):
+            members = ranks_held[g * per_group:(g + 1) * per_group]
+            assert sorted(np.concatenate(members).tolist()) == list(range(48))  # each record once
+            assert all(abs(len(m) - share) <= 1 for m in members)               # balanced
+        if r:
+            assert any(not np.array_equal(a, b) for a, b in zip(held[r - 1], ranks_held))
+    if groups > 1:  # groups place the records independently
+        assert not np.array_equal(held[0][0], held[0][per_group])
+    doc = json.loads(report.read_text())
+    assert doc["command"] == "shuffle" and doc["world_size"] == ranks and doc["groups"] == groups
+    assert len(doc["rounds"]) == 3 and doc["load"]["verified"]
+    assert doc["parameters"]["seed"] == 11 and "thread_level_provided" in doc["mpi"]
+    moved = [r["bytes_moved"] for r in doc["rounds"]]
+    assert all(m == 0 for m in moved) if per_group == 1 else all(m > 0 for m in moved)
+
+
+def pack_subset(packed_sample, out, count):
+    packed = PackedDataset(packed_sample)
+    with PackWriter(out) as writer:
+        for i in range(count):
+            row = packed.records[i]
+            writer.add(PackedRecord(bytes(packed.record(i)), int(row["label"]), packed.names[i],
+                                    int(row["height"]), int(row["width"])))
+        writer.commit(packed.classes, short_side=0, quality=0, source="subset")
+    return out
+
+
+@pytest.mark.parametrize("records", [2, 7])
+def test_odd_counts_and_empty_partitions(packed_sample, tmp_path, records):
+    subset = pack_subset(packed_sample, tmp_path / "subset", records)
+    orders = tmp_path / "orders"
+    proc = run_mpi_dimd(4, "shuffle", subset, "--rounds", 4, "--verify", "--save-order", orders,
+                        timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for ranks_held in saved_orders(orders, 4, 4):
+        assert sorted(np.concatenate(ranks_held).tolist()) == list(range(records))
+        assert sorted(len(m) for m in ranks_held) == sorted(len(p) for p in np.array_split(range(records), 4))
+
+
+def test_memory_limit_ends_the_job_with_advice(packed_sample):
+    proc = run_mpi_dimd(2, "shuffle", packed_sample, "--memory-limit", "64K", timeout=60)
+    assert proc.returncode != 0
+    assert "use more ranks per group" in proc.stderr and "--memory-limit is 64.0 KiB" in proc.stderr
+
+
+def test_index_and_data_mismatch_ends_the_job(packed_sample, tmp_path):
+    other = pack_subset(packed_sample, tmp_path / "other", 5)
+    other.with_suffix(".dimd").write_bytes(packed_sample.with_suffix(".dimd").read_bytes())
+    proc = run_mpi_dimd(3, "shuffle", other, timeout=60)
+    assert proc.returncode != 0 and "the index expects" in proc.stderr
+
+
+def test_groups_must_divide_the_job(packed_sample):
+    proc = run_mpi_dimd(3, "shuffle", packed_sample, "--groups", 2, timeout=60)
+    assert proc.returncode != 0 and "--groups 2 does not divide the 3 ranks" in proc.stderr
+
+
+ONE_RANK_FAILS = textwrap.dedent("""
+    import sys, click
+    from dimd.commands.mpi_job import mpi_command
+    from dimd.errors import DimdError
+    from dimd.shuffle import DistributedStore
+
+    @click.command()
+    @click.argument("dataset")
+    @mpi_command("single")
+    def job(dataset, comm, mpi_setup):
+        store = DistributedStore.load(dataset, comm)
+        if comm.rank == 1:
+            raise DimdError("rank 1 gives up before the shuffle")
+        store.shuffle(0, 0)  # the others wait in the Alltoall: they must be ended, not hang
+        print("finished", comm.rank, flush=True)
+
+    job()
+""")
+
+
+def test_an_error_on_one_rank_ends_the_shuffle_job(packed_sample, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(ONE_RANK_FAILS)
+    proc = run_mpi(3, sys.executable, script, packed_sample, timeout=60)
+    assert proc.returncode != 0
+    assert "rank 1: rank 1 gives up before the shuffle" in proc.stderr
+    assert "finished" not in proc.stdout
+
+
+LOADER_JOB = textwrap.dedent("""
+    import json, sys, zlib
+    import numpy as np
+    from dimd.mpi import init_mpi
+    init_mpi("funneled")
+    from mpi4py import MPI
+    from dimd.shuffle import BatchLoader, DistributedStore
+
+    comm = MPI.COMM_WORLD
+    store = DistributedStore.load(sys.argv[1], comm, groups=int(sys.argv[2]))
+    store.shuffle(seed=4, round=0)
+    train = BatchLoader(store, batch_size=4, image_size=32, workers=2, seed=1)
+    steps = comm.allgather(train.steps_per_epoch)
+    seen = sum(len(labels) for _, labels in train.epoch(0))
+    evaluation = BatchLoader(store, batch_size=5, image_size=32, train=False, workers=2)
+    pairs = []
+    for images, labels in evaluation.epoch(0):
+        pairs += [(int(store.global_index[len(pairs) + j]), int(labels[j]),
+                   zlib.crc32(images[j].numpy().tobytes())) for j in range(len(labels))]
+    everything = comm.gather(pairs)
+    if comm.rank == 0:
+        print(json.dumps({"steps": steps, "seen": seen, "pairs": everything}))
+""")
+
+
+@pytest.mark.parametrize("ranks,groups", [(3, 1)])
+def test_batches_decode_to_the_right_labels_on_every_rank(packed_sample, tmp_path, ranks, groups):
+    import zlib
+
+    from dimd.shuffle import decode_eval
+
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER_JOB)
+    proc = run_mpi(ranks, sys.executable, script, packed_sample, groups, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["steps"] == [48 // (ranks * 4)] * ranks  # the same on every rank
+    assert result["seen"] == 48 // (ranks * 4) * 4
+    packed = PackedDataset(packed_sample)
+    per_group = ranks // groups
+    for g in range(groups):
+        pairs = [p for rank_pairs in result["pairs"][g * per_group:(g + 1) * per_group] for p in rank_pairs]
+        assert sorted(i for i, _, _ in pairs) == list(range(48))  # evaluation sees each record once
+        for index, label, image_crc in pairs:
+            assert label == packed.labels[index]
+            assert image_crc == zlib.crc32(decode_eval(packed.record(index), 32).tobytes())
