@@ -21,7 +21,9 @@ COMMANDS: dict[str, str] = {
     "pack": "dimd.commands.pack:pack_command",
     "inspect": "dimd.commands.pack:inspect_command",
     "verify": "dimd.commands.pack:verify_command",
+    "train": "dimd.commands.train:train",
     "shuffle": "dimd.commands.shuffle:shuffle_command",
+    "bench-io": "dimd.commands.bench_io:bench_io",
     # Each stage adds its commands here as it lands: pack, inspect, verify,
     # shuffle, bench-io, bench-allreduce, train.
 }

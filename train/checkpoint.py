@@ -1,0 +1,112 @@
+"""Checkpoints: written by rank 0 to a temporary name and renamed, the last N kept, loaded safely.
+
+A checkpoint holds what an exact resume needs: the model (rank 0's
+parameters, and every rank's buffers, since batch-norm statistics are local),
+the optimizer (momentum), the schedule position (global step), the epoch,
+every rank's sampler state and torch RNG, the store's last shuffle round and
+the metrics so far. It is read with ``torch.load(weights_only=True)``, so
+every value is a tensor or a plain container of plain values; numpy arrays
+and tuples are encoded as tensors and tagged lists on the way in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dimd.errors import DimdError
+from dimd.fsutil import atomic_path
+
+FORMAT = "dimd-checkpoint"
+VERSION = 1
+_NAME = re.compile(r"^checkpoint-e(\d+)-s(\d+)\.pt$")
+
+
+def checkpoint_name(epoch: int, step: int) -> str:
+    """``epoch`` is the number of finished epochs, ``step`` the number of optimizer steps taken."""
+    return f"checkpoint-e{epoch:04d}-s{step:08d}.pt"
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """Checkpoints in ``directory``, oldest first (by step)."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(2)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def save_checkpoint(directory: str | os.PathLike, state: dict[str, Any], *, keep: int = 3) -> Path:
+    """Write ``state`` atomically as the next checkpoint; delete all but the newest ``keep``."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / checkpoint_name(int(state["epoch"]), int(state["step"]))
+    document = {"format": FORMAT, "version": VERSION, **encode(state)}
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            torch.save(document, f)
+            f.flush()
+            os.fsync(f.fileno())
+    if keep > 0:
+        for old in list_checkpoints(folder)[:-keep]:
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint`; a clear error for anything else."""
+    path = Path(path)
+    try:
+        document = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise DimdError(f"{path}: checkpoint not found") from None
+    except Exception as exc:  # a truncated or foreign file: pickle/zip errors of many kinds
+        raise DimdError(f"{path}: not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise DimdError(f"{path}: not a dimd checkpoint")
+    if int(document.get("version", -1)) > VERSION:
+        raise DimdError(f"{path}: checkpoint version {document['version']} is newer than this dimd reads")
+    return decode(document)
+
+
+# weights_only=True loads tensors and plain containers only: encode the rest reversibly.
+_TUPLE, _NDARRAY, _NDARRAY_DTYPE = "__tuple__", "__ndarray__", "__ndarray_dtype__"
+
+
+def encode(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return {_NDARRAY: torch.from_numpy(np.ascontiguousarray(value).copy()),
+                _NDARRAY_DTYPE: value.dtype.str}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: encode(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return {_TUPLE: [encode(v) for v in value]}
+    if isinstance(value, list):
+        return [encode(v) for v in value]
+    return value
+
+
+def decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if _NDARRAY in value and len(value) == 2:
+            return value[_NDARRAY].numpy().astype(np.dtype(value[_NDARRAY_DTYPE]), copy=False)
+        if _TUPLE in value and len(value) == 1:
+            return tuple(decode(v) for v in value[_TUPLE])
+        return {k: decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    return value

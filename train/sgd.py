@@ -1,0 +1,157 @@
+"""One synchronous data-parallel SGD step: forward, backward, one allreduce, update.
+
+Every rank computes the mean loss over its own ``b`` images; the gradients are
+summed across the ``P`` ranks and divided by ``P``, which is the gradient of
+the mean loss over the global batch of ``P * b`` images. So one step on P
+ranks equals one step on one rank with the whole global batch (for models
+without batch norm; batch-norm statistics stay local, as in the DIMD paper).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dimd.train.flatgrad import FlatGradients, Reduce
+
+#: The tail of the flat buffer: summed across ranks with the gradients, in the same message.
+EXTRA_LOSS, EXTRA_CORRECT, EXTRA_SAMPLES, EXTRA_STOP = range(4)
+EXTRAS = 4
+
+#: ImageNet's per-channel mean and standard deviation (0..255 scale), as the ResNet recipe uses.
+MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+def parameter_groups(model: nn.Module, weight_decay: float, *,
+                     decay_bn_and_bias: bool = False) -> list[dict]:
+    """Weight decay on weights only: batch-norm scales/shifts and biases (1-d tensors) are exempt."""
+    decay, exempt = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if decay_bn_and_bias or p.ndim > 1 else exempt).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if exempt:
+        groups.append({"params": exempt, "weight_decay": 0.0})
+    return groups
+
+
+def make_optimizer(model: nn.Module, *, lr: float, momentum: float, weight_decay: float,
+                   nesterov: bool = False, decay_bn_and_bias: bool = False) -> torch.optim.SGD:
+    # SGD reads .grad and never replaces it, so the flat buffer's views survive every step.
+    return torch.optim.SGD(parameter_groups(model, weight_decay, decay_bn_and_bias=decay_bn_and_bias),
+                           lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
+
+
+class Normalize:
+    """uint8 N x 3 x H x W images -> normalised float32 on the device, in one pass."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
+        self.inv_std = (1.0 / torch.tensor(STD, device=device)).view(1, 3, 1, 1)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.to(self.device, non_blocking=True).float()
+        return x.sub_(self.mean).mul_(self.inv_std)
+
+
+@dataclass
+class StepTimes:
+    """Seconds spent per phase, summed over steps (the time split the issue asks for)."""
+
+    data: float = 0.0
+    compute: float = 0.0      # forward + backward
+    allreduce: float = 0.0
+    optimizer: float = 0.0
+
+    def add(self, other: "StepTimes") -> None:
+        self.data += other.data
+        self.compute += other.compute
+        self.allreduce += other.allreduce
+        self.optimizer += other.optimizer
+
+    def as_dict(self) -> dict[str, float]:
+        return {"data": self.data, "compute": self.compute, "allreduce": self.allreduce,
+                "optimizer": self.optimizer}
+
+
+@dataclass
+class StepResult:
+    loss_sum: float       # summed over the global batch
+    correct: float
+    samples: float
+    stop: bool            # some rank asked to stop (a signal)
+    times: StepTimes = field(default_factory=StepTimes)
+
+
+class SyncSGD:
+    """The S-SGD engine's inner step over a model whose gradients live in a :class:`FlatGradients`."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduce: Reduce,
+                 world_size: int, *, bucket_bytes: int = 0, normalize: Normalize | None = None,
+                 synchronize: Callable[[], None] | None = None) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.reduce = reduce
+        self.world_size = world_size
+        self.flat = FlatGradients(model.parameters(), extras=EXTRAS, bucket_bytes=bucket_bytes)
+        self.normalize = normalize
+        self._sync = synchronize or (lambda: None)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def step(self, images: torch.Tensor, labels: torch.Tensor, *, stop: bool = False) -> StepResult:
+        """One step on this rank's batch; collective: every rank must call it."""
+        times = StepTimes()
+        t0 = time.perf_counter()
+        self.model.train()
+        x = self.normalize(images) if self.normalize is not None else images
+        y = labels.to(x.device, non_blocking=True)
+        self.flat.zero()
+        logits = self.model(x)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        with torch.no_grad():
+            extras = self.flat.extras
+            extras[EXTRA_LOSS] = loss.detach() * y.numel()
+            extras[EXTRA_CORRECT] = (logits.argmax(1) == y).sum()
+            extras[EXTRA_SAMPLES] = y.numel()
+            extras[EXTRA_STOP] = 1.0 if stop else 0.0
+        self._sync()
+        t1 = time.perf_counter()
+        self.flat.allreduce(self.reduce, self.world_size)
+        t2 = time.perf_counter()
+        self.optimizer.step()
+        self._sync()
+        t3 = time.perf_counter()
+        times.compute, times.allreduce, times.optimizer = t1 - t0, t2 - t1, t3 - t2
+        loss_sum, correct, samples, stops = self.flat.extras.tolist()
+        return StepResult(loss_sum, correct, samples, stops > 0, times)
+
+
+def broadcast_state(module: nn.Module, comm, root: int = 0) -> None:
+    """Give every rank ``root``'s parameters and buffers (identical initial weights)."""
+    with torch.no_grad():
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            host = tensor.detach().cpu().contiguous() if tensor.device.type != "cpu" else tensor.data
+            if not host.is_contiguous():
+                raise ValueError("broadcast needs contiguous tensors")
+            comm.Bcast(host.numpy(), root=root)
+            if host is not tensor.data:
+                tensor.copy_(host)
+
+
+def replicas_identical(module: nn.Module, comm) -> bool:
+    """Whether every rank holds bit-identical parameters (a cheap checksum comparison)."""
+    digest = np.array([float(p.detach().double().sum()) for p in module.parameters()], np.float64)
+    everyone = comm.allgather(digest.tobytes())
+    return all(d == everyone[0] for d in everyone)
