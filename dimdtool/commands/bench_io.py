@@ -1,0 +1,66 @@
+"""``dimd bench-io``: images/s of the in-memory loader, a file-based DataLoader and the decode limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dimd.commands.mpi_job import mpi_command
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+@click.command("bench-io")
+@click.argument("dataset", type=click.Path(path_type=Path))
+@click.option("--tree", required=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="The folder DATASET was packed from (the original image files).")
+@click.option("--workers", default=2, show_default=True,
+              help="Decoding threads (dimd) and worker processes (DataLoader).")
+@click.option("--batch-size", default=32, show_default=True)
+@click.option("--image-size", default=224, show_default=True)
+@click.option("--images", type=int, help="Images per measurement [default: every record, whole batches].")
+@click.option("--repeats", default=3, show_default=True, help="Runs of each method; medians are reported.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--json", "json_path", type=_FILE, help="Write the figures as JSON to PATH.")
+@mpi_command("funneled")
+def bench_io(dataset: Path, tree: Path, workers: int, batch_size: int, image_size: int,
+             images: int | None, repeats: int, seed: int, json_path: Path | None, comm, mpi_setup) -> None:
+    """Measure training-batch throughput (images/s) three ways on the same images.
+
+    \b
+      dimd   the in-memory BatchLoader over the packed DATASET (threads, draft decode)
+      torch  torch.utils.data.DataLoader over the original files in --tree, Pillow
+             decode + RandomResizedCrop-style crop/resize + flip (worker processes)
+      limit  decode_train in a bare single-threaded loop over the in-memory bytes
+
+    All use random-resized crop (scale 0.08-1, ratio 3/4-4/3) to --image-size
+    and a random flip, with the same --workers. Prints each run, the medians
+    and the ratios dimd/torch (aim >= 1.3) and dimd per worker / limit (aim
+    >= 0.8). Runs in one process (no mpirun).
+
+    \b
+    Example:
+      dimd bench-io demo/train --tree demo/images/train --workers 2 --json bench-io.json
+    """
+    from dimd.report import result_document, write_json
+    from dimd.shuffle.bench_io import BenchIoConfig, run_bench_io
+
+    config = BenchIoConfig(dataset=dataset, tree=tree, workers=workers, batch_size=batch_size,
+                           image_size=image_size, images=images, repeats=repeats, seed=seed)
+
+    def on_measurement(m) -> None:
+        click.echo(f"run {m.repeat}  {m.method:<6} {m.images:>6} images {m.seconds:>8.2f} s "
+                   f"{m.images_per_s:>9.1f} images/s")
+
+    result = run_bench_io(config, comm, on_measurement=on_measurement)
+    click.echo(f"{'method':<7} {'median img/s':>13} {'min':>9} {'max':>9}")
+    for method, figures in result["methods"].items():
+        click.echo(f"{method:<7} {figures['images_per_s_median']:>13.1f} {figures['images_per_s_min']:>9.1f} "
+                   f"{figures['images_per_s_max']:>9.1f}")
+    ratios = result["ratios"]
+    click.echo(f"dimd / torch DataLoader: {ratios['dimd_over_torch']:.2f}x (aim >= 1.3); "
+               f"dimd per worker / decode limit: {ratios['dimd_per_worker_over_limit']:.2f}x (aim >= 0.8), "
+               f"{workers} worker{'s' if workers != 1 else ''}, {mpi_setup.cores} cores")
+    if json_path is not None:
+        write_json(json_path, result_document("bench-io", config, result, mpi=mpi_setup.as_dict()))

@@ -1,0 +1,179 @@
+"""``dimd bench-io``: the in-memory loader against what a PyTorch user would do, and the decode limit.
+
+Three measurements of training batches (random-resized crop + flip, uint8
+N x 3 x S x S) on the same images, augmentation and worker count:
+
+* ``dimd``: :class:`BatchLoader` over the packed records in memory (threads,
+  DCT-domain draft decoding);
+* ``torch``: a ``torch.utils.data.DataLoader`` (worker processes) over the
+  original image files, each opened with Pillow, converted to RGB, cropped and
+  resized as torchvision's ``RandomResizedCrop`` does on PIL images, flipped;
+* ``limit``: :func:`decode_train` in a bare single-threaded loop over the
+  in-memory bytes: the per-image work with no loader around it.
+
+Each is repeated; medians and spreads are reported with the ratios
+dimd/torch and (dimd per worker)/limit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from dimd.errors import DimdError
+from dimd.shuffle.decode import random_resized_crop_box
+from dimd.shuffle.loader import BatchLoader
+from dimd.shuffle.store import DistributedStore
+
+METHODS = ("dimd", "torch", "limit")
+
+
+@dataclass(frozen=True)
+class BenchIoConfig:
+    dataset: Path
+    tree: Path
+    workers: int = 2
+    batch_size: int = 32
+    image_size: int = 224
+    images: int | None = None  # per measurement; None: every record (whole batches)
+    repeats: int = 3
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Measurement:
+    method: str
+    repeat: int
+    images: int
+    seconds: float
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+
+class FileDataset:
+    """The original files, as a map-style dataset decoded the way torchvision users do."""
+
+    def __init__(self, paths: list[Path], labels: np.ndarray, image_size: int, seed: int) -> None:
+        self.paths, self.labels, self.image_size, self.seed = paths, labels, image_size, seed
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        import torch
+        from PIL import Image
+
+        rng = np.random.default_rng([self.seed, i])
+        with Image.open(self.paths[i]) as image:
+            image = image.convert("RGB")
+        left, top, w, h = random_resized_crop_box(*image.size, rng)
+        image = image.crop((left, top, left + w, top + h)).resize((self.image_size,) * 2, Image.BILINEAR)
+        if rng.random() < 0.5:
+            image = image.transpose(Image.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.array(image)).permute(2, 0, 1), int(self.labels[i])
+
+
+def run_bench_io(config: BenchIoConfig, comm: Any, *,
+                 on_measurement: Callable[[Measurement], None] | None = None) -> dict[str, Any]:
+    """Measure the three methods ``config.repeats`` times each (interleaved) and return the figures."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    if comm.Get_size() != 1:
+        raise DimdError("bench-io measures one process; run it without mpirun")
+    if config.repeats < 1 or config.workers < 1 or config.batch_size < 1:
+        raise DimdError("--repeats, --workers and --batch-size must be at least 1")
+    store = DistributedStore.load(config.dataset, comm)
+    from dimd.format import PackedDataset
+
+    names = PackedDataset(config.dataset).names
+    paths = [config.tree / names[int(i)] for i in store.global_index]
+    missing = [p for p in paths[:50] if not p.is_file()]
+    if missing:
+        raise DimdError(f"{missing[0]}: not found; --tree must be the folder {config.dataset} was packed "
+                        f"from (record names are paths relative to it)")
+    batches = len(store) // config.batch_size
+    if config.images is not None:
+        batches = min(batches, max(1, config.images // config.batch_size))
+    if batches < 1:
+        raise DimdError(f"{len(store)} records are fewer than one batch of {config.batch_size}")
+    count = batches * config.batch_size
+    torch.set_num_threads(1)
+
+    loader = BatchLoader(store, config.batch_size, config.image_size, train=True,
+                         workers=config.workers, seed=config.seed)
+    files = FileDataset(paths, store.labels, config.image_size, config.seed)
+
+    def run_dimd(repeat: int) -> int:
+        done = 0
+        for step, (images, _) in enumerate(loader.epoch(repeat)):
+            done += len(images)
+            if step + 1 == batches:
+                break
+        return done
+
+    # a well-configured DataLoader: worker processes started once and kept (persistent_workers)
+    baseline = DataLoader(files, batch_size=config.batch_size, shuffle=True, drop_last=True,
+                          num_workers=config.workers, generator=torch.Generator().manual_seed(config.seed),
+                          persistent_workers=True, prefetch_factor=2)
+
+    def run_torch(repeat: int) -> int:
+        done = 0
+        for step, (images, _) in enumerate(baseline):
+            done += len(images)
+            if step + 1 == batches:
+                break
+        return done
+
+    from dimd.shuffle.decode import decode_train
+
+    def run_limit(repeat: int) -> int:
+        rng = np.random.default_rng([config.seed, repeat])
+        order = rng.permutation(len(store))[:count]
+        for i in order.tolist():
+            decode_train(store.record(i), config.image_size, rng)
+        return count
+
+    runners = {"dimd": run_dimd, "torch": run_torch, "limit": run_limit}
+    # warm-up: thread pool, page cache, PIL's plugin import; not measured
+    next(iter(loader.epoch(10_000)))
+    next(iter(baseline))
+    measurements: list[Measurement] = []
+    for repeat in range(config.repeats):
+        for method in METHODS:
+            start = time.perf_counter()
+            images = runners[method](repeat)
+            measurement = Measurement(method, repeat, images, time.perf_counter() - start)
+            measurements.append(measurement)
+            if on_measurement is not None:
+                on_measurement(measurement)
+    loader.close()
+    del baseline
+    return summarise(config, measurements, records=len(store))
+
+
+def summarise(config: BenchIoConfig, measurements: list[Measurement], *, records: int) -> dict[str, Any]:
+    """Medians with min/max per method, and the ratios the issue asks for."""
+    methods: dict[str, Any] = {}
+    for method in METHODS:
+        rates = [m.images_per_s for m in measurements if m.method == method]
+        methods[method] = {"images_per_s_median": float(np.median(rates)), "images_per_s_min": min(rates),
+                           "images_per_s_max": max(rates), "runs": rates,
+                           "images": next(m.images for m in measurements if m.method == method)}
+    dimd, torch_rate, limit = (methods[m]["images_per_s_median"] for m in METHODS)
+    return {
+        "records": records,
+        "methods": methods,
+        "ratios": {
+            "dimd_over_torch": dimd / torch_rate if torch_rate else None,
+            "dimd_per_worker_over_limit": dimd / config.workers / limit if limit else None,
+            "dimd_over_limit": dimd / limit if limit else None,
+        },
+        "aims": {"dimd_over_torch": 1.3, "dimd_per_worker_over_limit": 0.8},
+    }
