@@ -63,8 +63,7 @@ class BatchLoader:
         else:
             self.steps_per_epoch = -(-len(store) // batch_size)
         self._pin = pin_memory and _cuda_available()
-        self._epoch, self._step = 0, 0  # batches consumed so far
-        self._resume: tuple[int, int] | None = None
+        self._epoch, self._step = 0, 0  # the position: batches consumed so far
         self._pool: ThreadPoolExecutor | None = None
 
     # -- the sampler ----------------------------------------------------------------------
@@ -86,15 +85,14 @@ class BatchLoader:
     def epoch(self, epoch: int) -> Iterator[tuple[Any, Any]]:
         """Yield ``(images, labels)`` for ``epoch``.
 
-        The first call after :meth:`load_state_dict` for the saved epoch starts
-        at the saved step; every other call starts at the epoch's first batch.
+        The loader has a position (epoch, batches consumed): asking for the
+        epoch it is in continues from there (after a ``break``, a shuffle of
+        the store, or :meth:`load_state_dict`); any other epoch starts at its
+        first batch. A finished epoch moves the position to the next one.
         """
         if epoch < 0:
             raise DimdError(f"epoch must be non-negative (got {epoch})")
-        first = 0
-        if self._resume is not None and self._resume[0] == epoch:
-            first = self._resume[1]
-        self._resume = None
+        first = self._step if epoch == self._epoch else 0
         self._epoch, self._step = epoch, first
         batches = self.epoch_indices(epoch)
         pool = self._executor()
@@ -185,7 +183,7 @@ class BatchLoader:
                 "store_round": self.store.round, "store_fingerprint": self._fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` was taken: the next ``epoch(state['epoch'])`` resumes mid-way.
+        """Continue exactly where ``state`` was taken: ``epoch(state['epoch'])`` resumes mid-way.
 
         The store must hold the same records in the same order: load it the
         same way and replay the last ``shuffle(seed, round)`` first.
@@ -203,7 +201,6 @@ class BatchLoader:
         if not 0 <= state["step"] <= self.steps_per_epoch:
             raise DimdError(f"loader state step {state['step']} is outside 0..{self.steps_per_epoch}")
         self._epoch, self._step = int(state["epoch"]), int(state["step"])
-        self._resume = (self._epoch, self._step)
 
 
 def _cuda_available() -> bool:

@@ -119,3 +119,19 @@ def test_a_corrupt_record_names_itself(tmp_path, packed_sample):
     bad = DistributedStore.load(tmp_path / "bad", MPI.COMM_WORLD)
     with pytest.raises(DimdError, match=r"bad.dimd: record 1: not a decodable image"):
         collect(BatchLoader(bad, batch_size=2, train=False), 0)
+
+
+def test_asking_again_for_the_current_epoch_continues_it(store):
+    loader = BatchLoader(store, batch_size=6, image_size=16, seed=2)
+    expected = [labels.tolist() for _, labels in BatchLoader(store, batch_size=6, image_size=16,
+                                                             seed=2).epoch(0)]
+    got = []
+    for _, labels in loader.epoch(0):
+        got.append(labels.tolist())
+        if len(got) == 3:
+            break  # e.g. to shuffle the store mid-epoch
+    got += [labels.tolist() for _, labels in loader.epoch(0)]
+    assert got == expected
+    assert loader.state_dict()["epoch"] == 1
+    assert len(list(loader.epoch(0))) == loader.steps_per_epoch  # another epoch starts afresh
+    loader.close()
