@@ -33,7 +33,7 @@ class PackConfig:
     workers: int | None = None  # None: the cores this process may use
     strict: bool = False
     force: bool = False
-    chunksize: int = 4
+    chunksize: int = 16  # tasks per message to and from a worker
 
 
 @dataclass
@@ -48,6 +48,7 @@ class PackResult:
     bytes_in: int = 0
     bytes_out: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process and its workers: comparable on a busy machine
 
     @property
     def images_per_s(self) -> float:
@@ -57,6 +58,7 @@ class PackResult:
         return {"images": self.images, "skipped": len(self.skipped), "classes": len(self.classes),
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
                 "seconds": round(self.seconds, 3), "images_per_s": round(self.images_per_s, 1),
+                "cpu_seconds": round(self.cpu_seconds, 3),
                 "workers": self.workers, "source_kind": self.source_kind,
                 "data_path": str(self.data_path), "index_path": str(self.index_path),
                 "skipped_images": [{"name": n, "reason": r} for n, r in self.skipped]}
@@ -87,7 +89,7 @@ def pack(config: PackConfig, *, advance: Advance | None = None,
     for each image that is not packed.
     """
     validate(config)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), _cpu_seconds()
     source = open_source(config.src, config.list_file, config.classes_file)
     if on_start:
         on_start(source)
@@ -120,7 +122,16 @@ def pack(config: PackConfig, *, advance: Advance | None = None,
                       extra_attrs={"source_kind": source.kind, "skipped": len(result.skipped)})
         result.images, result.bytes_out, result.classes = len(writer), writer.data_bytes, list(classes)
     result.seconds = time.perf_counter() - start
+    result.cpu_seconds = _cpu_seconds() - cpu_start
     return result
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process plus its finished children (the pool's workers, once joined)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _processed(source: Source, config: PackConfig, workers: int) -> Iterator[tuple]:
@@ -132,8 +143,9 @@ def _processed(source: Source, config: PackConfig, workers: int) -> Iterator[tup
         return
     import multiprocessing
 
+    _preload_imaging()  # once here, not once per forked worker
     # Bound the tasks in flight: the pool's feeder thread would otherwise read a whole LMDB ahead.
-    throttle = _Throttle(workers * config.chunksize * 8)
+    throttle = _Throttle(workers * config.chunksize * 4)
     with multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn").Pool(
             workers, _init_worker, settings) as pool:
         try:
@@ -163,7 +175,16 @@ class _Throttle:
 
     def close(self) -> None:
         self._closed = True
-        self._slots.release(1 << 20)
+        self._slots.release()  # one slot wakes the single feeder thread, which then stops
+
+
+def _preload_imaging() -> None:
+    from PIL import Image
+
+    import dimd.pack.imaging  # noqa: F401
+    import dimd.pack.lmdb_source  # noqa: F401
+
+    Image.init()  # every format plugin, so workers do not each import them
 
 
 _SETTINGS: tuple[int, int] = (256, 90)
