@@ -1,1 +1,20 @@
-"""Allreduce algorithms, their registry and the microbenchmark."""
+"""Allreduce algorithms, their registry and the microbenchmark.
+
+    from dimd.allreduce import allreduce, ALGORITHMS, choose_fastest
+
+    allreduce(grads, comm, "ring")                    # sum in place on every rank
+    allreduce(grads, comm, "multicolor", colors=4, average=True)
+    best = choose_fastest(grads.nbytes, comm, grads.dtype, ["mpi", "ring", "multicolor"])
+
+``ALGORITHMS`` maps each name to an :class:`Algorithm` (function, one-line
+description, options with their defaults).
+"""
+
+from dimd.allreduce.api import (ALGORITHMS, SUPPORTED_DTYPES, Algorithm, AllreduceError,
+                                allreduce, get_algorithm)
+from dimd.allreduce.bench import choose_fastest
+from dimd.allreduce.buffers import release_scratch
+from dimd.allreduce.multicolor import ColorTree, color_trees
+
+__all__ = ["ALGORITHMS", "SUPPORTED_DTYPES", "Algorithm", "AllreduceError", "ColorTree", "allreduce",
+           "choose_fastest", "color_trees", "get_algorithm", "release_scratch"]

@@ -1,0 +1,180 @@
+"""Measure allreduce algorithms the way nccl-tests and the OSU benchmarks do.
+
+Per (size, algorithm): every rank times ``iters`` back-to-back in-place
+allreduces after ``warmup`` untimed ones (a barrier before the timed loop);
+each rank's per-iteration average is gathered, and the row reports their
+average, minimum and maximum. algbw = bytes / time; busbw = algbw x 2(P-1)/P
+(nccl-tests' bus bandwidth: what each rank's link carries in a ring). Timed
+buffers hold zeros, so repeated in-place sums neither grow nor overflow; the
+check runs separately on values with a known sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from dimd.allreduce.api import ALGORITHMS, AllreduceError, allreduce, get_algorithm
+
+#: An allreduce under test: sums a 1-D array in place across the job.
+Reducer = Callable[[np.ndarray], None]
+
+_AUTO_BUDGET_BYTES = 256 << 20  # default iterations move about this much per row
+
+
+def auto_iters(nbytes: int, cap: int = 1000, floor: int = 5) -> int:
+    """Iterations for a size: ``cap`` for small messages, fewer as they grow (>= ``floor``)."""
+    return int(max(floor, min(cap, _AUTO_BUDGET_BYTES // max(nbytes, 1))))
+
+
+def auto_warmup(iters: int) -> int:
+    return max(2, iters // 10)
+
+
+def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """``min_bytes``, ``min_bytes * factor``, ... up to ``max_bytes`` (nccl-tests' -b/-e/-f)."""
+    if min_bytes < 0 or max_bytes < min_bytes:
+        raise AllreduceError(f"need 0 <= --min-bytes <= --max-bytes, got {min_bytes} and {max_bytes}")
+    if factor < 2:
+        raise AllreduceError(f"--factor must be at least 2, got {factor}")
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        if size == 0:
+            size = 1
+        size *= factor
+    return sizes
+
+
+def reducer(algorithm: str, comm: Any, options: dict[str, Any]) -> Reducer:
+    """``algorithm`` bound to ``comm`` with the options it takes (others are ignored)."""
+    known = {name for a in ALGORITHMS.values() for name in a.options}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise AllreduceError(f"no algorithm takes option(s) {', '.join(unknown)}; "
+                             f"known options: {', '.join(sorted(known))}")
+    taken = {k: v for k, v in options.items() if k in get_algorithm(algorithm).options}
+    return lambda buf: allreduce(buf, comm, algorithm, **taken)
+
+
+def time_reducer(run: Reducer, buf: np.ndarray, comm: Any, iters: int, warmup: int) -> tuple[float, float, float]:
+    """(avg, min, max) over ranks of each rank's mean seconds per call."""
+    from mpi4py import MPI
+
+    for _ in range(warmup):
+        run(buf)
+    comm.Barrier()
+    start = MPI.Wtime()
+    for _ in range(iters):
+        run(buf)
+    mine = np.array([(MPI.Wtime() - start) / max(iters, 1)])
+    every = np.empty(comm.Get_size())
+    comm.Allgather(mine, every)
+    return float(every.mean()), float(every.min()), float(every.max())
+
+
+def known_values(count: int, dtype: np.dtype, rank: int) -> np.ndarray:
+    """This rank's check input: small integers, different per rank, exact in every dtype."""
+    return ((np.arange(count, dtype=np.int64) % 251) + 3 * rank + 1).astype(dtype)
+
+
+def expected_sum(count: int, dtype: np.dtype, size: int) -> np.ndarray:
+    return (size * (np.arange(count, dtype=np.int64) % 251) + 3 * size * (size - 1) // 2 + size).astype(dtype)
+
+
+def count_wrong(run: Reducer, count: int, dtype: np.dtype, comm: Any) -> int:
+    """Elements, summed over ranks, where ``run`` misses the known sum."""
+    buf = known_values(count, dtype, comm.Get_rank())
+    run(buf)
+    wrong = np.array([np.count_nonzero(buf != expected_sum(count, dtype, comm.Get_size()))], dtype=np.int64)
+    total = np.empty(1, dtype=np.int64)
+    comm.Allreduce(wrong, total)
+    return int(total[0])
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table."""
+
+    bytes: int
+    count: int
+    dtype: str
+    algorithm: str
+    iters: int
+    time_us: float      # average over ranks of the per-iteration mean
+    min_us: float
+    max_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+    wrong: int | None   # None when not checked
+    vs_mpi: float | None  # time / the MPI library's time at this size, when measured
+
+
+def bandwidths(nbytes: int, seconds: float, size: int) -> tuple[float, float]:
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    return algbw, algbw * 2 * (size - 1) / size
+
+
+def sweep(comm: Any, reducers: dict[str, Reducer], sizes: Iterable[int], dtype: np.dtype, *,
+          iters: int | None = None, warmup: int | None = None, check: bool = False,
+          on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """Time every reducer at every size (size-major, so drift hits all alike); return the rows."""
+    dtype = np.dtype(dtype)
+    size = comm.Get_size()
+    rows: list[Row] = []
+    for nbytes in sizes:
+        count = nbytes // dtype.itemsize
+        buf = np.zeros(count, dtype=dtype)
+        n_iters = iters if iters is not None else auto_iters(count * dtype.itemsize)
+        n_warmup = warmup if warmup is not None else auto_warmup(n_iters)
+        baseline = None
+        for name, run in reducers.items():
+            wrong = count_wrong(run, count, dtype, comm) if check else None
+            buf.fill(0)
+            avg, low, high = time_reducer(run, buf, comm, n_iters, n_warmup)
+            if name == "mpi":
+                baseline = avg
+            algbw, busbw = bandwidths(count * dtype.itemsize, avg, size)
+            row = Row(count * dtype.itemsize, count, dtype.name, name, n_iters, avg * 1e6, low * 1e6,
+                      high * 1e6, algbw, busbw, wrong, None)
+            rows.append(row)
+        if baseline:
+            for i in range(len(rows) - len(reducers), len(rows)):
+                rows[i] = _with_ratio(rows[i], baseline)
+        if on_row:
+            for row in rows[len(rows) - len(reducers):]:
+                on_row(row)
+    return rows
+
+
+def _with_ratio(row: Row, baseline_s: float) -> Row:
+    from dataclasses import replace
+
+    return replace(row, vs_mpi=row.time_us / (baseline_s * 1e6))
+
+
+def choose_fastest(nbytes: int, comm: Any, dtype: Any = np.float32, candidates: Sequence[str] | None = None,
+                   *, iters: int | None = None, **options: Any) -> str:
+    """The algorithm that allreduces ``nbytes`` of ``dtype`` fastest on ``comm``, timed now.
+
+    Collective: every rank must call it with the same arguments, and every
+    rank gets the same answer (the slowest rank's time decides each
+    candidate). ``options`` (``colors``, ``segment_bytes``) go to the
+    candidates that take them.
+    """
+    names = list(candidates) if candidates is not None else list(ALGORITHMS)
+    if not names:
+        raise AllreduceError("choose_fastest needs at least one candidate algorithm")
+    for name in names:
+        get_algorithm(name)
+    dtype = np.dtype(dtype)
+    count = max(0, nbytes // dtype.itemsize)
+    n_iters = iters if iters is not None else max(3, auto_iters(nbytes, cap=50))
+    buf = np.zeros(count, dtype=dtype)
+    slowest = []
+    for name in names:
+        _, _, high = time_reducer(reducer(name, comm, options), buf, comm, n_iters, 1)
+        slowest.append(high)
+    return names[int(np.argmin(slowest))]
