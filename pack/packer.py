@@ -147,7 +147,7 @@ def _processed(source: Source, config: PackConfig, workers: int) -> Iterator[tup
     # Bound the tasks in flight: the pool's feeder thread would otherwise read a whole LMDB ahead.
     throttle = _Throttle(workers * config.chunksize * 4)
     with multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn").Pool(
-            workers, _init_worker, settings) as pool:
+            workers, _init_pool_worker, settings) as pool:
         try:
             for item in pool.imap(process_task, throttle.feed(source.tasks()), config.chunksize):
                 throttle.release()
@@ -184,7 +184,7 @@ def _preload_imaging() -> None:
     import dimd.pack.imaging  # noqa: F401
     import dimd.pack.lmdb_source  # noqa: F401
 
-    Image.init()  # every format plugin, so workers do not each import them
+    Image.preinit()  # JPEG, PNG and the other common plugins, so workers do not each import them
 
 
 _SETTINGS: tuple[int, int] = (256, 90)
@@ -193,6 +193,14 @@ _SETTINGS: tuple[int, int] = (256, 90)
 def _init_worker(short_side: int, quality: int) -> None:
     global _SETTINGS
     _SETTINGS = (short_side, quality)
+
+
+def _init_pool_worker(short_side: int, quality: int) -> None:
+    """Ctrl-C is the parent's to handle: it stops the pool and removes the partial outputs."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _init_worker(short_side, quality)
 
 
 def process_task(task: Task) -> tuple:
