@@ -66,6 +66,14 @@ def test_small_batch_has_no_warmup_and_constant_is_constant():
     assert [s.lr(i) for i in range(s.total_steps)] == pytest.approx([0.1] * s.total_steps)
 
 
+def test_warmup_of_a_small_batch_starts_from_a_tenth():
+    s = make_schedule("cosine", 0.4, global_batch=64, steps_per_epoch=12, epochs=8, warmup_epochs=1)
+    assert s.peak_lr == pytest.approx(0.1) and s.warmup_steps == 12
+    assert s.lr(0) == pytest.approx(0.01)
+    assert s.lr(6) == pytest.approx(0.055)
+    assert s.lr(12) == pytest.approx(0.1)
+
+
 def test_unknown_schedule_is_rejected():
     with pytest.raises(ValueError, match="unknown schedule"):
         Schedule("linear", 1.0, steps_per_epoch=1, epochs=1)  # type: ignore[arg-type]

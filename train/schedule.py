@@ -4,7 +4,8 @@
   batch of 256 and multiplied by ``global_batch / 256``.
 * Gradual warm-up (Goyal et al., followed by the DIMD paper, section 5): the
   rate rises linearly, step by step, from the unscaled rate to the scaled one
-  over the first warm-up epochs.
+  over the first warm-up epochs (from a tenth of it when the global batch is
+  at most 256, where scaling does not raise it).
 * ``step``: divided by 10 at given epochs (default 30/60/80 of 90, scaled to
   the run's length); ``poly``: ``lr * (1 - t)^power`` with power 0.5 as
   FireCaffe trained GoogLeNet; ``cosine``: ``lr * (1 + cos(pi t)) / 2``;
@@ -110,6 +111,12 @@ class Schedule:
         return cosine_lr(self.peak_lr, progress)
 
 
+def warmup_start(lr: float, peak: float) -> float:
+    """Goyal et al. ramp up from the unscaled rate; when scaling did not raise it (a global
+    batch of at most 256), the ramp starts from a tenth of the peak instead."""
+    return lr if lr < peak else 0.1 * peak
+
+
 def make_schedule(kind: ScheduleKind, lr: float, *, global_batch: int, steps_per_epoch: int,
                   epochs: int, scaling: bool = True, warmup_epochs: float | None = None,
                   milestones: Sequence[float] | None = None, gamma: float = 0.1,
@@ -121,5 +128,5 @@ def make_schedule(kind: ScheduleKind, lr: float, *, global_batch: int, steps_per
     if milestones is None:
         milestones = default_milestones(epochs)
     return Schedule(kind=kind, peak_lr=peak, steps_per_epoch=steps_per_epoch, epochs=epochs,
-                    warmup_epochs=float(warmup_epochs), warmup_start_lr=min(lr, peak),
+                    warmup_epochs=float(warmup_epochs), warmup_start_lr=warmup_start(lr, peak),
                     milestones=tuple(float(m) for m in milestones), gamma=gamma, power=power)

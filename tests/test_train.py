@@ -1,0 +1,160 @@
+"""`mpirun dimd train` end to end on real ranks: replicas, loss, checkpoints, resume, signals, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import DIMD, MPIEXEC, pack_tree_as_is, run_dimd, run_mpi_dimd
+
+EPOCHS = 4
+STEPS_PER_EPOCH = 3          # 48 records // (2 ranks x 8)
+
+
+def train_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", data, "--val", data, "--model", "resnet20", "--image-size", "32",
+            "--epochs", str(EPOCHS), "--batch-size", "8", "--lr", "0.01", "--no-lr-scaling",
+            "--schedule", "constant", "--workers", "1", "--threads", "1", "--allreduce", "ring",
+            "--checkpoint-dir", out / "checkpoints", "--json", out / "train.json", *extra]
+
+
+@pytest.fixture(scope="module")
+def straight_run(packed_sample, tmp_path_factory):
+    """Four epochs on 2 ranks, a checkpoint every 2 steps (mid-epoch ones too), all kept."""
+    out = tmp_path_factory.mktemp("straight")
+    proc = run_mpi_dimd(2, *train_args(packed_sample, out, "--checkpoint-every", "2",
+                                       "--keep-checkpoints", "0", "--metrics", out / "metrics.jsonl"),
+                        timeout=180, check=True)
+    return out, proc
+
+
+def final_weights(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
+    newest = sorted(checkpoint_dir.glob("checkpoint-*.pt"))[-1]
+    return torch.load(newest, weights_only=True)["model"]
+
+
+def test_two_ranks_train_stay_identical_and_loss_falls(straight_run):
+    out, proc = straight_run
+    result = json.loads((out / "train.json").read_text())
+    assert result["command"] == "train" and result["world_size"] == 2
+    assert result["replicas_identical"] is True
+    assert result["steps_per_epoch"] == STEPS_PER_EPOCH and result["epochs_run"] == EPOCHS
+    history = result["history"]
+    assert [e["epoch"] for e in history] == [1, 2, 3, 4]
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert history[-1]["val_loss"] < history[0]["val_loss"]
+    assert all(e["images"] == STEPS_PER_EPOCH * 16 and e["images_per_s"] > 0 for e in history)
+    assert set(history[0]["time_split"]) == {"data", "compute", "allreduce", "optimizer"}
+    assert 0 <= result["val_top1"] <= result["val_top5"] <= 1
+    assert result["mpi"]["world_size"] == 2 and result["parameters"]["model"] == "resnet20"
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3, 4]
+    assert proc.stdout.count("epoch ") >= EPOCHS and "done: val top1" in proc.stdout
+
+
+def test_checkpoints_are_complete_and_named_by_epoch_and_step(straight_run):
+    out, _ = straight_run
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    steps = [int(n.split("-s")[1].split(".")[0]) for n in names]
+    assert steps == [2, 3, 4, 6, 8, 9, 10, 12]          # every 2 steps and every epoch end
+    assert not [n for n in os.listdir(out / "checkpoints") if n.startswith(".")]  # no temporaries left
+    state = torch.load(out / "checkpoints" / names[-1], weights_only=True)
+    assert state["format"] == "dimd-checkpoint" and state["epoch"] == EPOCHS and state["step"] == 12
+    assert len(state["ranks"]) == 2 and "loader" in state["ranks"][1]
+
+
+@pytest.mark.parametrize("start", ["checkpoint-e0001-s00000003.pt",    # an epoch boundary
+                                   "checkpoint-e0001-s00000004.pt"])   # mid-epoch, after a shuffle
+def test_resume_continues_exactly(straight_run, packed_sample, tmp_path, start):
+    out, _ = straight_run
+    run_mpi_dimd(2, *train_args(packed_sample, tmp_path, "--resume-from", out / "checkpoints" / start),
+                 timeout=180, check=True)
+    straight, resumed = final_weights(out / "checkpoints"), final_weights(tmp_path / "checkpoints")
+    assert straight.keys() == resumed.keys()
+    for name in straight:
+        assert torch.allclose(straight[name].double(), resumed[name].double(), atol=1e-6), name
+    history = json.loads((tmp_path / "train.json").read_text())["history"]
+    assert [e["epoch"] for e in history] == [1, 2, 3, 4]   # the history travels in the checkpoint
+
+
+def test_sigusr1_finishes_the_step_checkpoints_and_exits_cleanly(packed_sample, tmp_path):
+    args = train_args(packed_sample, tmp_path)
+    args[args.index("--epochs") + 1] = "1000"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    job = subprocess.Popen([MPIEXEC, "-n", "2", *DIMD, *map(str, args)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=env)
+    seen = []
+    try:
+        for line in job.stdout:              # wait until training runs, then warn like SLURM does
+            seen.append(line)
+            if line.startswith("epoch 1/"):
+                job.send_signal(signal.SIGUSR1)
+                break
+        rest, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    output = "".join(seen) + rest
+    assert job.returncode == 0, output
+    assert "stopped by SIGUSR1" in output and "--resume" in output
+    result = json.loads((tmp_path / "train.json").read_text())
+    assert result["stopped_by"] == "SIGUSR1"
+    state = torch.load(result["checkpoint"], weights_only=True)
+    assert state["step"] >= STEPS_PER_EPOCH and len(state["ranks"]) == 2
+    # A requeued job with --resume continues from that checkpoint.
+    args[args.index("--epochs") + 1] = str(state["epoch"] + 1)
+    proc = run_mpi_dimd(2, *args, "--resume", timeout=120, check=True)
+    assert f"resumed from {result['checkpoint']}" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def foreign_val(sample_tree, tmp_path_factory):
+    """A packed set whose classes are not the training set's."""
+    root = tmp_path_factory.mktemp("foreign") / "tree"
+    for name in ("purple-blob", "grey-wave"):
+        (root / name).mkdir(parents=True)
+        for i, source in enumerate(sorted(sample_tree.rglob("*.JPEG"))[:3]):
+            (root / name / f"{i}.JPEG").write_bytes(source.read_bytes())
+    return pack_tree_as_is(root, root.parent / "packed")
+
+
+def test_bad_inputs_give_one_clear_error_and_write_nothing(packed_sample, foreign_val, straight_run, tmp_path):
+    cases = [
+        (["--model", "alexnet"], "unknown model 'alexnet'"),
+        (["--val", foreign_val], "2 of its 2 classes are not classes of"),
+        (["--val", tmp_path / "missing"], "missing.idx.h5: index file not found"),
+        (["--batch-size", "64"], "fewer than one batch per rank"),
+        (["--model", "lenet", "--resume-from", final_checkpoint(straight_run[0])],
+         "checkpoint of model 'resnet20', not 'lenet'"),
+    ]
+    for extra, message in cases:
+        proc = run_dimd(*train_args(packed_sample, tmp_path), *extra, timeout=120)
+        assert proc.returncode == 1, (extra, proc.stderr)
+        assert message in proc.stderr and proc.stderr.count("dimd: error:") == 1, (extra, proc.stderr)
+        assert not (tmp_path / "train.json").exists() and not (tmp_path / "checkpoints").exists()
+
+
+def test_an_error_on_every_rank_ends_the_mpi_job_once(packed_sample, tmp_path):
+    proc = run_mpi_dimd(2, *train_args(packed_sample, tmp_path), "--batch-size", "64", timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.count("fewer than one batch per rank") == 1, proc.stderr
+    assert not (tmp_path / "train.json").exists()
+
+
+def test_list_models_shows_counts_and_gradient_bytes():
+    proc = run_dimd("train", "--list-models", check=True)
+    for name in ("lenet", "resnet20", "resnet56", "resnet18", "resnet50", "vgg16", "nin", "googlenet-bn"):
+        assert f"\n{name} " in "\n" + proc.stdout
+    assert "25,557,032" in proc.stdout      # resnet50 for 1000 classes
+
+
+def final_checkpoint(out: Path) -> Path:
+    return sorted((out / "checkpoints").glob("checkpoint-*.pt"))[-1]
