@@ -178,3 +178,56 @@ def choose_fastest(nbytes: int, comm: Any, dtype: Any = np.float32, candidates: 
         _, _, high = time_reducer(reducer(name, comm, options), buf, comm, n_iters, 1)
         slowest.append(high)
     return names[int(np.argmin(slowest))]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What ``dimd bench-allreduce`` measures (the CLI's options, resolved)."""
+
+    algorithms: tuple[str, ...]
+    min_bytes: int = 8
+    max_bytes: int = 64 << 20
+    factor: int = 2
+    iters: int | None = None     # None: auto_iters(size)
+    warmup: int | None = None    # None: auto_warmup(iters)
+    dtype: str = "float32"
+    colors: int = 4
+    segment_bytes: int = 1 << 20
+    check: bool = False
+    peer: str | None = None      # "gloo": also time torch.distributed all_reduce
+
+    def validate(self) -> None:
+        for name in self.algorithms:
+            get_algorithm(name)
+        if not self.algorithms and not self.peer:
+            raise AllreduceError("nothing to measure: give --algorithms or --peer")
+        if np.dtype(self.dtype) not in (np.dtype(t) for t in ("float32", "float64", "int32", "int64")):
+            raise AllreduceError(f"--dtype must be float32, float64, int32 or int64, got {self.dtype}")
+        for option, value in (("--iters", self.iters), ("--warmup", self.warmup)):
+            if value is not None and value < (1 if option == "--iters" else 0):
+                raise AllreduceError(f"{option} must be {'positive' if option == '--iters' else '>= 0'}, got {value}")
+        if self.colors < 1 or self.segment_bytes < 1:
+            raise AllreduceError("--colors and --segment-bytes must be positive")
+        if self.peer not in (None, "gloo"):
+            raise AllreduceError(f"--peer must be gloo, got {self.peer}")
+        message_sizes(self.min_bytes, self.max_bytes, self.factor)
+
+
+def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """Run the sweep ``config`` describes on ``comm`` (collective); every rank gets the rows."""
+    config.validate()
+    options = {"colors": config.colors, "segment_bytes": config.segment_bytes}
+    reducers = {name: reducer(name, comm, options) for name in config.algorithms}
+    closers = []
+    if config.peer == "gloo":
+        from dimd.allreduce.gloo import gloo_reducer
+
+        reducers["gloo"], close = gloo_reducer(comm)
+        closers.append(close)
+    try:
+        return sweep(comm, reducers, message_sizes(config.min_bytes, config.max_bytes, config.factor),
+                     np.dtype(config.dtype), iters=config.iters, warmup=config.warmup,
+                     check=config.check, on_row=on_row)
+    finally:
+        for close in closers:
+            close()

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "train": "dimd.commands.train:train",
     "shuffle": "dimd.commands.shuffle:shuffle_command",
     "bench-io": "dimd.commands.bench_io:bench_io",
+    "bench-allreduce": "dimd.commands.bench_allreduce:bench_allreduce",
     # Each stage adds its commands here as it lands: pack, inspect, verify,
     # shuffle, bench-io, bench-allreduce, train.
 }

@@ -1,0 +1,107 @@
+"""``mpirun dimd bench-allreduce``: nccl-tests/OSU-style table of every allreduce algorithm."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from dimd.commands.mpi_job import mpi_command
+
+_HELP_ALGORITHMS = ("mpi, ring, ring-root, multicolor, tree, ps, recursive-doubling, rabenseifner")
+
+
+def _columns() -> str:
+    return (f"{'bytes':>10} {'count':>10} {'dtype':>7} {'algorithm':>18} {'time(us)':>10} "
+            f"{'min(us)':>10} {'max(us)':>10} {'algbw':>7} {'busbw':>7} {'vs mpi':>7} {'#wrong':>6}")
+
+
+def _line(row) -> str:
+    ratio = f"{row.vs_mpi:.2f}x" if row.vs_mpi is not None else "-"
+    wrong = str(row.wrong) if row.wrong is not None else "-"
+    return (f"{row.bytes:>10} {row.count:>10} {row.dtype:>7} {row.algorithm:>18} {row.time_us:>10.1f} "
+            f"{row.min_us:>10.1f} {row.max_us:>10.1f} {row.algbw_gbs:>7.2f} {row.busbw_gbs:>7.2f} "
+            f"{ratio:>7} {wrong:>6}")
+
+
+@click.command("bench-allreduce")
+@click.option("--algorithms", "-a", default="all", show_default=True,
+              help=f"Comma list of algorithms, or 'all' ({_HELP_ALGORITHMS}).")
+@click.option("--min-bytes", "-b", default="8", show_default=True, help="Smallest message (8, 64K, 1M...).")
+@click.option("--max-bytes", "-e", default="64M", show_default=True, help="Largest message.")
+@click.option("--factor", "-f", default=2, show_default=True, help="Multiply the size by this each step.")
+@click.option("--iters", "-n", type=int, default=None,
+              help="Timed iterations per size [default: 1000, fewer from 256 KiB up (at least 5)].")
+@click.option("--warmup", "-w", type=int, default=None,
+              help="Untimed iterations before each timing [default: iters/10, at least 2].")
+@click.option("--dtype", "-d", type=click.Choice(["float32", "float64", "int32", "int64"]),
+              default="float32", show_default=True, help="Element type.")
+@click.option("--colors", default=4, show_default=True,
+              help="multicolor: number of colours (trees); fewer when there are fewer ranks.")
+@click.option("--segment-bytes", default="1M", show_default=True,
+              help="multicolor and ring-root: pipeline segment size.")
+@click.option("--check", "-c", is_flag=True,
+              help="Before timing each row, run once on per-rank values with a known sum and count "
+                   "the wrong elements (summed over ranks) in #wrong; exit 1 if any.")
+@click.option("--peer", type=click.Choice(["gloo"]), default=None,
+              help="Also time torch.distributed all_reduce (gloo backend) in the same job.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write parameters, MPI set-up, versions and every row as JSON to PATH (rank 0).")
+@mpi_command("single")
+def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int, iters: int | None,
+                    warmup: int | None, dtype: str, colors: int, segment_bytes: str, check: bool,
+                    peer: str | None, json_path: Path | None, comm, mpi_setup) -> None:
+    """Time allreduce algorithms over message sizes, like nccl-tests and osu_allreduce.
+
+    For each size (min-bytes, x factor, ... up to max-bytes) every algorithm
+    runs WARMUP untimed, then ITERS timed in-place sums of a buffer of that
+    many bytes. Time: each rank's wall time of the timed loop (after a
+    barrier) divided by ITERS; the table shows the average over ranks with
+    the minimum and maximum. algbw = bytes / time; busbw = algbw x 2(P-1)/P
+    (nccl-tests' bus bandwidth). "vs mpi" is the time over the MPI library's
+    own MPI_Allreduce at that size, measured in the same run.
+
+    \b
+    Examples:
+      mpirun -n 4 dimd bench-allreduce --check
+      mpirun -n 2 dimd bench-allreduce -a mpi,ring,multicolor -b 64K -e 64M --peer gloo --json ar.json
+    """
+    from dimd.allreduce import ALGORITHMS
+    from dimd.allreduce.bench import BenchConfig, run_bench
+    from dimd.errors import DimdError
+    from dimd.report import result_document, write_json
+    from dimd.units import parse_size
+
+    names = tuple(ALGORITHMS) if algorithms.strip() == "all" else tuple(
+        a.strip() for a in algorithms.split(",") if a.strip())
+    config = BenchConfig(algorithms=names, min_bytes=parse_size(min_bytes), max_bytes=parse_size(max_bytes),
+                         factor=factor, iters=iters, warmup=warmup, dtype=dtype, colors=colors,
+                         segment_bytes=parse_size(segment_bytes), check=check, peer=peer)
+    config.validate()
+    root = comm.Get_rank() == 0
+    size = comm.Get_size()
+    library = " ".join(mpi_setup.library_version.split())
+    if root:
+        click.echo(f"# dimd bench-allreduce: {size} ranks, {library}, thread level "
+                   f"{mpi_setup.thread_level_provided}, progress throttle "
+                   f"{'on' if mpi_setup.progress_throttle else 'off'}, {mpi_setup.cores} cores")
+        click.echo(f"# time: per-iteration mean of each rank's timed loop; avg/min/max over ranks. "
+                   f"busbw = algbw x 2(P-1)/P. colors {min(colors, size)}, segment {segment_bytes}")
+        click.echo(_columns())
+
+    def on_row(row) -> None:
+        if root:
+            click.echo(_line(row))
+            sys.stdout.flush()
+
+    rows = run_bench(config, comm, on_row)
+    wrong = sum(row.wrong or 0 for row in rows)
+    if root:
+        if check:
+            click.echo(f"# check: {wrong} wrong elements in {len(rows)} rows")
+        if json_path is not None:
+            figures = {"world_size": size, "rows": rows, "wrong_total": wrong if check else None}
+            write_json(json_path, result_document("bench-allreduce", config, figures, mpi=mpi_setup.as_dict()))
+    if wrong:
+        raise DimdError(f"--check: {wrong} elements differ from the known sum")

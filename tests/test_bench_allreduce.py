@@ -1,0 +1,86 @@
+"""`mpirun dimd bench-allreduce` as a user runs it: the table, the check, the JSON, the errors."""
+
+import json
+
+from conftest import run_dimd, run_mpi_dimd
+
+from dimd.allreduce import ALGORITHMS
+from dimd.allreduce.bench import message_sizes
+
+
+def test_checked_sweep_of_every_algorithm_writes_table_and_json(tmp_path):
+    out = tmp_path / "allreduce.json"
+    proc = run_mpi_dimd(2, "bench-allreduce", "--check", "--min-bytes", "8", "--max-bytes", "64K",
+                        "--factor", "8", "--iters", "3", "--warmup", "1", "--json", out, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    header = [line for line in proc.stdout.splitlines() if "busbw" in line and "algorithm" in line]
+    assert len(header) == 1  # printed once, by rank 0
+    assert "# check: 0 wrong elements in 40 rows" in proc.stdout
+
+    doc = json.loads(out.read_text())
+    assert doc["command"] == "bench-allreduce" and doc["world_size"] == 2
+    assert doc["mpi"]["thread_level_provided"] == "single"
+    assert "progress_throttle" in doc["mpi"] and doc["versions"]["mpi"].startswith("MPICH")
+    assert doc["parameters"]["algorithms"] == list(ALGORITHMS)
+    rows = doc["rows"]
+    assert [r["bytes"] for r in rows[:: len(ALGORITHMS)]] == [8, 64, 512, 4096, 32768]
+    assert {r["algorithm"] for r in rows} == set(ALGORITHMS)
+    for row in rows:
+        assert row["wrong"] == 0 and row["iters"] == 3
+        assert row["count"] * 4 == row["bytes"] and row["dtype"] == "float32"
+        assert row["min_us"] <= row["time_us"] <= row["max_us"]
+        assert abs(row["busbw_gbs"] - row["algbw_gbs"]) < 1e-12  # 2(P-1)/P = 1 at P = 2
+        if row["algorithm"] == "mpi":
+            assert row["vs_mpi"] == 1.0
+    for row in rows:  # each row is also a line of the table
+        assert f"{row['bytes']:>10} {row['count']:>10} float32 {row['algorithm']:>18}" in proc.stdout
+
+
+def test_three_ranks_odd_sizes_and_integer_dtype(tmp_path):
+    out = tmp_path / "ar.json"
+    proc = run_mpi_dimd(3, "bench-allreduce", "--check", "-a", "ring,multicolor,rabenseifner",
+                        "-b", "0", "-e", "1K", "-f", "4", "-d", "int64", "-n", "2", "--colors", "2",
+                        "--segment-bytes", "64", "--json", out, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    assert sorted({r["bytes"] for r in rows}) == [0, 16, 64, 256, 1024]  # 4 B holds no int64
+    assert all(r["wrong"] == 0 and r["dtype"] == "int64" for r in rows)
+    assert all(r["vs_mpi"] is None for r in rows)  # mpi not measured in this run
+    big = [r for r in rows if r["bytes"] == 1024 and r["time_us"] > 0]
+    assert all(abs(r["busbw_gbs"] - r["algbw_gbs"] * 4 / 3) < 1e-9 for r in big)
+
+
+def test_gloo_peer_in_the_same_job(tmp_path):
+    out = tmp_path / "gloo.json"
+    proc = run_mpi_dimd(2, "bench-allreduce", "--check", "-a", "mpi,ring", "--peer", "gloo",
+                        "-b", "1K", "-e", "16K", "-f", "4", "-n", "3", "--json", out, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    gloo = [r for r in rows if r["algorithm"] == "gloo"]
+    assert len(gloo) == 3 and all(r["wrong"] == 0 and r["vs_mpi"] > 0 for r in gloo)
+
+
+def test_unknown_algorithm_is_one_clear_error():
+    proc = run_mpi_dimd(2, "bench-allreduce", "--algorithms", "mpi,nope", timeout=60)
+    assert proc.returncode == 1
+    assert "unknown allreduce algorithm 'nope'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_size_range_is_refused():
+    proc = run_mpi_dimd(1, "bench-allreduce", "--min-bytes", "1M", "--max-bytes", "1K", timeout=60)
+    assert proc.returncode == 1
+    assert "need 0 <= --min-bytes <= --max-bytes" in proc.stderr
+
+
+def test_help_says_how_time_is_measured():
+    text = " ".join(run_dimd("bench-allreduce", "--help", check=True).stdout.split())
+    assert "busbw = algbw x 2(P-1)/P" in text
+    assert "the average over ranks with the minimum and maximum" in text
+
+
+def test_message_sizes_follow_nccl_tests():
+    assert message_sizes(8, 64, 2) == [8, 16, 32, 64]
+    assert message_sizes(0, 4, 2) == [0, 2, 4]
+    assert message_sizes(1 << 10, 1 << 20, 32) == [1 << 10, 1 << 15, 1 << 20]
