@@ -60,10 +60,10 @@ def open_image(data: bytes) -> Image.Image:
         return Image.open(io.BytesIO(data), formats=("JPEG",) if data[:3] == _JPEG_MAGIC else None)
     except Image.UnidentifiedImageError:
         raise ImageSkipped("not an image Pillow can read") from None
-    except (OSError, ValueError, SyntaxError) as exc:
-        raise ImageSkipped(f"unreadable image ({exc})") from None
     except Image.DecompressionBombError as exc:
         raise ImageSkipped(f"too large ({exc})") from None
+    except Exception as exc:  # corrupt headers reach Pillow's plugins in many ways
+        raise ImageSkipped(f"unreadable image ({_describe(exc)})") from None
 
 
 def resize_encoded(data: bytes, short_side: int, quality: int, *,
@@ -75,7 +75,6 @@ def resize_encoded(data: bytes, short_side: int, quality: int, *,
     """
     image = open_image(data)
     try:
-        orientation = image.getexif().get(0x0112, 1)
         width, height = image.size
         target = target_size(width, height, short_side)
         if image.format == "JPEG" and draft_oversample > 0:
@@ -84,13 +83,28 @@ def resize_encoded(data: bytes, short_side: int, quality: int, *,
             image.draft(image.mode, (int(target[0] * draft_oversample),
                                      int(target[1] * draft_oversample)))
         image.load()
-    except ImageSkipped:
-        raise
     except Image.DecompressionBombError as exc:
         raise ImageSkipped(f"too large ({exc})") from None
-    except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise ImageSkipped(f"cannot decode ({exc})") from None
-    return _finish(image, target, orientation, quality)
+    except Exception as exc:  # truncated or corrupt data: OSError mostly, but not only
+        raise ImageSkipped(f"cannot decode ({_describe(exc)})") from None
+    return _finish(image, target, exif_orientation(image), quality)
+
+
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation tag (1 = upright); a broken EXIF block does not lose the image."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow warns "Corrupt EXIF data" per image
+            value = image.getexif().get(0x0112, 1)
+    except Exception:
+        return 1
+    return value if value in EXIF_TRANSPOSE else 1
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 def resize_pixels(pixels: np.ndarray, short_side: int, quality: int) -> EncodedImage:
@@ -129,7 +143,10 @@ def to_rgb_or_grey(image: Image.Image) -> Image.Image:
         return image.convert("L")
     elif mode in ("I;16", "I;16L", "I;16B", "I;16N"):
         return Image.fromarray((np.asarray(image, np.uint16) >> 8).astype(np.uint8), "L")
-    elif mode in ("I", "F"):
+    elif mode == "I" and image.getextrema()[1] <= 65535:  # 16-bit grey opened as 32-bit
+        shift = 8 if image.getextrema()[1] > 255 else 0
+        return Image.fromarray((np.asarray(image, np.int64).clip(0) >> shift).astype(np.uint8), "L")
+    elif mode in ("I", "F"):  # other 32-bit data: scale the range onto 0..255
         values = np.asarray(image, np.float64)
         top = values.max() if values.size else 0
         scale = 255.0 / top if top > 255 else 1.0

@@ -178,3 +178,21 @@ def test_cli_pack_prints_summary_and_writes_json(colour_tree, tmp_path):
     assert doc["bytes_out"] == dataset_paths(tmp_path / "out")[0].stat().st_size
     assert doc["parameters"]["short_side"] == 256
     assert run_dimd("pack", colour_tree, "-o", tmp_path / "out").returncode == 1
+
+
+@pytest.mark.parametrize("suffix", [".png", ".tif"])
+def test_sixteen_bit_grey_keeps_its_top_eight_bits(tmp_path, suffix):
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    Image.fromarray(np.full((300, 320), 40000, np.uint16)).save(tmp_path / "src" / "a" / f"deep{suffix}")
+    pack(PackConfig(tmp_path / "src", tmp_path / "out", workers=1))
+    pixels = decode(PackedDataset(tmp_path / "out"), 0)
+    assert np.abs(pixels.astype(int) - (40000 >> 8)).max() <= 2
+
+
+def test_broken_exif_keeps_the_image(tmp_path):
+    from dimd.pack.imaging import resize_encoded
+
+    buffer = io.BytesIO()
+    solid((300, 300), (0, 0, 200)).save(buffer, "JPEG", exif=b"Exif\x00\x00MM\x00*garbage")
+    packed = resize_encoded(buffer.getvalue(), 256, 90)
+    assert (packed.width, packed.height) == (256, 256)
