@@ -47,6 +47,8 @@ class TrainConfig:
     resume: bool = False                  # continue from the newest checkpoint in checkpoint_dir, if any
     resume_from: str | None = None        # continue from this checkpoint file
     memory_limit: int | None = None
+    read_from: str = "memory"             # "files": read each image from its original file (baseline)
+    files_root: str | None = None         # the folder the set was packed from (default: the index's source)
 
     def __post_init__(self) -> None:
         checks = [
@@ -63,6 +65,7 @@ class TrainConfig:
             (self.workers >= 1, f"--workers must be at least 1 (got {self.workers})"),
             (self.checkpoint_every >= 0, "--checkpoint-every must be >= 0"),
             (self.bucket_mb >= 0, "--bucket-mb must be >= 0"),
+            (self.read_from in ("memory", "files"), "--read-from must be memory or files"),
             (self.warmup_epochs is None or self.warmup_epochs >= 0, "--warmup-epochs must be >= 0"),
             (not (self.resume or self.checkpoint_every) or self.checkpoint_dir is not None,
              "--resume and --checkpoint-every need --checkpoint-dir"),

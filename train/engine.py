@@ -201,7 +201,12 @@ class Trainer:
         self.on_event(f"loaded {self.store.total} training and {self.val_store.total} validation records "
                       f"into memory in {time.perf_counter() - t0:.1f}s")
         pin = self.device.type == "cuda"
-        self.loader = BatchLoader(self.store, cfg.batch_size, cfg.image_size, train=True,
+        source = self.store
+        if cfg.read_from == "files":
+            from dimd.train.filesource import OriginalFiles
+
+            source = OriginalFiles(self.store, cfg.files_root)
+        self.loader = BatchLoader(source, cfg.batch_size, cfg.image_size, train=True,
                                   workers=cfg.workers, seed=cfg.seed, pin_memory=pin)
         self.val_loader = BatchLoader(self.val_store, cfg.eval_batch_size or cfg.batch_size,
                                       cfg.image_size, train=False, workers=cfg.workers, seed=cfg.seed,

@@ -79,6 +79,11 @@ def list_models() -> None:
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in --checkpoint-dir, if there is one.")
 @click.option("--resume-from", type=click.Path(dir_okay=False), default=None, help="Continue from this checkpoint.")
 @click.option("--memory-limit", default=None, help="Refuse to load more than this per rank (e.g. 8G).")
+@click.option("--read-from", type=click.Choice(["memory", "files"]), default="memory",
+              help="files: read every training image from its original file on each access (the baseline "
+                   "the in-memory store is measured against).")
+@click.option("--files-root", type=click.Path(file_okay=False), default=None,
+              help="With --read-from files: the folder TRAIN was packed from [default: as recorded by dimd pack].")
 @click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), default=None,
               help="Append one JSON line per epoch here.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the run's summary here.")
@@ -124,7 +129,8 @@ def _config(train_set: str, val_set: str, options: dict):
         threads=options["threads"], seed=options["seed"], eval_batch_size=options["eval_batch_size"],
         checkpoint_dir=options["checkpoint_dir"], checkpoint_every=options["checkpoint_every"],
         keep_checkpoints=options["keep_checkpoints"], resume=options["resume"],
-        resume_from=options["resume_from"], memory_limit=parse_size(memory) if memory else None)
+        resume_from=options["resume_from"], memory_limit=parse_size(memory) if memory else None,
+        read_from=options["read_from"], files_root=options["files_root"])
 
 
 def _train_job(**kwargs) -> None:

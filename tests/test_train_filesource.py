@@ -1,0 +1,34 @@
+"""--read-from files: the same records, read from the original image files on each access."""
+
+import numpy as np
+import pytest
+
+from dimd.errors import DimdError
+from dimd.format import PackedDataset
+from dimd.train.filesource import OriginalFiles
+
+
+class LocalShare:
+    """What OriginalFiles needs of a DistributedStore: the path and the local records' global index."""
+
+    def __init__(self, path, global_index):
+        self.path, self.global_index = path, np.asarray(global_index, np.int64)
+        self.labels = PackedDataset(path).labels[self.global_index]
+
+    def __len__(self):
+        return len(self.global_index)
+
+
+def test_records_come_from_the_original_files(packed_sample):
+    packed = PackedDataset(packed_sample)
+    share = LocalShare(packed.data_path, [40, 3, 17])
+    files = OriginalFiles(share)
+    assert len(files) == 3 and list(files.labels) == list(share.labels)   # the rest is the store's
+    for i, g in enumerate(share.global_index):
+        assert files.record(i) == bytes(packed.record(int(g)))   # packed as-is: the files' own bytes
+
+
+def test_a_wrong_root_is_a_clear_error(packed_sample, tmp_path):
+    share = LocalShare(PackedDataset(packed_sample).data_path, [0])
+    with pytest.raises(DimdError, match="original file not found.*--files-root"):
+        OriginalFiles(share, tmp_path)
