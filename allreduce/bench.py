@@ -21,10 +21,10 @@ from dimd.allreduce.api import ALGORITHMS, AllreduceError, allreduce, get_algori
 #: An allreduce under test: sums a 1-D array in place across the job.
 Reducer = Callable[[np.ndarray], None]
 
-_AUTO_BUDGET_BYTES = 256 << 20  # default iterations move about this much per row
+_AUTO_BUDGET_BYTES = 128 << 20  # default iterations move about this much per row
 
 
-def auto_iters(nbytes: int, cap: int = 1000, floor: int = 5) -> int:
+def auto_iters(nbytes: int, cap: int = 200, floor: int = 5) -> int:
     """Iterations for a size: ``cap`` for small messages, fewer as they grow (>= ``floor``)."""
     return int(max(floor, min(cap, _AUTO_BUDGET_BYTES // max(nbytes, 1))))
 

@@ -12,6 +12,7 @@ non-blocking sends and receives driven by one ``Waitsome`` loop.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -44,7 +45,8 @@ def internal_count(size: int, arity: int) -> int:
     return max(1, -(-(size - 1) // arity))
 
 
-def color_trees(size: int, colors: int) -> list[ColorTree]:
+@functools.lru_cache(maxsize=64)
+def color_trees(size: int, colors: int) -> tuple[ColorTree, ...]:
     """The k = ``colors`` k-ary BFS trees over ranks ``0..size-1``.
 
     Colour c lists the ranks starting at ``c * internal`` (mod P) and hangs
@@ -66,7 +68,7 @@ def color_trees(size: int, colors: int) -> list[ColorTree]:
             children[parent[node]].append(int(node))
         trees.append(ColorTree(c, int(order[0]), tuple(int(p) for p in parent),
                                tuple(tuple(kids) for kids in children)))
-    return trees
+    return tuple(trees)
 
 
 class _Color:

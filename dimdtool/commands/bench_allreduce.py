@@ -32,7 +32,7 @@ def _line(row) -> str:
 @click.option("--max-bytes", "-e", default="64M", show_default=True, help="Largest message.")
 @click.option("--factor", "-f", default=2, show_default=True, help="Multiply the size by this each step.")
 @click.option("--iters", "-n", type=int, default=None,
-              help="Timed iterations per size [default: 1000, fewer from 256 KiB up (at least 5)].")
+              help="Timed iterations per size [default: 200, fewer above 640 KiB so a row moves about 128 MiB, at least 5].")
 @click.option("--warmup", "-w", type=int, default=None,
               help="Untimed iterations before each timing [default: iters/10, at least 2].")
 @click.option("--dtype", "-d", type=click.Choice(["float32", "float64", "int32", "int64"]),
