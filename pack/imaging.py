@@ -10,6 +10,7 @@ output.
 from __future__ import annotations
 
 import io
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,8 +57,10 @@ def open_image(data: bytes) -> Image.Image:
     if not data:
         raise ImageSkipped("empty file")
     try:
-        # A JPEG (nearly always) is identified without trying every other plugin first.
-        return Image.open(io.BytesIO(data), formats=("JPEG",) if data[:3] == _JPEG_MAGIC else None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "Corrupt EXIF data": the pixels are fine
+            # A JPEG (nearly always) is identified without trying every other plugin first.
+            return Image.open(io.BytesIO(data), formats=("JPEG",) if data[:3] == _JPEG_MAGIC else None)
     except Image.UnidentifiedImageError:
         raise ImageSkipped("not an image Pillow can read") from None
     except Image.DecompressionBombError as exc:
@@ -92,11 +95,9 @@ def resize_encoded(data: bytes, short_side: int, quality: int, *,
 
 def exif_orientation(image: Image.Image) -> int:
     """The EXIF orientation tag (1 = upright); a broken EXIF block does not lose the image."""
-    import warnings
-
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Pillow warns "Corrupt EXIF data" per image
+            warnings.simplefilter("ignore", UserWarning)  # "Corrupt EXIF data", once per image
             value = image.getexif().get(0x0112, 1)
     except Exception:
         return 1
