@@ -7,6 +7,7 @@ which renames the outputs into place only when the pack completes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -90,27 +91,29 @@ def pack(config: PackConfig, *, advance: Advance | None = None,
     """
     validate(config)
     start, cpu_start = time.perf_counter(), _cpu_seconds()
-    source = open_source(config.src, config.list_file, config.classes_file)
-    if on_start:
-        on_start(source)
-    workers = min(config.workers or available_cores(), max(source.count, 1))
     data_path, index_path = dataset_paths(config.out)
-    result = PackResult(data_path, index_path, source.kind, workers)
-    max_label = -1
+    # The writer first: an existing OUT is refused before a long scan of SRC, not after it.
     with PackWriter(config.out, force=config.force) as writer:
-        for name, label, data, height, width, size_in, reason in _processed(source, config, workers):
-            result.bytes_in += size_in
-            if data is None:
-                result.skipped.append((name, reason))
-                if on_skip:
-                    on_skip(name, reason)
-                if config.strict:
-                    raise DimdError(f"{name}: {reason} (--strict stops at the first bad image)")
-            else:
-                writer.add(PackedRecord(data, label, name, height, width))
-                max_label = max(max_label, label)
-            if advance:
-                advance(1)
+        source = open_source(config.src, config.list_file, config.classes_file)
+        if on_start:
+            on_start(source)
+        workers = min(config.workers or available_cores(), max(source.count, 1))
+        result = PackResult(data_path, index_path, source.kind, workers)
+        max_label = -1
+        with contextlib.closing(_processed(source, config, workers)) as results:
+            for name, label, data, height, width, size_in, reason in results:
+                result.bytes_in += size_in
+                if data is None:
+                    result.skipped.append((name, reason))
+                    if on_skip:
+                        on_skip(name, reason)
+                    if config.strict:
+                        raise DimdError(f"{name}: {reason} (--strict stops at the first bad image)")
+                else:
+                    writer.add(PackedRecord(data, label, name, height, width))
+                    max_label = max(max_label, label)
+                if advance:
+                    advance(1)
         if len(writer) == 0:
             raise DimdError(f"{config.src}: none of its {source.count} images could be packed")
         classes = source.classes if source.classes is not None else [str(i) for i in range(max_label + 1)]
