@@ -23,6 +23,7 @@ def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     return ["train", data, "--val", data, "--model", "resnet20", "--image-size", "32",
             "--epochs", str(EPOCHS), "--batch-size", "8", "--lr", "0.01", "--no-lr-scaling",
             "--schedule", "constant", "--workers", "1", "--threads", "1", "--allreduce", "ring",
+            "--shuffle-every", "2",     # mid-epoch reshuffles across the ranks (the default is every epoch)
             "--checkpoint-dir", out / "checkpoints", "--json", out / "train.json", *extra]
 
 
@@ -72,7 +73,7 @@ def test_checkpoints_are_complete_and_named_by_epoch_and_step(straight_run):
 
 
 @pytest.mark.parametrize("start", ["checkpoint-e0001-s00000003.pt",    # an epoch boundary
-                                   "checkpoint-e0001-s00000004.pt"])   # mid-epoch, after a shuffle
+                                   "checkpoint-e0001-s00000004.pt"])   # mid-epoch, before a shuffle
 def test_resume_continues_exactly(straight_run, packed_sample, tmp_path, start):
     out, _ = straight_run
     run_mpi_dimd(2, *train_args(packed_sample, tmp_path, "--resume-from", out / "checkpoints" / start),
@@ -88,6 +89,7 @@ def test_resume_continues_exactly(straight_run, packed_sample, tmp_path, start):
 def test_sigusr1_finishes_the_step_checkpoints_and_exits_cleanly(packed_sample, tmp_path):
     args = train_args(packed_sample, tmp_path)
     args[args.index("--epochs") + 1] = "1000"
+    args[args.index("--shuffle-every") + 1] = "epoch"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     job = subprocess.Popen([MPIEXEC, "-n", "2", *DIMD, *map(str, args)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=env)
