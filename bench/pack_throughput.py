@@ -193,6 +193,16 @@ def spread(runs: list[tuple[float, float]], images: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    work = Path(tempfile.mkdtemp(prefix="dimd-pack-bench-"))
+    try:
+        return run(argv, work)
+    finally:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)  # the outputs, and the images unless --data kept them
+
+
+def run(argv: list[str] | None, work: Path) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=400, help="images in the generated set")
@@ -210,7 +220,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from dimd.report import result_document, write_json
 
-    work = Path(tempfile.mkdtemp(prefix="dimd-pack-bench-"))
     root = args.data or work / "images"
     print(f"generating {args.images} images in {root} ...", file=sys.stderr)
     bytes_in = make_dataset(root, args.images, args.classes, args.seed, args.large_share)
