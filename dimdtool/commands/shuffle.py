@@ -61,7 +61,7 @@ def shuffle_command(dataset: Path, groups: int, rounds: int, seed: int, verify: 
     config = ShuffleConfig(dataset=dataset, groups=groups, rounds=rounds, seed=seed, verify=verify,
                            save_order=save_order,
                            memory_limit=parse_size(memory_limit) if memory_limit else None)
-    share = _share_estimate(dataset, comm.Get_size() // groups if groups > 0 else 1)
+    share = _share_estimate(dataset, comm.Get_size() // groups if groups > 0 else 1) if root else None
 
     bar = contextlib.ExitStack()
     advance = bar.enter_context(progress(share, "load", unit="B", enabled=root and not quiet))
@@ -105,11 +105,17 @@ def shuffle_command(dataset: Path, groups: int, rounds: int, seed: int, verify: 
 
 
 def _share_estimate(dataset: Path, group_size: int) -> int | None:
-    """Bytes rank 0 will read (for the progress bar); None when the data file is not there."""
-    from dimd.format import dataset_paths
+    """Bytes rank 0 will read (for its progress bar); None when the pair cannot be opened here.
 
-    data_path, _ = dataset_paths(dataset)
+    The load itself reports a missing or mismatched pair, on every rank.
+    """
+    from dimd.errors import DimdError
+    from dimd.format import PackedDataset
+    from dimd.shuffle.partition import share_bounds
+
     try:
-        return max(1, data_path.stat().st_size // max(group_size, 1))
-    except OSError:
+        packed = PackedDataset(dataset, check_size=False)
+    except DimdError:
         return None
+    begin, end = packed.byte_range(0, int(share_bounds(len(packed), max(group_size, 1))[1]))
+    return end - begin
