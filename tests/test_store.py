@@ -81,3 +81,23 @@ def test_data_file_that_is_not_the_index_pair_is_refused(packed_sample, world, t
 def test_missing_dataset_is_a_clear_error(tmp_path, world):
     with pytest.raises(DimdError, match="index file not found"):
         DistributedStore.load(tmp_path / "nothing", world)
+
+
+def test_shares_are_balanced_and_contiguous():
+    from dimd.shuffle.partition import share_bounds
+
+    assert share_bounds(10, 4).tolist() == [0, 3, 6, 8, 10]
+    assert share_bounds(2, 4).tolist() == [0, 1, 2, 2, 2]  # empty partitions are fine
+    assert share_bounds(0, 3).tolist() == [0, 0, 0, 0]
+
+
+def test_gather_bytes_copies_ranges_back_to_back():
+    from dimd.shuffle.exchange import block_sums, displacements, gather_bytes
+
+    data = np.arange(20, dtype=np.uint8)
+    starts, lengths = np.array([10, 0, 2, 4, 15]), np.array([3, 2, 2, 1, 5])
+    out = gather_bytes(data, starts, lengths)  # records 1..3 are adjacent: copied as one run
+    assert out.tolist() == [10, 11, 12, 0, 1, 2, 3, 4, 15, 16, 17, 18, 19]
+    assert gather_bytes(data, np.zeros(0, np.int64), np.zeros(0, np.int64)).size == 0
+    assert block_sums(lengths, np.array([2, 0, 3])).tolist() == [5, 0, 8]
+    assert displacements(np.array([5, 0, 8])).tolist() == [0, 5, 5]
