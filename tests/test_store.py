@@ -101,3 +101,22 @@ def test_gather_bytes_copies_ranges_back_to_back():
     assert gather_bytes(data, np.zeros(0, np.int64), np.zeros(0, np.int64)).size == 0
     assert block_sums(lengths, np.array([2, 0, 3])).tolist() == [5, 0, 8]
     assert displacements(np.array([5, 0, 8])).tolist() == [0, 5, 5]
+
+
+def test_verification_names_missing_doubled_and_changed_records(packed_sample):
+    from types import SimpleNamespace
+
+    from dimd.shuffle.verify import _compare
+
+    packed = PackedDataset(packed_sample)
+    store = SimpleNamespace(path=packed.data_path, group=1)
+    indices = np.arange(48)
+    crc = packed.records["crc32"].copy()
+    assert _compare(store, indices, crc, "round 0") is None
+    indices[5], crc[5] = 6, crc[6]   # record 5 lost, record 6 held twice
+    crc[10] ^= 1            # record 10's bytes changed
+    message = _compare(store, indices, crc, "round 2")
+    assert message.startswith("verify after round 2: group 1: ")
+    assert f"1 records missing: 5 ({packed.names[5]})" in message
+    assert "1 records held more than once: 6" in message
+    assert f"1 records with changed bytes (crc32): 10 ({packed.names[10]})" in message
