@@ -10,6 +10,8 @@
 #   DIMD=dimd              the dimd executable
 #   PACK_WORKERS           `dimd pack --workers` (default: all cores)
 #   VAL_LIST               a `relative/path label` list for a flat val folder (ImageNet's val)
+#   VAL_CLASSES            class names for VAL_LIST's labels, one per line
+#   FRESH=1                start training afresh instead of resuming from WORKDIR/checkpoints
 #   MODEL=resnet50 IMAGE_SIZE=224 EPOCHS=90 BATCH_SIZE=64 LR=0.1
 #   STEPS="pack shuffle bench train"  the steps to run, in this order
 #
@@ -46,6 +48,7 @@ for s in $STEPS; do
         step "pack $val_src -> $work/val"
         val_list=()
         [[ -n ${VAL_LIST:-} ]] && val_list=(--list "$VAL_LIST")
+        [[ -n ${VAL_CLASSES:-} ]] && val_list+=(--classes-file "$VAL_CLASSES")
         $DIMD pack "$val_src" -o "$work/val" --force "${workers[@]}" "${val_list[@]}" \
             --skipped "$work/val.skipped"
         $DIMD inspect "$work/train" --json "$work/train.inspect.json"
@@ -60,6 +63,7 @@ for s in $STEPS; do
         ;;
     train)
         step "train $MODEL on $NP ranks"
+        [[ ${FRESH:-0} == 1 ]] && rm -rf "$work/checkpoints" "$work/metrics.jsonl"
         $LAUNCH $DIMD train "$work/train" --val "$work/val" --model "$MODEL" \
             --image-size "$IMAGE_SIZE" --epochs "$EPOCHS" --batch-size "$BATCH_SIZE" --lr "$LR" \
             --checkpoint-dir "$work/checkpoints" --resume \
