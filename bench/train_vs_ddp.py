@@ -129,7 +129,9 @@ def run_dimd(args: argparse.Namespace, read_from: str) -> tuple[list[dict], dict
                    "--read-from", read_from, "--files-root", args.tree, "--json", str(out)]
         if args.allreduce:
             command += ["--allreduce", args.allreduce]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        proc = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr}")
         doc = json.loads(out.read_text())
     history = [{"epoch": e["epoch"], "seconds": e["train_seconds"], "images": e["images"],
                 "images_per_s": e["images_per_s"], "time_split": e["time_split"]} for e in doc["history"]]

@@ -321,21 +321,21 @@ class Trainer:
 
     def run(self) -> TrainResult:
         start = time.perf_counter()
-        self.setup()
         cfg = self.config
-        path = self.find_resume_point()
-        if path is not None:
-            self.restore(path)
-            self.on_event(f"resumed from {path} at epoch {self.epoch}, step {self.step}")
-        self.on_start(self)
         stopped_by = None
-        try:
-            with StopRequest() as stop:
+        with StopRequest() as stop:   # a signal during start-up stops the run after its first step
+            self.setup()
+            try:
+                path = self.find_resume_point()
+                if path is not None:
+                    self.restore(path)
+                    self.on_event(f"resumed from {path} at epoch {self.epoch}, step {self.step}")
+                self.on_start(self)
                 while self.epoch < cfg.epochs and stopped_by is None:
                     stopped_by = self.run_epoch(stop)
-        finally:
-            self.loader.close()
-            self.val_loader.close()
+            finally:
+                self.loader.close()
+                self.val_loader.close()
         result = TrainResult(
             config=cfg, model=self.model_info, world_size=self.world, device=str(self.device),
             allreduce=self.algorithm, allreduce_choice=self.algorithm_choice,

@@ -44,7 +44,7 @@ def list_models() -> None:
 
 @click.command("train", context_settings={"show_default": True})
 @click.argument("train_set", metavar="TRAIN", required=False)
-@click.option("--val", "val_set", metavar="VAL", help="Packed validation set (required).")
+@click.option("--val", "val_set", metavar="VAL", help="Packed validation set (required); its classes are matched to TRAIN's by name.")
 @click.option("--model", default="resnet50", help="Model name (see --list-models).")
 @click.option("--list-models", is_flag=True, help="List the models with parameter counts and gradient bytes, then exit.")
 @click.option("--epochs", default=90, type=int)
@@ -100,7 +100,10 @@ def train(train_set, val_set, list_models: bool, **options) -> None:
     \b
     Example:
       mpirun -n 2 dimd train demo/train --val demo/val --model resnet20 --image-size 32 \\
-          --epochs 8 --batch-size 32 --lr 0.4 --checkpoint-dir demo/checkpoints --json demo/train.json
+          --epochs 16 --batch-size 16 --lr 0.8 --schedule cosine --warmup-epochs 2 \\
+          --checkpoint-dir demo/checkpoints --json demo/train.json
+      mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --model resnet50 \\
+          --device cuda --workers 8 --checkpoint-dir ckpt --resume
     """
     if list_models:
         return globals()["list_models"]()
