@@ -46,24 +46,23 @@ def scratch_bytes() -> int:
     return _arena.nbytes
 
 
-def block_bounds(count: int, parts: int) -> np.ndarray:
+def block_bounds(count: int, parts: int) -> list[int]:
     """``parts + 1`` offsets that split ``count`` elements into near-equal blocks.
 
     The first ``count % parts`` blocks get one extra element; blocks may be
-    empty when ``count < parts``.
+    empty when ``count < parts``. Plain ints: slicing with them is cheaper
+    than with numpy scalars, which matters for small messages.
     """
-    sizes = np.full(parts, count // parts, dtype=np.int64)
-    sizes[: count % parts] += 1
-    bounds = np.zeros(parts + 1, dtype=np.int64)
-    np.cumsum(sizes, out=bounds[1:])
-    return bounds
+    small, extra = divmod(count, parts)
+    edges = np.arange(parts + 1)
+    return (edges * small + np.minimum(edges, extra)).tolist()
 
 
-def segment_bounds(count: int, segment: int) -> np.ndarray:
+def segment_bounds(count: int, segment: int) -> list[int]:
     """Offsets that cut ``count`` elements into segments of at most ``segment``."""
     if count == 0:
-        return np.zeros(1, dtype=np.int64)
-    return np.append(np.arange(0, count, segment, dtype=np.int64), count)
+        return [0]
+    return np.append(np.arange(0, count, segment, dtype=np.int64), count).tolist()
 
 
 _keyval: Any = None
