@@ -26,7 +26,8 @@ from dimd.errors import DimdError
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
 
 DEFAULT_COLORS = 4
-DEFAULT_SEGMENT_BYTES = 1 << 20
+#: None: each pipelined algorithm sizes its segments from the message (see their modules).
+DEFAULT_SEGMENT_BYTES = None
 
 
 class AllreduceError(DimdError, ValueError):
@@ -40,7 +41,7 @@ class Algorithm:
     name: str
     function: Callable[..., None]
     description: str
-    options: Mapping[str, Any] = field(default_factory=dict)  # name -> default
+    options: Mapping[str, Any] = field(default_factory=dict)  # name -> default (None: automatic)
     point_to_point: bool = True  # runs on a private duplicate of the caller's comm
 
     def resolve(self, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -52,6 +53,8 @@ class Algorithm:
                                  f"{', '.join(unknown)} (it takes {takes})")
         resolved = {**self.options, **options}
         for name, value in resolved.items():
+            if value is None and self.options[name] is None:
+                continue  # automatic
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise AllreduceError(f"option {name} of algorithm {self.name!r} must be a "
                                      f"positive integer, got {value!r}")
@@ -119,8 +122,9 @@ def allreduce(buf: Any, comm: Any, algorithm: str = "mpi", *, average: bool = Fa
 
     Every rank must call it with the same algorithm, options, dtype and
     length. ``average=True`` divides the sum by the number of ranks (floating
-    dtypes only). Options: ``segment_bytes`` (``ring-root``, ``multicolor``)
-    and ``colors`` (``multicolor``, capped at the number of ranks).
+    dtypes only). Options: ``segment_bytes`` (``ring-root``, ``multicolor``;
+    default: sized from the message) and ``colors`` (``multicolor``, default
+    4, capped at the number of ranks).
     """
     chosen = get_algorithm(algorithm)
     resolved = chosen.resolve(options)

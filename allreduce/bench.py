@@ -192,7 +192,7 @@ class BenchConfig:
     warmup: int | None = None    # None: auto_warmup(iters)
     dtype: str = "float32"
     colors: int = 4
-    segment_bytes: int = 1 << 20
+    segment_bytes: int | None = None  # None: sized from the message
     check: bool = False
     peer: str | None = None      # "gloo": also time torch.distributed all_reduce
 
@@ -206,7 +206,7 @@ class BenchConfig:
         for option, value in (("--iters", self.iters), ("--warmup", self.warmup)):
             if value is not None and value < (1 if option == "--iters" else 0):
                 raise AllreduceError(f"{option} must be {'positive' if option == '--iters' else '>= 0'}, got {value}")
-        if self.colors < 1 or self.segment_bytes < 1:
+        if self.colors < 1 or (self.segment_bytes is not None and self.segment_bytes < 1):
             raise AllreduceError("--colors and --segment-bytes must be positive")
         if self.peer not in (None, "gloo"):
             raise AllreduceError(f"--peer must be gloo, got {self.peer}")

@@ -65,6 +65,12 @@ def segment_bounds(count: int, segment: int) -> list[int]:
     return np.append(np.arange(0, count, segment, dtype=np.int64), count).tolist()
 
 
+def auto_segment_bytes(nbytes: int, pieces: int, low: int = 64 << 10, high: int = 8 << 20) -> int:
+    """About ``nbytes / pieces``, kept within [low, high]: enough segments to
+    pipeline, few enough that per-segment Python and MPI costs stay small."""
+    return int(min(high, max(low, nbytes // pieces)))
+
+
 _keyval: Any = None
 
 

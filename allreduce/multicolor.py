@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dimd.allreduce.buffers import block_bounds, scratch, segment_bounds
+from dimd.allreduce.buffers import auto_segment_bytes, block_bounds, scratch, segment_bounds
 
 #: Segments a node has in flight per colour (and per child) at once.
 WINDOW = 4
@@ -160,7 +160,7 @@ def _nothing() -> None:
     pass
 
 
-def multicolor(buf: np.ndarray, comm: Any, *, colors: int, segment_bytes: int) -> None:
+def multicolor(buf: np.ndarray, comm: Any, *, colors: int = 4, segment_bytes: int | None = None) -> None:
     """Sum ``buf`` over k = min(colors, P) colour trees, all colours pipelined at once."""
     from mpi4py import MPI
 
@@ -170,7 +170,9 @@ def multicolor(buf: np.ndarray, comm: Any, *, colors: int, segment_bytes: int) -
     k = min(colors, size)
     trees = color_trees(size, k)
     chunks = block_bounds(buf.size, k)
-    segment = max(1, min(segment_bytes // buf.itemsize, int(chunks[1] - chunks[0])))
+    if segment_bytes is None:  # about 8 segments per colour's chunk
+        segment_bytes = auto_segment_bytes((chunks[1] - chunks[0]) * buf.itemsize, 8)
+    segment = max(1, min(segment_bytes // buf.itemsize, chunks[1] - chunks[0]))
     fan_in = [len(tree.children[rank]) for tree in trees]
     arena = scratch(sum(fan_in) * WINDOW * segment, buf.dtype)
 

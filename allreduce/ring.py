@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dimd.allreduce.buffers import block_bounds, scratch, segment_bounds
+from dimd.allreduce.buffers import auto_segment_bytes, block_bounds, scratch, segment_bounds
 
 _REDUCE, _BCAST = 11, 12
 
@@ -46,13 +46,15 @@ def ring(buf: np.ndarray, comm: Any) -> None:
         comm.Sendrecv(block(rank + 1 - step), right, _BCAST, block(rank - step), left, _BCAST)
 
 
-def ring_root(buf: np.ndarray, comm: Any, *, segment_bytes: int) -> None:
+def ring_root(buf: np.ndarray, comm: Any, *, segment_bytes: int | None = None) -> None:
     """Chain reduce ``1 -> 2 -> ... -> P-1 -> 0`` then broadcast ``0 -> P-1 -> ... -> 1``, pipelined."""
     from mpi4py import MPI
 
     size, rank = comm.Get_size(), comm.Get_rank()
     if size == 1 or buf.size == 0:
         return
+    if segment_bytes is None:  # a pipeline of about 16 segments
+        segment_bytes = auto_segment_bytes(buf.nbytes, 16, high=4 << 20)
     segment = max(1, segment_bytes // buf.itemsize)
     bounds = segment_bounds(buf.size, segment)
     segments = len(bounds) - 1

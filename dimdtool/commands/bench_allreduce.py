@@ -39,8 +39,9 @@ def _line(row) -> str:
               default="float32", show_default=True, help="Element type.")
 @click.option("--colors", default=4, show_default=True,
               help="multicolor: number of colours (trees); fewer when there are fewer ranks.")
-@click.option("--segment-bytes", default="1M", show_default=True,
-              help="multicolor and ring-root: pipeline segment size.")
+@click.option("--segment-bytes", default="auto", show_default=True,
+              help="multicolor and ring-root: pipeline segment size (auto: about 1/8 of a colour's "
+                   "chunk for multicolor, 1/16 of the message for ring-root, 64 KiB to 8 MiB).")
 @click.option("--check", "-c", is_flag=True,
               help="Before timing each row, run once on per-rank values with a known sum and count "
                    "the wrong elements (summed over ranks) in #wrong; exit 1 if any.")
@@ -77,7 +78,7 @@ def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int
         a.strip() for a in algorithms.split(",") if a.strip())
     config = BenchConfig(algorithms=names, min_bytes=parse_size(min_bytes), max_bytes=parse_size(max_bytes),
                          factor=factor, iters=iters, warmup=warmup, dtype=dtype, colors=colors,
-                         segment_bytes=parse_size(segment_bytes), check=check, peer=peer)
+                         segment_bytes=None if segment_bytes == "auto" else parse_size(segment_bytes), check=check, peer=peer)
     config.validate()
     root = comm.Get_rank() == 0
     size = comm.Get_size()
