@@ -90,6 +90,7 @@ def test_sigusr1_finishes_the_step_checkpoints_and_exits_cleanly(packed_sample, 
     args = train_args(packed_sample, tmp_path)
     args[args.index("--epochs") + 1] = "1000"
     args[args.index("--shuffle-every") + 1] = "epoch"
+    args += ["--groups", "2"]      # two shuffle groups of one rank, each holding the whole set
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     job = subprocess.Popen([MPIEXEC, "-n", "2", *DIMD, *map(str, args)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=env)
