@@ -11,7 +11,7 @@ check runs separately on values with a known sum.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -150,8 +150,6 @@ def sweep(comm: Any, reducers: dict[str, Reducer], sizes: Iterable[int], dtype: 
 
 
 def _with_ratio(row: Row, baseline_s: float) -> Row:
-    from dataclasses import replace
-
     return replace(row, vs_mpi=row.time_us / (baseline_s * 1e6))
 
 
