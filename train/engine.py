@@ -80,7 +80,7 @@ class TrainResult:
 
     def figures(self) -> dict[str, Any]:
         """The ``--json`` figures (the CLI wraps them in the standard envelope)."""
-        run = [e for e in self.epochs]
+        run = self.epochs
         images = sum(e.images for e in run)
         train_s = sum(e.train_seconds for e in run)
         split = {k: sum(e.time_split[k] for e in run) for k in ("data", "compute", "allreduce", "optimizer")}
