@@ -1,1 +1,9 @@
-"""Training: models, schedules, the S-SGD and SMA engines, checkpoints, evaluation."""
+"""Training: models, schedules, the S-SGD engine, checkpoints, evaluation.
+
+``models`` (the zoo), ``schedule`` (learning-rate rules as pure functions),
+``flatgrad`` (all gradients in one buffer), ``sgd`` (one synchronous step),
+``engine`` (the run: load, shuffle, train, evaluate, checkpoint), ``checkpoint``,
+``evaluate``, ``signals`` (SIGTERM/SIGUSR1 -> checkpoint and exit), ``filesource``
+(the read-the-original-files baseline), ``config`` (the frozen run configuration).
+Importing this package is cheap; its modules import torch.
+"""
