@@ -38,8 +38,9 @@ class FlatGradients:
         self.buffer = torch.zeros(self.numel + extras, dtype=dtype, device=device)
         self.grads = self.buffer[: self.numel]
         self.extras = self.buffer[self.numel:]
+        # On a GPU the allreduce runs on a pinned host copy (dimd.allreduce sums CPU buffers).
         self._host = (self.buffer if device.type == "cpu" else
-                      torch.empty_like(self.buffer, device="cpu", pin_memory=torch.cuda.is_available()))
+                      torch.empty(self.buffer.shape, dtype=dtype, pin_memory=True))
         self.host_array: np.ndarray = self._host.numpy()
         self.bucket_bounds = bucket_bounds(ends, self.numel + extras, bucket_bytes, self.buffer.element_size())
         self.attach()

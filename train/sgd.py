@@ -142,11 +142,10 @@ def broadcast_state(module: nn.Module, comm, root: int = 0) -> None:
     """Give every rank ``root``'s parameters and buffers (identical initial weights)."""
     with torch.no_grad():
         for tensor in list(module.parameters()) + list(module.buffers()):
-            host = tensor.detach().cpu().contiguous() if tensor.device.type != "cpu" else tensor.data
-            if not host.is_contiguous():
-                raise ValueError("broadcast needs contiguous tensors")
+            on_cpu = tensor.device.type == "cpu" and tensor.is_contiguous()
+            host = tensor.detach() if on_cpu else tensor.detach().cpu().contiguous()
             comm.Bcast(host.numpy(), root=root)
-            if host is not tensor.data:
+            if not on_cpu:
                 tensor.copy_(host)
 
 
