@@ -170,8 +170,8 @@ def multicolor(buf: np.ndarray, comm: Any, *, colors: int = 4, segment_bytes: in
     k = min(colors, size)
     trees = color_trees(size, k)
     chunks = block_bounds(buf.size, k)
-    if segment_bytes is None:  # about 8 segments per colour's chunk
-        segment_bytes = auto_segment_bytes((chunks[1] - chunks[0]) * buf.itemsize, 8)
+    if segment_bytes is None:  # up to 8 segments per colour's chunk, of at least 512 KiB
+        segment_bytes = auto_segment_bytes((chunks[1] - chunks[0]) * buf.itemsize, 8, low=512 << 10)
     segment = max(1, min(segment_bytes // buf.itemsize, chunks[1] - chunks[0]))
     fan_in = [len(tree.children[rank]) for tree in trees]
     arena = scratch(sum(fan_in) * WINDOW * segment, buf.dtype)

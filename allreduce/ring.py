@@ -53,8 +53,8 @@ def ring_root(buf: np.ndarray, comm: Any, *, segment_bytes: int | None = None) -
     size, rank = comm.Get_size(), comm.Get_rank()
     if size == 1 or buf.size == 0:
         return
-    if segment_bytes is None:  # a pipeline of about 16 segments
-        segment_bytes = auto_segment_bytes(buf.nbytes, 16, high=4 << 20)
+    if segment_bytes is None:  # a pipeline of up to 16 segments, of at least 256 KiB
+        segment_bytes = auto_segment_bytes(buf.nbytes, 16, low=256 << 10, high=4 << 20)
     segment = max(1, segment_bytes // buf.itemsize)
     bounds = segment_bounds(buf.size, segment)
     segments = len(bounds) - 1

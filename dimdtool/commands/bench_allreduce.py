@@ -40,8 +40,8 @@ def _line(row) -> str:
 @click.option("--colors", default=4, show_default=True,
               help="multicolor: number of colours (trees); fewer when there are fewer ranks.")
 @click.option("--segment-bytes", default="auto", show_default=True,
-              help="multicolor and ring-root: pipeline segment size (auto: about 1/8 of a colour's "
-                   "chunk for multicolor, 1/16 of the message for ring-root, 64 KiB to 8 MiB).")
+              help="multicolor and ring-root: pipeline segment size (auto: 1/8 of a colour's chunk for "
+                   "multicolor, at least 512 KiB; 1/16 of the message for ring-root, at least 256 KiB).")
 @click.option("--check", "-c", is_flag=True,
               help="Before timing each row, run once on per-rank values with a known sum and count "
                    "the wrong elements (summed over ranks) in #wrong; exit 1 if any.")
