@@ -21,6 +21,9 @@ from dimd.mpi import ThreadLevel, init_mpi
 #: Ranks other than 0 wait this long before reporting, so that an error every
 #: rank hits (a bad option) is printed once, by rank 0, whose abort ends them.
 _NONZERO_RANK_GRACE_S = 1.0
+#: MPI_Abort tears the job down at once; the launcher (Hydra, srun) may not yet
+#: have forwarded the line just written, and the user would see no reason.
+_FORWARD_GRACE_S = 0.5
 
 
 def mpi_command(thread_level: ThreadLevel = "single") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -63,4 +66,5 @@ def abort_job(comm: Any, message: str, code: int) -> None:
     sys.stdout.flush()
     if size == 1:
         sys.exit(code)
+    time.sleep(_FORWARD_GRACE_S)
     comm.Abort(code)
