@@ -119,11 +119,12 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
     if missing:
         raise DimdError(f"{missing[0]}: not found; --tree must be the folder {config.dataset} was packed "
                         f"from (record names are paths relative to it)")
-    batches = len(store) // config.batch_size
-    if config.images is not None:
-        batches = min(batches, max(1, config.images // config.batch_size))
-    if batches < 1:
+    if len(store) < config.batch_size:
         raise DimdError(f"{len(store)} records are fewer than one batch of {config.batch_size}")
+    # whole batches; more images than records cycle through further epochs, so a
+    # measurement can be long enough that filling and draining the pipeline do not dominate
+    batches = (len(store) // config.batch_size if config.images is None
+               else max(1, config.images // config.batch_size))
     count = batches * config.batch_size
     torch.set_num_threads(1)
 
@@ -132,11 +133,13 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
     files = FileDataset(paths, store.labels, config.image_size, config.seed)
 
     def run_dimd(repeat: int) -> int:
-        done = 0
-        for step, (images, _) in enumerate(loader.epoch(repeat)):
-            done += len(images)
-            if step + 1 == batches:
-                break
+        done, epoch = 0, repeat * 1000
+        while done < count:
+            for images, _ in loader.epoch(epoch):
+                done += len(images)
+                if done == count:
+                    break
+            epoch += 1
         return done
 
     # a well-configured DataLoader: worker processes started once and kept (persistent_workers)
@@ -150,25 +153,28 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
 
     def run_torch(repeat: int) -> int:
         done = 0
-        for step, (images, _) in enumerate(baseline):
-            done += len(images)
-            if step + 1 == batches:
-                break
+        while done < count:
+            for images, _ in baseline:
+                done += len(images)
+                if done == count:
+                    break
         return done
 
     from dimd.shuffle.decode import decode_train
 
     def run_limit(repeat: int) -> int:
         rng = np.random.default_rng([config.seed, repeat])
-        order = rng.permutation(len(store))[:count]
+        passes = -(-count // len(store))
+        order = np.concatenate([rng.permutation(len(store)) for _ in range(passes)])[:count]
         for i in order.tolist():
             decode_train(store.record(i), config.image_size, rng)
         return count
 
     runners = {"dimd": run_dimd, "torch": run_torch, "limit": run_limit}
     # warm-up: thread pool, page cache, PIL's plugin import; not measured
-    next(iter(loader.epoch(10_000)))
-    next(iter(baseline))
+    next(iter(loader.epoch(10_000_000)))
+    for _ in baseline:  # a whole epoch: persistent workers left prefetching would steal dimd's cores
+        pass
     measurements: list[Measurement] = []
     for repeat in range(config.repeats):
         for method in METHODS:

@@ -19,7 +19,10 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
               help="Decoding threads (dimd) and worker processes (DataLoader).")
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--image-size", default=224, show_default=True)
-@click.option("--images", type=int, help="Images per measurement [default: every record, whole batches].")
+@click.option("--images", type=int,
+              help="Images per measurement, in whole batches [default: every record once]. More than "
+                   "the records cycle through further epochs; a multiple of the record count keeps "
+                   "the DataLoader's workers from being stopped mid-epoch.")
 @click.option("--repeats", default=3, show_default=True, help="Runs of each method; medians are reported.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json", "json_path", type=_FILE, metavar="PATH", help="Write the figures as JSON to PATH.")
