@@ -43,6 +43,12 @@ class LazyGroup(click.Group):
         module_name, attribute = target.split(":")
         return getattr(importlib.import_module(module_name), attribute)
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command with its whole first sentence (click would cut it at 45 characters)."""
+        rows = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, command.get_short_help_str(limit=200)) for name, command in rows])
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
