@@ -1,0 +1,70 @@
+"""The SLURM train job under stand-in `srun`/`scontrol`: warn -> checkpoint -> requeue -> resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bin" / "slurm" / "train.sbatch"
+
+FAKE_SRUN = """#!/usr/bin/env bash
+while [[ $1 == --* ]]; do shift; done   # srun's own options
+exec "$@"                               # one task, signals reach it directly
+"""
+FAKE_SCONTROL = """#!/usr/bin/env bash
+echo "scontrol $*" >> "$SCONTROL_LOG"
+"""
+
+
+def start_job(tmp: Path, data: Path) -> subprocess.Popen:
+    fake = tmp / "fakebin"
+    fake.mkdir(exist_ok=True)
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (fake / name).write_text(text)
+        (fake / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "test", "SLURM_CPUS_PER_TASK": "1",
+           "RUN_DIR": str(tmp / "run"), "SCONTROL_LOG": str(tmp / "scontrol.log"),
+           "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8"}
+    return subprocess.Popen(["bash", str(SCRIPT), str(data), "--image-size", "32", "--lr", "0.05",
+                             "--keep-checkpoints", "0"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(packed_sample, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):  # the job reads DATA/train and DATA/val
+        for suffix in (".dimd", ".idx.h5"):
+            (data / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
+    checkpoints = tmp_path / "run" / "checkpoints"
+
+    job = start_job(tmp_path, data)
+    wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")))
+    job.send_signal(signal.SIGUSR1)  # what `#SBATCH --signal=B:USR1@120` sends
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, out
+    assert "stopped by SIGUSR1" in out and "requeueing job 42" in out
+    assert (tmp_path / "scontrol.log").read_text() == "scontrol requeue 42\n"
+    saved = sorted(checkpoints.glob("*.pt"))
+
+    (tmp_path / "scontrol.log").unlink()
+    job = start_job(tmp_path, data)  # the requeued job
+    wait_for(lambda: len(list(checkpoints.glob("*.pt"))) > len(saved))
+    job.send_signal(signal.SIGTERM)  # scancel: checkpoint and stop, no requeue
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, out
+    assert f"resumed from {saved[-1]}" in out
+    assert "stopped by SIGTERM" in out
+    assert not (tmp_path / "scontrol.log").exists()
