@@ -59,7 +59,7 @@ for s in $STEPS; do
         ;;
     bench)
         step "bench-allreduce --check on $NP ranks"
-        $LAUNCH $DIMD bench-allreduce --check --max-bytes 4M --json "$work/allreduce.json"
+        $LAUNCH $DIMD bench-allreduce --check --max-bytes 4M --factor 4 --json "$work/allreduce.json"
         ;;
     train)
         step "train $MODEL on $NP ranks"
