@@ -22,7 +22,7 @@ import numpy as np
 
 from dimd.errors import DimdError
 from dimd.format import crc32
-from dimd.shuffle.decode import DecodeError, eval_hwc, to_chw, train_hwc
+from dimd.shuffle.decode import SCALE, DecodeError, eval_hwc, to_chw, train_hwc
 from dimd.shuffle.store import DistributedStore
 
 STATE_VERSION = 1
@@ -35,17 +35,21 @@ class BatchLoader:
     flip, ``steps_per_epoch`` identical on every rank. ``train=False``: every
     local record once, in order, the last batch possibly short, resize and
     centre crop; ``steps_per_epoch`` is then this rank's ``ceil(len(store) / b)``.
+    ``crop_scale`` is the smallest share of the image area a training crop keeps.
     """
 
     def __init__(self, store: DistributedStore, batch_size: int, image_size: int = 224,
                  train: bool = True, workers: int = 2, seed: int = 0, pin_memory: bool = False,
-                 prefetch: int = 2) -> None:
+                 prefetch: int = 2, crop_scale: float = SCALE[0]) -> None:
         for name, value in (("batch size", batch_size), ("image size", image_size),
                             ("workers", workers), ("prefetch", prefetch)):
             if value < 1:
                 raise DimdError(f"{name} must be at least 1 (got {value})")
         if seed < 0:
             raise DimdError(f"seed must be non-negative (got {seed})")
+        if not 0 < crop_scale <= 1:
+            raise DimdError(f"crop scale must be in (0, 1] (got {crop_scale})")
+        self.crop_scale = (crop_scale, 1.0)
         self.store = store
         self.batch_size = batch_size
         self.image_size = image_size
@@ -140,7 +144,8 @@ class BatchLoader:
             i = int(indices[slot])
             try:
                 if self.train:
-                    hwc, flip = train_hwc(store.record(i), size, np.random.default_rng(seeds[slot]))
+                    hwc, flip = train_hwc(store.record(i), size, np.random.default_rng(seeds[slot]),
+                                          self.crop_scale)
                     to_chw(hwc, flip, out=target[slot])
                 else:
                     to_chw(eval_hwc(store.record(i), size), out=target[slot])

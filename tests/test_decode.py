@@ -52,6 +52,13 @@ def test_crop_boxes_stay_inside_and_follow_scale_and_ratio():
     assert 0.07 <= min(areas) < 0.15 and max(areas) > 0.9
 
 
+def test_a_larger_crop_scale_keeps_more_of_the_image():
+    rng = np.random.default_rng(2)
+    areas = [w * h / 400 ** 2 for _, _, w, h in
+             (random_resized_crop_box(400, 400, rng, scale=(0.35, 1.0)) for _ in range(2000))]
+    assert 0.33 <= min(areas) < 0.45 and max(areas) > 0.9
+
+
 def test_decode_eval_matches_resize_then_centre_crop():
     data = jpeg_bytes(1000, 700)  # large enough that draft decoding kicks in
     ours = decode_eval(data, 64)

@@ -106,6 +106,12 @@ def test_a_batch_larger_than_the_share_is_refused(store):
         BatchLoader(store, batch_size=49)
 
 
+@pytest.mark.parametrize("crop_scale", [0.0, 1.5])
+def test_a_crop_scale_outside_zero_to_one_is_refused(store, crop_scale):
+    with pytest.raises(DimdError, match="crop scale must be in"):
+        BatchLoader(store, batch_size=8, crop_scale=crop_scale)
+
+
 def test_a_corrupt_record_names_itself(tmp_path, packed_sample):
     from mpi4py import MPI
 

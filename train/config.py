@@ -19,6 +19,7 @@ class TrainConfig:
     val: str
     model: str
     image_size: int = 224
+    crop_scale: float = 0.08              # smallest area share of a random-resized training crop
     epochs: int = 90
     batch_size: int = 64                  # per rank
     lr: float = 0.1                       # for a global batch of 256
@@ -55,6 +56,7 @@ class TrainConfig:
             (self.epochs >= 1, f"--epochs must be at least 1 (got {self.epochs})"),
             (self.batch_size >= 1, f"--batch-size must be at least 1 (got {self.batch_size})"),
             (self.image_size >= 8, f"--image-size must be at least 8 (got {self.image_size})"),
+            (0 < self.crop_scale <= 1, f"--crop-scale must be in (0, 1] (got {self.crop_scale})"),
             (self.lr > 0, f"--lr must be positive (got {self.lr})"),
             (0 <= self.momentum < 1, f"--momentum must be in [0, 1) (got {self.momentum})"),
             (self.weight_decay >= 0, f"--weight-decay must be non-negative (got {self.weight_decay})"),

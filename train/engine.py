@@ -207,7 +207,8 @@ class Trainer:
 
             source = OriginalFiles(self.store, cfg.files_root)
         self.loader = BatchLoader(source, cfg.batch_size, cfg.image_size, train=True,
-                                  workers=cfg.workers, seed=cfg.seed, pin_memory=pin)
+                                  workers=cfg.workers, seed=cfg.seed, pin_memory=pin,
+                                  crop_scale=cfg.crop_scale)
         self.val_loader = BatchLoader(self.val_store, cfg.eval_batch_size or cfg.batch_size,
                                       cfg.image_size, train=False, workers=cfg.workers, seed=cfg.seed,
                                       pin_memory=pin)
