@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from pathlib import Path
 
 import click
@@ -12,6 +13,8 @@ from dimd.errors import DimdError
 from dimd.units import format_bytes
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
+#: A scan of SRC that takes longer than this gets a line saying what is happening.
+SCAN_NOTICE_S = 2.0
 
 
 @click.command("pack")
@@ -68,8 +71,16 @@ def pack_command(src: Path, out: Path, list_file: Path | None, classes_file: Pat
                         force=force)
     bars = contextlib.ExitStack()
     state = {"advance": lambda n=1: None}
+    # Listing a million-file tree on a parallel file system takes a while: say so, but only then.
+    scanning = threading.Timer(SCAN_NOTICE_S, lambda: click.echo(
+        f"scanning {src} (listing every image before packing) ...", err=True))
+    scanning.daemon = True
+    if not quiet:
+        scanning.start()
+    bars.callback(scanning.cancel)
 
     def on_start(source) -> None:
+        scanning.cancel()
         state["advance"] = bars.enter_context(
             progress(source.count, f"pack ({source.kind})", unit="img", enabled=not quiet))
 
