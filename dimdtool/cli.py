@@ -25,8 +25,6 @@ COMMANDS: dict[str, str] = {
     "shuffle": "dimd.commands.shuffle:shuffle_command",
     "bench-io": "dimd.commands.bench_io:bench_io",
     "bench-allreduce": "dimd.commands.bench_allreduce:bench_allreduce",
-    # Each stage adds its commands here as it lands: pack, inspect, verify,
-    # shuffle, bench-io, bench-allreduce, train.
 }
 
 
