@@ -15,16 +15,16 @@ import click
 from dimd import __version__
 from dimd.errors import DimdError
 
-#: name -> "module:attribute"; explicit, never discovered by walking packages.
+#: name -> "module:attribute", in pipeline order; explicit, never discovered by walking packages.
 COMMANDS: dict[str, str] = {
     "sample-data": "dimd.commands.sample_data:sample_data",
     "pack": "dimd.commands.pack:pack_command",
     "inspect": "dimd.commands.pack:inspect_command",
     "verify": "dimd.commands.pack:verify_command",
-    "train": "dimd.commands.train:train",
     "shuffle": "dimd.commands.shuffle:shuffle_command",
     "bench-io": "dimd.commands.bench_io:bench_io",
     "bench-allreduce": "dimd.commands.bench_allreduce:bench_allreduce",
+    "train": "dimd.commands.train:train",
 }
 
 
