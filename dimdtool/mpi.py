@@ -37,10 +37,22 @@ class MpiSetup:
 
 
 def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity), not all the machine has."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def node_local_ranks(comm: Any) -> int:
+    """How many ranks of ``comm`` share this rank's node (and so its cores and memory)."""
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return local.Get_size()
+    finally:
+        local.Free()
 
 
 def local_rank_count(environ: MutableMapping[str, str] = os.environ) -> int | None:

@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Iterator
 
 from dimd.errors import DimdError
 from dimd.format import PackedRecord, PackWriter, dataset_paths
+from dimd.mpi import available_cores  # plain os calls; importing dimd.mpi starts no MPI
 from dimd.pack.sources import Source, Task, open_source
 
 Advance = Callable[[int], None]
@@ -63,13 +64,6 @@ class PackResult:
                 "workers": self.workers, "source_kind": self.source_kind,
                 "data_path": str(self.data_path), "index_path": str(self.index_path),
                 "skipped_images": [{"name": n, "reason": r} for n, r in self.skipped]}
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def validate(config: PackConfig) -> None:

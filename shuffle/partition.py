@@ -65,17 +65,6 @@ def resident_memory() -> int:
     return 0
 
 
-def node_local_ranks(comm: Any) -> int:
-    """How many ranks of ``comm`` share this rank's node (and so its memory)."""
-    from mpi4py import MPI
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    try:
-        return local.Get_size()
-    finally:
-        local.Free()
-
-
 def memory_problem(need: int, *, budget: int, memory_limit: int | None, rank: int,
                    records: int, group_size: int, path: str) -> str | None:
     """The error text when ``need`` bytes do not fit this rank's budget, else None."""

@@ -25,8 +25,9 @@ import numpy as np
 from dimd.errors import DimdError
 from dimd.format import PackedDataset, crc32
 from dimd.shuffle.exchange import META_DTYPE, alltoallv_records, gather_bytes
+from dimd.mpi import node_local_ranks
 from dimd.shuffle.partition import (agree_or_raise, available_memory, memory_problem,
-                                    node_local_ranks, share_bounds, split_groups)
+                                    share_bounds, split_groups)
 
 #: Bytes per read call of the load: few large reads, but a progress callback now and then.
 READ_CHUNK = 64 << 20

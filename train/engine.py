@@ -119,15 +119,6 @@ def pick_device(choice: str, comm) -> torch.device:
     return torch.device("cuda", index)
 
 
-def node_local_size(comm) -> int:
-    from mpi4py import MPI
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    size = local.Get_size()
-    local.Free()
-    return size
-
-
 def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[str, Any]]:
     """The requested algorithm, or the fastest measured now for this gradient size."""
     from dimd.allreduce import ALGORITHMS
@@ -190,9 +181,9 @@ class Trainer:
         if cfg.model not in MODELS:
             build_model(cfg.model, 1)  # raises the clear "unknown model" error
         if cfg.threads or "OMP_NUM_THREADS" not in os.environ:
-            from dimd.mpi import available_cores
+            from dimd.mpi import available_cores, node_local_ranks
 
-            torch.set_num_threads(cfg.threads or max(1, available_cores() // node_local_size(comm)))
+            torch.set_num_threads(cfg.threads or max(1, available_cores() // node_local_ranks(comm)))
         self.device = pick_device(cfg.device, comm)
         t0 = time.perf_counter()
         self.store = DistributedStore.load(cfg.train, comm, groups=cfg.groups, memory_limit=cfg.memory_limit)
