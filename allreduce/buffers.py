@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from dimd.shares import balanced_bounds
+
 _arena = np.empty(0, dtype=np.uint8)
 
 
@@ -31,31 +33,16 @@ def scratch(count: int, dtype: np.dtype, *, offset: int = 0) -> np.ndarray:
     return _arena[offset * itemsize:end].view(dtype)
 
 
-def scratch_slots(slots: int, count: int, dtype: np.dtype) -> np.ndarray:
-    """``slots`` x ``count`` reusable scratch, as a 2-D array (one row per slot)."""
-    return scratch(slots * count, dtype).reshape(slots, count)
-
-
 def release_scratch() -> None:
     """Give the scratch arena back (e.g. after a benchmark of large sizes)."""
     global _arena
     _arena = np.empty(0, dtype=np.uint8)
 
 
-def scratch_bytes() -> int:
-    return _arena.nbytes
-
-
 def block_bounds(count: int, parts: int) -> list[int]:
-    """``parts + 1`` offsets that split ``count`` elements into near-equal blocks.
-
-    The first ``count % parts`` blocks get one extra element; blocks may be
-    empty when ``count < parts``. Plain ints: slicing with them is cheaper
-    than with numpy scalars, which matters for small messages.
-    """
-    small, extra = divmod(count, parts)
-    edges = np.arange(parts + 1)
-    return (edges * small + np.minimum(edges, extra)).tolist()
+    """:func:`dimd.shares.balanced_bounds` as plain ints: slicing with them is cheaper than with
+    numpy scalars, which matters for small messages."""
+    return balanced_bounds(count, parts).tolist()
 
 
 def segment_bounds(count: int, segment: int) -> list[int]:

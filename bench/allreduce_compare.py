@@ -62,7 +62,7 @@ def main() -> None:
             peer = [] if opts.no_gloo else ["--peer", "gloo"]
             doc = run_job(ranks, ["-a", "all", *peer, *sweep], opts.out / f"p{ranks}_run{run}_dimd.json")
             environment[ranks] = doc["mpi"]
-            rows = list(doc["rows"])
+            rows = list(doc["result"]["rows"])
             baseline = {r["bytes"]: r["time_us"] for r in rows if r["algorithm"] == "mpi"}
             for mpich in sorted(set(MPICH_PEERS.values())):
                 forced = run_job(ranks, ["-a", "mpi", *sweep], opts.out / f"p{ranks}_run{run}_mpich_{mpich}.json",

@@ -135,7 +135,7 @@ def dimd_pack(root: Path, out: Path, workers: int) -> tuple[float, float]:
     subprocess.run([sys.executable, "-m", "dimd", "pack", str(root), "-o", str(out), "--force",
                     "--quiet", "--workers", str(workers), "--json", str(summary)],
                    check=True, capture_output=True, text=True)
-    doc = json.loads(summary.read_text())
+    doc = json.loads(summary.read_text())["result"]
     return float(doc["seconds"]), float(doc["cpu_seconds"])
 
 

@@ -86,7 +86,7 @@ def run_shuffle(stem: Path, ranks: int, groups: int, rounds: int, out: Path) -> 
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr}")
-    return json.loads(out.read_text())
+    return json.loads(out.read_text())["result"]
 
 
 def run_bare(ranks: int, groups: int, share: int, rounds: int, script: Path) -> dict:

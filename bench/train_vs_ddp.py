@@ -132,7 +132,8 @@ def run_dimd(args: argparse.Namespace, read_from: str) -> tuple[list[dict], dict
         proc = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             sys.exit(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr}")
-        doc = json.loads(out.read_text())
+        envelope = json.loads(out.read_text())
+        doc = {**envelope["result"], "mpi": envelope["mpi"]}
     history = [{"epoch": e["epoch"], "seconds": e["train_seconds"], "images": e["images"],
                 "images_per_s": e["images_per_s"], "time_split": e["time_split"]} for e in doc["history"]]
     return history, {"allreduce": doc["allreduce"], "mpi": doc.get("mpi")}

@@ -6,4 +6,9 @@ The package is one namespace over the project's top-level folders:
 dependencies (torch, mpi4py, PIL, h5py) load inside the code that needs them.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("dimd")  # declared once, in pyproject.toml
+except PackageNotFoundError:  # pragma: no cover - running from a tree that was never installed
+    __version__ = "0+unknown"

@@ -24,12 +24,6 @@ def stderr_console():
     return Console(stderr=True, highlight=False)
 
 
-def stdout_console():
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True)
-
-
 @contextlib.contextmanager
 def progress(total: int | None, description: str, *, unit: str = "items", enabled: bool = True,
              interval: float = 10.0, stream: TextIO | None = None) -> Iterator[Advance]:

@@ -1,9 +1,25 @@
-"""The one exception type the CLI turns into a one-line message and exit code 1."""
+"""The exception types the CLI turns into a one-line message and a non-zero exit code."""
+
+from __future__ import annotations
 
 
 class DimdError(Exception):
     """A user-facing error: bad input, a missing file, a mismatch.
 
-    The message names the file (or option) and the problem, in one line, so a
+    The message names the file (or setting) and the problem, in one line, so a
     user can act on it without a traceback.
     """
+
+
+class ConfigError(DimdError):
+    """A configuration value the library refuses; ``field`` names the dataclass field.
+
+    The message speaks of the field, since a library caller has no command
+    line; the CLI maps ``field`` back to the option that set it and reports a
+    usage error naming the flag (:func:`dimd.options.build_config`).
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+        self.field = field
+        self.problem = problem

@@ -12,6 +12,9 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, MutableMapping
 
+from dimd.errors import DimdError
+from dimd.host import available_cores
+
 ThreadLevel = Literal["single", "funneled", "serialized", "multiple"]
 
 _THROTTLE = {
@@ -36,14 +39,6 @@ class MpiSetup:
         return asdict(self)
 
 
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity), not all the machine has."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def node_local_ranks(comm: Any) -> int:
     """How many ranks of ``comm`` share this rank's node (and so its cores and memory)."""
     from mpi4py import MPI
@@ -53,6 +48,18 @@ def node_local_ranks(comm: Any) -> int:
         return local.Get_size()
     finally:
         local.Free()
+
+
+def agree_or_raise(comm: Any, problem: str | None) -> None:
+    """Collective: if any rank has a problem, every rank raises it (the first one's text).
+
+    A library error raised on one rank alone would leave the others waiting in
+    the next collective; this way the whole job sees it.
+    """
+    problems = comm.allgather(problem)
+    for found in problems:
+        if found is not None:
+            raise DimdError(found)
 
 
 def local_rank_count(environ: MutableMapping[str, str] = os.environ) -> int | None:

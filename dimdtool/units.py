@@ -31,10 +31,3 @@ def format_bytes(n: float) -> str:
         n /= 1024
     raise AssertionError("unreachable")
 
-
-def format_size_label(n: int) -> str:
-    """Compact power-of-two label for tables: ``65536`` -> ``64K``."""
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)

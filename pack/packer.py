@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Iterator
 
 from dimd.errors import DimdError
 from dimd.format import PackedRecord, PackWriter, dataset_paths
-from dimd.mpi import available_cores  # plain os calls; importing dimd.mpi starts no MPI
+from dimd.host import available_cores
 from dimd.pack.sources import Source, Task, open_source
 
 Advance = Callable[[int], None]

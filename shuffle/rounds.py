@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dimd.errors import DimdError
-from dimd.shuffle.partition import resident_memory
+from dimd.host import resident_memory
 from dimd.shuffle.store import DistributedStore
 from dimd.shuffle.verify import check_group
 

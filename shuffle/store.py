@@ -25,9 +25,10 @@ import numpy as np
 from dimd.errors import DimdError
 from dimd.format import PackedDataset, crc32
 from dimd.shuffle.exchange import META_DTYPE, alltoallv_records, gather_bytes
-from dimd.mpi import node_local_ranks
-from dimd.shuffle.partition import (agree_or_raise, available_memory, memory_problem,
-                                    share_bounds, split_groups)
+from dimd.host import available_memory
+from dimd.mpi import agree_or_raise, node_local_ranks
+from dimd.shares import balanced_bounds
+from dimd.shuffle.partition import memory_problem, split_groups
 
 #: Bytes per read call of the load: few large reads, but a progress callback now and then.
 READ_CHUNK = 64 << 20
@@ -106,7 +107,7 @@ class DistributedStore:
 
         total = len(dataset)
         size, rank = group_comm.Get_size(), group_comm.Get_rank()
-        bounds = share_bounds(total, size)
+        bounds = balanced_bounds(total, size)
         first, stop = int(bounds[rank]), int(bounds[rank + 1])
         begin, end = dataset.byte_range(first, stop)
         rows = dataset.records[first:stop]
@@ -196,7 +197,7 @@ class DistributedStore:
         start_time = time.perf_counter()
         comm = self.group_comm
         size, rank = comm.Get_size(), comm.Get_rank()
-        bounds = share_bounds(self.total, size)
+        bounds = balanced_bounds(self.total, size)
         slot_of = self.placement(seed, round)
         sent_records = sent_bytes = received_records = received_bytes = 0
         if size == 1:

@@ -15,7 +15,7 @@ import numpy as np
 
 from dimd.format import PackedDataset
 from dimd.shuffle.exchange import displacements
-from dimd.shuffle.partition import agree_or_raise
+from dimd.mpi import agree_or_raise
 
 #: At most this many offending records are named in an error.
 _SHOW = 5

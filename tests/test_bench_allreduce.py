@@ -18,11 +18,11 @@ def test_checked_sweep_of_every_algorithm_writes_table_and_json(tmp_path):
     assert "# check: 0 wrong elements in 40 rows" in proc.stdout
 
     doc = json.loads(out.read_text())
-    assert doc["command"] == "bench-allreduce" and doc["world_size"] == 2
+    assert doc["command"] == "bench-allreduce" and doc["result"]["world_size"] == 2
     assert doc["mpi"]["thread_level_provided"] == "single"
     assert "progress_throttle" in doc["mpi"] and doc["versions"]["mpi"].startswith("MPICH")
     assert doc["parameters"]["algorithms"] == list(ALGORITHMS)
-    rows = doc["rows"]
+    rows = doc["result"]["rows"]
     assert [r["bytes"] for r in rows[:: len(ALGORITHMS)]] == [8, 64, 512, 4096, 32768]
     assert {r["algorithm"] for r in rows} == set(ALGORITHMS)
     for row in rows:
@@ -43,7 +43,7 @@ def test_three_ranks_odd_sizes_and_integer_dtype(tmp_path):
                         "--segment-bytes", "64", "--json", out, timeout=120)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
-    rows = doc["rows"]
+    rows = doc["result"]["rows"]
     assert sorted({r["bytes"] for r in rows}) == [0, 16, 64, 256, 1024]  # 4 B holds no int64
     assert all(r["wrong"] == 0 and r["dtype"] == "int64" for r in rows)
     assert all(r["vs_mpi"] is None for r in rows)  # mpi not measured in this run
@@ -56,7 +56,7 @@ def test_gloo_peer_in_the_same_job(tmp_path):
     proc = run_mpi_dimd(2, "bench-allreduce", "--check", "-a", "mpi,ring", "--peer", "gloo",
                         "-b", "1K", "-e", "16K", "-f", "4", "-n", "3", "--json", out, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads(out.read_text())["rows"]
+    rows = json.loads(out.read_text())["result"]["rows"]
     gloo = [r for r in rows if r["algorithm"] == "gloo"]
     assert len(gloo) == 3 and all(r["wrong"] == 0 and r["vs_mpi"] > 0 for r in gloo)
 

@@ -36,7 +36,7 @@ def test_cli_inspect_prints_and_writes_json(packed, tmp_path):
     proc = run_dimd("inspect", packed, "--json", tmp_path / "info.json", check=True)
     assert "records     48" in proc.stdout and "classes     4" in proc.stdout
     doc = json.loads((tmp_path / "info.json").read_text())
-    assert doc["count"] == 48 and doc["command"] == "inspect"
+    assert doc["result"]["count"] == 48 and doc["command"] == "inspect"
     # either file of the pair names the data set too
     assert "records     48" in run_dimd("inspect", f"{packed}.idx.h5", check=True).stdout
 

@@ -5,7 +5,8 @@ import textwrap
 from conftest import run_mpi
 import sys
 
-from dimd.mpi import available_cores, prepare_environment
+from dimd.host import available_cores
+from dimd.mpi import prepare_environment
 
 THROTTLE = "MPIR_CVAR_CH4_PROGRESS_THROTTLE"
 

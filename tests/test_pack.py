@@ -174,8 +174,9 @@ def test_cli_pack_prints_summary_and_writes_json(colour_tree, tmp_path):
     assert "images/s" in proc.stdout
     assert "pack (tree): 12/12" in proc.stderr  # plain progress lines when not a terminal
     doc = json.loads((tmp_path / "pack.json").read_text())
-    assert doc["images"] == 12 and doc["skipped"] == 0 and doc["workers"] == 2
-    assert doc["bytes_out"] == dataset_paths(tmp_path / "out")[0].stat().st_size
+    figures = doc["result"]
+    assert figures["images"] == 12 and figures["skipped"] == 0 and figures["workers"] == 2
+    assert figures["bytes_out"] == dataset_paths(tmp_path / "out")[0].stat().st_size
     assert doc["parameters"]["short_side"] == 256
     assert run_dimd("pack", colour_tree, "-o", tmp_path / "out").returncode == 1
 

@@ -12,9 +12,10 @@ def test_bench_io_measures_the_three_methods(packed_sample, sample_tree, tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert "dimd / torch DataLoader" in proc.stdout
     doc = json.loads(report.read_text())
-    assert set(doc["methods"]) == {"dimd", "torch", "limit"}
-    assert all(m["images"] == 8 and m["images_per_s_median"] > 0 for m in doc["methods"].values())
-    assert doc["ratios"]["dimd_over_torch"] > 0 and doc["parameters"]["workers"] == 1
+    figures = doc["result"]
+    assert set(figures["methods"]) == {"dimd", "torch", "limit"}
+    assert all(m["images"] == 8 and m["images_per_s_median"] > 0 for m in figures["methods"].values())
+    assert figures["ratios"]["dimd_over_torch"] > 0 and doc["parameters"]["workers"] == 1
 
 
 def test_bench_io_needs_the_source_tree(packed_sample, tmp_path):

@@ -35,10 +35,11 @@ def test_shuffle_conserves_balances_and_reorders(packed_sample, tmp_path, ranks,
     if groups > 1:  # groups place the records independently
         assert not np.array_equal(held[0][0], held[0][per_group])
     doc = json.loads(report.read_text())
-    assert doc["command"] == "shuffle" and doc["world_size"] == ranks and doc["groups"] == groups
-    assert len(doc["rounds"]) == 3 and doc["load"]["verified"]
+    figures = doc["result"]
+    assert doc["command"] == "shuffle" and figures["world_size"] == ranks and figures["groups"] == groups
+    assert len(figures["rounds"]) == 3 and figures["load"]["verified"]
     assert doc["parameters"]["seed"] == 11 and "thread_level_provided" in doc["mpi"]
-    moved = [r["bytes_moved"] for r in doc["rounds"]]
+    moved = [r["bytes_moved"] for r in figures["rounds"]]
     assert all(m == 0 for m in moved) if per_group == 1 else all(m > 0 for m in moved)
 
 

@@ -84,7 +84,7 @@ def test_missing_dataset_is_a_clear_error(tmp_path, world):
 
 
 def test_shares_are_balanced_and_contiguous():
-    from dimd.shuffle.partition import share_bounds
+    from dimd.shares import balanced_bounds as share_bounds
 
     assert share_bounds(10, 4).tolist() == [0, 3, 6, 8, 10]
     assert share_bounds(2, 4).tolist() == [0, 1, 2, 2, 2]  # empty partitions are fine

@@ -42,8 +42,9 @@ def final_weights(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
 
 def test_two_ranks_train_stay_identical_and_loss_falls(straight_run):
     out, proc = straight_run
-    result = json.loads((out / "train.json").read_text())
-    assert result["command"] == "train" and result["world_size"] == 2
+    doc = json.loads((out / "train.json").read_text())
+    result = doc["result"]
+    assert doc["command"] == "train" and result["world_size"] == 2
     assert result["replicas_identical"] is True
     assert result["steps_per_epoch"] == STEPS_PER_EPOCH and result["epochs_run"] == EPOCHS
     history = result["history"]
@@ -53,7 +54,8 @@ def test_two_ranks_train_stay_identical_and_loss_falls(straight_run):
     assert all(e["images"] == STEPS_PER_EPOCH * 16 and e["images_per_s"] > 0 for e in history)
     assert set(history[0]["time_split"]) == {"data", "compute", "allreduce", "optimizer"}
     assert 0 <= result["val_top1"] <= result["val_top5"] <= 1
-    assert result["mpi"]["world_size"] == 2 and result["parameters"]["model"] == "resnet20"
+    assert doc["mpi"]["world_size"] == 2 and doc["parameters"]["model"] == "resnet20"
+    assert doc["commit"] and doc["date"]
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3, 4]
     assert proc.stdout.count("epoch ") >= EPOCHS and "done: val top1" in proc.stdout
@@ -80,7 +82,7 @@ def test_resume_mid_epoch_continues_exactly(straight_run, packed_sample, tmp_pat
     assert straight.keys() == resumed.keys()
     for name in straight:
         assert torch.allclose(straight[name].double(), resumed[name].double(), atol=1e-6), name
-    history = json.loads((tmp_path / "train.json").read_text())["history"]
+    history = json.loads((tmp_path / "train.json").read_text())["result"]["history"]
     assert [e["epoch"] for e in history] == [1, 2, 3, 4]   # the history travels in the checkpoint
 
 
@@ -106,7 +108,7 @@ def test_sigusr1_finishes_the_step_checkpoints_and_exits_cleanly(packed_sample, 
     output = "".join(seen) + rest
     assert job.returncode == 0, output
     assert "stopped by SIGUSR1" in output and "--resume" in output
-    result = json.loads((tmp_path / "train.json").read_text())
+    result = json.loads((tmp_path / "train.json").read_text())["result"]
     assert result["stopped_by"] == "SIGUSR1"
     state = torch.load(result["checkpoint"], weights_only=True)
     assert state["step"] >= STEPS_PER_EPOCH and len(state["ranks"]) == 2

@@ -53,7 +53,7 @@ def test_flipped_byte_is_named_with_its_record(packed, tmp_path):
     assert f"bad record {victim} ({ds.names[victim]}): crc32 mismatch" in proc.stderr
     assert "1 of 48 records are bad" in proc.stderr
     doc = json.loads((tmp_path / "v.json").read_text())
-    assert doc["ok"] is False and doc["bad_records"][0]["index"] == victim
+    assert doc["result"]["ok"] is False and doc["result"]["bad_records"][0]["index"] == victim
 
 
 def test_record_that_does_not_decode_is_named(tmp_path):

@@ -180,7 +180,8 @@ class Trainer:
         if cfg.model not in MODELS:
             build_model(cfg.model, 1)  # raises the clear "unknown model" error
         if cfg.threads or "OMP_NUM_THREADS" not in os.environ:
-            from dimd.mpi import available_cores, node_local_ranks
+            from dimd.host import available_cores
+            from dimd.mpi import node_local_ranks
 
             torch.set_num_threads(cfg.threads or max(1, available_cores() // node_local_ranks(comm)))
         self.device = pick_device(cfg.device, comm)

@@ -168,7 +168,7 @@ def verify_command(dataset: Path, workers: int | None, crc_only: bool, json_path
 
     from dimd.format import PackedDataset
     from dimd.pack.inspection import verify
-    from dimd.mpi import available_cores
+    from dimd.host import available_cores
     from dimd.report import result_document, write_json
 
     if workers is not None and workers < 1:

@@ -111,11 +111,11 @@ def _share_estimate(dataset: Path, group_size: int) -> int | None:
     """
     from dimd.errors import DimdError
     from dimd.format import PackedDataset
-    from dimd.shuffle.partition import share_bounds
+    from dimd.shares import balanced_bounds
 
     try:
         packed = PackedDataset(dataset, check_size=False)
     except DimdError:
         return None
-    begin, end = packed.byte_range(0, int(share_bounds(len(packed), max(group_size, 1))[1]))
+    begin, end = packed.byte_range(0, int(balanced_bounds(len(packed), max(group_size, 1))[1]))
     return end - begin

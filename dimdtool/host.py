@@ -1,0 +1,43 @@
+"""Facts about this machine and process: cores we may use, memory available, memory held.
+
+Plain ``os`` and ``/proc`` reads; importing this module starts nothing (no MPI,
+no torch), so ``dimd pack`` and the MPI start-up can both use it.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity), not all the machine has."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def available_memory() -> int:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable)."""
+    value = _proc_field("/proc/meminfo", "MemAvailable:")
+    if value is not None:
+        return value
+    pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return int(pages) * int(os.sysconf("SC_PAGE_SIZE")) if pages else 1 << 62
+
+
+def resident_memory() -> int:
+    """This process's resident set size in bytes (VmRSS), 0 where unknown."""
+    return _proc_field("/proc/self/status", "VmRSS:") or 0
+
+
+def _proc_field(path: str, key: str) -> int | None:
+    """A ``key: N kB`` line of a /proc file, in bytes."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,189 @@
+"""Shared click options: each option, choice and default declared once.
+
+The library's frozen config dataclasses hold the only defaults and validate
+themselves (``__post_init__`` raises :class:`~dimd.errors.ConfigError`
+naming the field). This module builds click options from those fields
+(:func:`config_option`), so ``--help`` shows the dataclass's default, and
+:func:`build_config` turns a field's error back into a usage error naming the
+flag. Options every measuring command shares (``--json``) and the value
+types the commands parse (sizes, number lists) live here too, as in
+sqlite-utils' shared options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import click
+
+from dimd.errors import ConfigError, DimdError
+
+F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C")
+
+#: Registry attribute on a command callback: field name -> the flag that sets it.
+_FLAGS_ATTR = "__dimd_option_flags__"
+
+
+# ---------------------------------------------------------------------------- value types
+class SizeType(click.ParamType):
+    """A byte count such as ``8``, ``64K``, ``1.5M`` or ``2GiB`` (binary units)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from dimd.units import parse_size
+
+        try:
+            return parse_size(value)
+        except DimdError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class NumberListType(click.ParamType):
+    """Comma-separated numbers (``1,2,4,8``) as a tuple of ``kind``."""
+
+    def __init__(self, kind: type = int) -> None:
+        self.kind = kind
+        self.name = f"{kind.__name__}[,{kind.__name__}...]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple:
+        if isinstance(value, tuple):
+            return value
+        try:
+            numbers = tuple(self.kind(v) for v in str(value).split(",") if v.strip())
+        except ValueError:
+            self.fail(f"expected comma-separated {self.kind.__name__} values like 1,2,4, got {value!r}",
+                      param, ctx)
+        if not numbers:
+            self.fail("expected at least one value", param, ctx)
+        if self.kind is float and not all(math.isfinite(v) for v in numbers):
+            self.fail(f"values must be finite, got {value!r}", param, ctx)
+        return numbers
+
+
+class FiniteFloat(click.ParamType):
+    """A float that is not ``inf`` or ``nan`` (click's FLOAT accepts both)."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+SIZE = SizeType()
+INT_LIST = NumberListType(int)
+FLOAT_LIST = NumberListType(float)
+FINITE_FLOAT = FiniteFloat()
+OUTPUT_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+# ---------------------------------------------------------------------------- options from config fields
+def config_field(config_cls: type, name: str) -> dataclasses.Field:
+    for f in dataclasses.fields(config_cls):
+        if f.name == name:
+            return f
+    raise TypeError(f"{config_cls.__name__} has no field {name!r}")  # a programming error
+
+
+def field_default(config_cls: type, name: str) -> Any:
+    f = config_field(config_cls, name)
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+def _click_type(config_cls: type, name: str) -> Any:
+    """The click type for a field's annotation (``X | None`` counts as ``X``): int, finite float, str, bool."""
+    hint = typing.get_type_hints(config_cls)[name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        members = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = members[0] if len(members) == 1 else str
+    return {bool: bool, int: int, float: FINITE_FLOAT}.get(hint, str)
+
+
+def config_option(config_cls: type, name: str, *param_decls: str, **kwargs: Any) -> Callable[[F], F]:
+    """A click option for field ``name`` of ``config_cls``, its default taken from the dataclass.
+
+    ``param_decls`` defaults to ``--field-name``. A boolean field becomes a
+    flag (``--x/--no-x`` can be given explicitly). A field whose default is
+    None ("automatic") shows no default: its help says what happens.
+    """
+    flag = next((d for d in param_decls if d.startswith("--")), "--" + name.replace("_", "-"))
+    decls = param_decls or (flag,)
+    default = field_default(config_cls, name)
+    kwargs.setdefault("type", _click_type(config_cls, name))
+    if kwargs["type"] is bool and not any("/" in d for d in decls):
+        kwargs.pop("type")
+        kwargs.setdefault("is_flag", True)
+    kwargs.setdefault("default", default)
+    kwargs.setdefault("show_default", default is not None and default is not False)
+    option = click.option(*decls, name, **kwargs)
+
+    def decorate(callback: F) -> F:
+        flags = getattr(callback, _FLAGS_ATTR, None)
+        if flags is None:
+            flags = {}
+            setattr(callback, _FLAGS_ATTR, flags)
+        flags[name] = flag
+        return option(callback)
+
+    return decorate
+
+
+def build_config(config_cls: type[C], callback: Callable[..., Any] | None = None, **values: Any) -> C:
+    """``config_cls(**values)``; a :class:`ConfigError` becomes a usage error naming the flag.
+
+    ``callback`` is the command function whose :func:`config_option` flags
+    name the fields (default: the running click command's).
+    """
+    try:
+        return config_cls(**values)
+    except ConfigError as exc:
+        flags = _flags(callback)
+        flag = flags.get(exc.field)
+        raise click.BadParameter(exc.problem, param_hint=f"'{flag}'" if flag else exc.field) from None
+
+
+def _flags(callback: Callable[..., Any] | None) -> dict[str, str]:
+    if callback is None:
+        ctx = click.get_current_context(silent=True)
+        callback = ctx.command.callback if ctx is not None and ctx.command is not None else None
+    while callback is not None:
+        flags = getattr(callback, _FLAGS_ATTR, None)
+        if flags is not None:
+            return flags
+        callback = getattr(callback, "__wrapped__", None)
+    return {}
+
+
+# ---------------------------------------------------------------------------- shared options
+def json_option(what: str = "the figures") -> Callable[[F], F]:
+    """``--json PATH``: every measuring command writes one result envelope (``dimd.report``)."""
+    return click.option("--json", "json_path", type=OUTPUT_FILE, metavar="PATH", default=None,
+                        help=f"Write {what} to PATH as one JSON result (command, parameters, versions, "
+                             "MPI set-up, git commit, date; the figures under 'result').")
+
+
+def quiet_option() -> Callable[[F], F]:
+    return click.option("-q", "--quiet", is_flag=True, help="No progress output; only results and errors.")
+
+
+def processes_option(help_text: str = "Worker processes") -> Callable[[F], F]:
+    """``--workers N`` means processes wherever it appears (pack, verify, sample-data)."""
+    return click.option("--workers", type=click.IntRange(min=1), default=None,
+                        help=f"{help_text} [default: the cores available]. The output is the same "
+                             "for any number.")
