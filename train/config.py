@@ -9,6 +9,9 @@ from dimd.errors import DimdError
 from dimd.train.schedule import SCHEDULES
 
 DEVICES = ("auto", "cpu", "cuda")
+#: Where training images come from: the in-memory store, or each image's original file on every
+#: access (page cache allowed), or that file read cold (its cached pages dropped before each read).
+READ_FROM = ("memory", "files", "files-cold")
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class TrainConfig:
     resume: bool = False                  # continue from the newest checkpoint in checkpoint_dir, if any
     resume_from: str | None = None        # continue from this checkpoint file
     memory_limit: int | None = None
-    read_from: str = "memory"             # "files": read each image from its original file (baseline)
+    read_from: str = "memory"             # "files"/"files-cold": read each image from its original file
     files_root: str | None = None         # the folder the set was packed from (default: the index's source)
 
     def __post_init__(self) -> None:
@@ -67,7 +70,7 @@ class TrainConfig:
             (self.workers >= 1, f"--workers must be at least 1 (got {self.workers})"),
             (self.checkpoint_every >= 0, "--checkpoint-every must be >= 0"),
             (self.bucket_mb >= 0, "--bucket-mb must be >= 0"),
-            (self.read_from in ("memory", "files"), "--read-from must be memory or files"),
+            (self.read_from in READ_FROM, f"--read-from must be one of {', '.join(READ_FROM)}"),
             (self.warmup_epochs is None or self.warmup_epochs >= 0, "--warmup-epochs must be >= 0"),
             (not (self.resume or self.checkpoint_every) or self.checkpoint_dir is not None,
              "--resume and --checkpoint-every need --checkpoint-dir"),

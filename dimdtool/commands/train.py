@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from dimd.console import progress
+from dimd.train.config import READ_FROM
 
 
 def _shuffle_every(value: str) -> int | None:
@@ -82,9 +83,10 @@ def list_models() -> None:
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in --checkpoint-dir, if there is one.")
 @click.option("--resume-from", type=click.Path(dir_okay=False), default=None, help="Continue from this checkpoint.")
 @click.option("--memory-limit", default=None, help="Refuse to load more than this per rank (e.g. 8G).")
-@click.option("--read-from", type=click.Choice(["memory", "files"]), default="memory",
+@click.option("--read-from", type=click.Choice(list(READ_FROM)), default="memory",
               help="files: read every training image from its original file on each access (the baseline "
-                   "the in-memory store is measured against).")
+                   "the in-memory store is measured against); files-cold: the same, each file's cached "
+                   "pages dropped before it is read (every read goes to the disk or file server).")
 @click.option("--files-root", type=click.Path(file_okay=False), default=None,
               help="With --read-from files: the folder TRAIN was packed from [default: as recorded by dimd pack].")
 @click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), default=None,
