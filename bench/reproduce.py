@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import resource
 import signal
 import sys
 import time
@@ -48,11 +49,18 @@ def registry() -> dict[str, Reproduction]:
     return found
 
 
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure_one(reproduction: Reproduction, quick: bool, results: Path) -> Path:
     ctx = Context(reproduction.name, quick)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), children_cpu_seconds()
     parameters, figures = reproduction.measure(ctx)
     figures["wall_seconds"] = round(time.perf_counter() - started, 1)
+    # CPU time of every job it ran: on a busy machine, wall time / this says how much it was slowed
+    figures["jobs_cpu_seconds"] = round(children_cpu_seconds() - cpu, 1)
     path, _ = write_result(reproduction.name, parameters, figures, results)
     ctx.log(f"{reproduction.name}: {path} written after {figures['wall_seconds'] / 60:.1f} min")
     return path
@@ -129,7 +137,8 @@ def _provenance(envelope: dict) -> str:
     load = m.get("load_average", ["?"])
     return (f"Measured {envelope['date'][:16].replace('T', ' ')} at commit {envelope.get('commit') or '?'} on "
             f"{m.get('cpu', '?')} ({m.get('cores', '?')} cores, {m.get('memory_gib', '?')} GiB), load average "
-            f"{load[0]} at the end, in {envelope['result'].get('wall_seconds', 0) / 60:.1f} min; {size}.")
+            f"{load[0]} at the end, in {envelope['result'].get('wall_seconds', 0) / 60:.1f} min "
+            f"({envelope['result'].get('jobs_cpu_seconds', 0) / 60:.1f} CPU-min); {size}.")
 
 
 def main(argv: list[str] | None = None) -> int:
