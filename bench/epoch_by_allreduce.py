@@ -82,8 +82,9 @@ def plot(envelope: dict[str, Any]):
                alpha=0.55, edgecolor="none")   # the allreduce part of each bar, as a pale inner strip
         for x, p in zip(xs, ranks):
             if mine[p]["epoch_seconds"]["median"] is None:
-                ax.annotate(f"> {envelope['parameters']['job_timeout_s']} s", (x, 0), rotation=90, ha="center",
-                            va="bottom", fontsize=6.5, color=colour)
+                ax.annotate(f"no result in {envelope['parameters']['job_timeout_s']} s", (x, 0), rotation=90,
+                            ha="center", va="bottom", fontsize=7.5, color=colour, xytext=(0, 4),
+                            textcoords="offset points")
         done = [p for p in ranks if mine[p]["epoch_seconds"]["median"] is not None]
         shares = [100 * mine[p]["allreduce_seconds"]["median"] / mine[p]["epoch_seconds"]["median"] for p in done]
         if algorithm == BASELINE:
@@ -115,7 +116,7 @@ def findings(envelope: dict[str, Any]) -> str:
     for ranks in sorted({r["ranks"] for r in rows}):
         mine = {r["algorithm"]: r for r in rows if r["ranks"] == ranks}
         times = {a: r["epoch_seconds"]["median"] for a, r in mine.items()}
-        late = sorted(a for a, t in times.items() if t is None)
+        late = sorted(a for a, t in times.items() if t is None and a != BASELINE)
         base = times.get(BASELINE)
         done = sorted((a for a, t in times.items() if t is not None and a != BASELINE), key=times.__getitem__)
         cells = []
@@ -128,7 +129,7 @@ def findings(envelope: dict[str, Any]) -> str:
             head = (f"MPICH's default {base:.1f} s per epoch "
                     f"({100 * mine[BASELINE]['allreduce_seconds']['median'] / base:.0f}% of it in the allreduce)")
         else:
-            head = "MPICH's default did not finish"
+            head = f"MPICH's default: no result within {p.get('job_timeout_s', '?')} s"
         text = f"**P = {ranks}:** {head}; " + ", ".join(cells)
         if late:
             text += f"; no result within {p.get('job_timeout_s', '?')} s: {', '.join(late)}"
