@@ -109,8 +109,13 @@ def write_readme(reproductions: dict[str, Reproduction], results: Path, readme: 
         if envelope is None:
             section += ["*Not measured yet.*", ""]
         else:
+            try:
+                here = reproduction.findings(envelope)
+            except Exception as exc:   # one figure's bad JSON must not lose the whole README
+                print(f"{name}: findings failed: {exc!r}", file=sys.stderr)
+                here = f"*(the findings could not be read from results/{name}.json: {exc!r})*"
             section += [f"![{reproduction.title}]({rel}/{name}.png)", "",
-                        f"**Here.** {reproduction.findings(envelope)}", "",
+                        f"**Here.** {here}", "",
                         f"*{_provenance(envelope)}*", ""]
         sections.append("\n".join(section))
     readme.write_text("\n".join(out) + "\n\n" + "\n".join(sections) + "\n" + ADDING)
