@@ -137,6 +137,8 @@ def bars(ax: Any, positions: Sequence[float], spreads: Sequence[dict], *, width:
 def shared_legend(fig: Any, ax: Any, *, width: float = 0.16) -> None:
     """One legend for the whole figure, to the right of the panels (``save`` leaves it the room)."""
     handles, labels = ax.get_legend_handles_labels()
+    w, h = fig.get_size_inches()
+    fig.set_size_inches(w / (1 - width), h)   # the panels keep their size; the legend gets the new room
     fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
     fig.dimd_legend_width = width
 
@@ -164,7 +166,8 @@ def save(fig: Any, path: Path, envelope: dict[str, Any], *, title: str | None = 
     """Add the title and footnote, write the PNG (through pillow-simd) and close the figure."""
     if title:
         fig.suptitle(title, fontsize=11, fontweight="bold")
-    fig.text(0.005, 0.004, footnote_text(envelope), fontsize=6.5, color="#555555", ha="left", va="bottom")
+    fig.text(0.005, 0.004, footnote_text(envelope), fontsize=6.5, color="#555555", ha="left", va="bottom",
+             wrap=True)
     fig.tight_layout(rect=(0, 0.025, 1 - getattr(fig, "dimd_legend_width", 0.0), 0.97 if title else 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")

@@ -34,6 +34,7 @@ MODULES = (
     "memory_vs_files",       # DIMD figs. 10-11
     "comm_vs_ranks",         # FireCaffe fig. 4, eqs. 3-4
     "train_vs_ddp",          # dimd train against PyTorch DDP
+    "allreduce_vs_mpich",    # opt-in: dimd's algorithms against MPICH's, forced
 )
 
 README = BENCH / "README.md"
