@@ -185,7 +185,8 @@ def plot(envelope: dict[str, Any]):
     split_ax.set_xticks(range(len(names)), names)
     split_ax.set_ylabel("seconds per epoch and rank (medians)")
     split_ax.set_title("where an epoch's time goes")
-    split_ax.legend(fontsize=7)
+    split_ax.set_ylim(top=max(bottom) * 1.4)   # room above the bars for the legend
+    split_ax.legend(fontsize=7, loc="upper center", ncol=2)
     return fig
 
 
