@@ -52,7 +52,7 @@ def test_two_ranks_train_stay_identical_and_loss_falls(straight_run):
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert history[-1]["val_loss"] < history[0]["val_loss"]
     assert all(e["images"] == STEPS_PER_EPOCH * 16 and e["images_per_s"] > 0 for e in history)
-    assert set(history[0]["time_split"]) == {"data", "compute", "allreduce", "optimizer"}
+    assert set(history[0]["time_split"]) == {"data", "compute", "allreduce", "optimizer", "sync"}
     assert 0 <= result["val_top1"] <= result["val_top5"] <= 1
     assert doc["mpi"]["world_size"] == 2 and doc["parameters"]["model"] == "resnet20"
     assert doc["commit"] and doc["date"]

@@ -50,6 +50,13 @@ class TrainConfig:
     memory_limit: int | None = None
     read_from: str = "memory"             # "files": read each image from its original file (baseline)
     files_root: str | None = None         # the folder the set was packed from (default: the index's source)
+    # Synchronisation: S-SGD, or Crossbow's synchronous model averaging (docs/sma.md).
+    sync: str = "ssgd"                    # "ssgd" or "sma"
+    learners: int | str | None = None     # SMA learners per rank: a number or "auto"; None: 1
+    alpha: float | None = None            # SMA correction weight; None: 1/L for L learners in all
+    sma_momentum: float | None = None     # SMA's central momentum; None: 0.9 with --momentum > 0, else 0
+    sync_every: int = 1                   # SMA: learner steps per synchronisation
+    autotune_threshold: float = 0.1       # SMA auto: the throughput rise that adds a learner
 
     def __post_init__(self) -> None:
         checks = [

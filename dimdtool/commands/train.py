@@ -153,13 +153,27 @@ def _epoch_line(m, epochs: int) -> str:
             f"  val loss {m.val_loss:.3f} top1 {100 * m.val_top1:.1f}% top5 {100 * m.val_top5:.1f}%"
             f"  {m.images_per_s:,.0f} img/s  {m.seconds:.1f}s (data {split['data']:.1f}"
             f" compute {split['compute']:.1f} allreduce {split['allreduce']:.1f}"
-            f" optimizer {split['optimizer']:.1f} eval {m.eval_seconds:.1f} shuffle {m.shuffle_seconds:.1f})")
+            f" optimizer {split['optimizer']:.1f}" + (f" sync {split['sync']:.1f}" if m.sync == "sma" else "")
+            + f" eval {m.eval_seconds:.1f} shuffle {m.shuffle_seconds:.1f})"
+            + (f"  {m.learners_per_rank} learners/rank alpha {m.alpha:.3g}" if m.sync == "sma" else ""))
+
+
+def _layout_line(trainer) -> str:
+    config, ranks = trainer.config, trainer.world
+    if config.sync == "sma":
+        k = "auto-tuned" if config.learners == "auto" else trainer.strategy.learners
+        return (f"SMA: {ranks} ranks x {k} learner(s) x batch {config.batch_size}, alpha "
+                f"{'1/L' if config.alpha is None else config.alpha}, {trainer.batches_per_epoch} batches/epoch "
+                f"per rank")
+    return (f"{ranks} ranks x batch {config.batch_size} = {trainer.global_batch}, "
+            f"{trainer.batches_per_epoch} steps/epoch")
 
 
 def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: str | None,
          json_path: str | None, **options) -> None:
     from dimd.report import result_document, write_json
     from dimd.train.engine import Trainer
+    from dimd.train.signals import StopRequest
 
     config = _config(train_set, val_set, options)
     leader = comm.Get_rank() == 0
@@ -179,17 +193,17 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: str | None
     def on_start(trainer) -> None:
         info = trainer.model_info
         say(f"{config.model}: {info['parameters']:,} parameters, {info['gradient_bytes'] / 2**20:.1f} MiB of "
-            f"gradients; {comm.Get_size()} ranks x batch {config.batch_size} = {trainer.global_batch}, "
-            f"{trainer.steps_per_epoch} steps/epoch; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
+            f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
             f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {trainer.algorithm}; "
             f"device {trainer.device}")
-        remaining = trainer.steps_per_epoch * config.epochs - trainer.step
+        remaining = trainer.batches_per_epoch // trainer.strategy.learners * config.epochs - trainer.step
         advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader))
 
-    trainer = Trainer(config, comm, on_epoch=on_epoch, on_step=lambda n: advance[0](n),
-                      on_event=on_event, on_start=on_start)
-    with stack:
-        result = trainer.run()
+    with StopRequest() as stop:   # before the set-up, so that a signal while loading is not lost
+        trainer = Trainer(config, comm, stop=stop, on_epoch=on_epoch, on_step=lambda n: advance[0](n),
+                          on_event=on_event, on_start=on_start)
+        with stack:
+            result = trainer.run()
     if result.stopped_by:
         say(f"stopped by {result.stopped_by} after step {trainer.step}; checkpoint {result.checkpoint}; "
             f"run again with --resume to continue")
