@@ -399,8 +399,8 @@ class Trainer:
                 self.maybe_restart(position)
                 last = self.batches_per_epoch - done - k < k
                 sync = last or self.since_sync + 1 >= cfg.sync_every
-                result = self.strategy.step(mine, lr, sync=sync, stop=bool(self.stop))
-                result.times.data = waited
+                result = self.strategy.step(mine, lr, sync=sync, stop=bool(self.stop),
+                                            times=StepTimes(data=waited))
                 self.step += 1
                 self.since_sync = 0 if result.synced else self.since_sync + 1
                 self.tally.add(result, time.perf_counter() - t0)

@@ -148,10 +148,12 @@ class SSGD:
         self.sgd = sgd
         self.model = sgd.model
 
-    def step(self, batches: Batches, lr: float, *, sync: bool = True, stop: bool = False) -> StepResult:
+    def step(self, batches: Batches, lr: float, *, sync: bool = True, stop: bool = False,
+             times: StepTimes | None = None) -> StepResult:
         (images, labels), = batches
         self.sgd.set_lr(lr)
         result = self.sgd.step(images, labels, stop=stop)
+        result.times.data = times.data if times is not None else 0.0
         result.finite = math.isfinite(result.loss_sum) and math.isfinite(float(self.sgd.flat.grads.sum()))
         return result
 

@@ -38,8 +38,8 @@ from dimd.train.steps import Batches, StepResult, StepTimes
 Reduce = Callable[[np.ndarray], None]
 
 #: The message's tail after Delta: summed over ranks in the same allreduce.
-LOSS, CORRECT, SAMPLES, STOP, WINDOW_DONE, WINDOW_IMAGES, WINDOW_SECONDS = range(7)
-EXTRAS = 7
+LOSS, CORRECT, SAMPLES, STOP, NOT_FINITE, WINDOW_DONE, WINDOW_IMAGES, WINDOW_SECONDS = range(8)
+EXTRAS = 8
 
 
 def decay_vector(model: nn.Module, weight_decay: float, *, decay_bn_and_bias: bool = False) -> torch.Tensor | None:
@@ -95,8 +95,9 @@ class SMA:
         self.pending = np.zeros(3)            # this rank's loss sum, hits, samples since the last sync
         self.syncs = 0
         self.restarts = 0
-        self._window_start: float | None = None
+        self._window_open = False             # the auto-tuner's measurement window
         self._window_images = 0
+        self._window_seconds = 0.0
 
     # -- the strategy interface ----------------------------------------------------------------
 
@@ -112,9 +113,13 @@ class SMA:
     def alpha(self) -> float:
         return self.alpha_given if self.alpha_given is not None else 1.0 / self.total_learners
 
-    def step(self, batches: Batches, lr: float, *, sync: bool, stop: bool = False) -> StepResult:
-        """Every learner steps on its batch; with ``sync``, all learners synchronise with z (collective)."""
-        times = StepTimes()
+    def step(self, batches: Batches, lr: float, *, sync: bool, stop: bool = False,
+             times: StepTimes | None = None) -> StepResult:
+        """Every learner steps on its batch; with ``sync``, all learners synchronise with z (collective).
+
+        ``times`` holds what the step cost before this call (the wait for data).
+        """
+        times = times or StepTimes()
         t0 = time.perf_counter()
         group = self.learner_group
         stats = group.forward_backward([b[0] for b in batches], [b[1] for b in batches])
@@ -126,17 +131,24 @@ class SMA:
         self._sync()
         t2 = time.perf_counter()
         times.compute, times.optimizer = t1 - t0, t2 - t1
-        if self.tuner is not None and not self.tuner.frozen:
-            if self._window_start is None:
-                self._window_start = time.perf_counter()   # the window opens after a warm-up step
-            else:
-                self._window_images += sum(int(b[1].numel()) for b in batches)
         if not sync:
+            self._measure(batches, times)
             return StepResult(0.0, 0.0, 0.0, False, times, synced=False)
-        return self.synchronize(stop, times)
+        return self.synchronize(stop, times, batches)
+
+    def _measure(self, batches: Batches, times: StepTimes) -> None:
+        """The auto-tuner's window: images and seconds of whole steps (data wait included), skipping the
+        first step after a change (a warm-up); evaluation and checkpoints between steps do not count."""
+        if self.tuner is None or self.tuner.frozen:
+            return
+        if not self._window_open:
+            self._window_open = True
+            return
+        self._window_images += sum(int(b[1].numel()) for b in batches)
+        self._window_seconds += sum(times.as_dict().values())
 
     @torch.no_grad()
-    def synchronize(self, stop: bool, times: StepTimes | None = None) -> StepResult:
+    def synchronize(self, stop: bool, times: StepTimes | None = None, batches: Batches = ()) -> StepResult:
         """Corrections, one allreduce of Delta (and the extras), central momentum, z += Delta."""
         times = times or StepTimes()
         t0 = time.perf_counter()
@@ -149,10 +161,12 @@ class SMA:
         extras = np.zeros(EXTRAS)
         extras[[LOSS, CORRECT, SAMPLES]] = self.pending
         extras[STOP] = 1.0 if stop else 0.0
-        if self._window_start is not None and self._window_images:
-            elapsed = time.perf_counter() - self._window_start
-            extras[WINDOW_DONE] = 1.0 if elapsed >= self.autotune_window else 0.0
-            extras[[WINDOW_IMAGES, WINDOW_SECONDS]] = self._window_images, elapsed
+        extras[NOT_FINITE] = 0.0 if math.isfinite(float(W.sum())) else 1.0   # a learner diverged
+        self._measure(batches, times)
+        if self._window_images:
+            seconds = self._window_seconds + (time.perf_counter() - t0)
+            extras[WINDOW_DONE] = 1.0 if seconds >= self.autotune_window else 0.0
+            extras[[WINDOW_IMAGES, WINDOW_SECONDS]] = self._window_images, seconds
         self.extras.copy_(torch.from_numpy(extras))
         self._sync()
         t1 = time.perf_counter()
@@ -167,7 +181,8 @@ class SMA:
         self.delta_prev.copy_(self.delta)
         self.z.add_(self.delta)                          # the same bits on every rank
         summed = self.extras.tolist()
-        finite = math.isfinite(summed[LOSS]) and math.isfinite(float(self.delta.sum()))
+        finite = (math.isfinite(summed[LOSS]) and summed[NOT_FINITE] == 0
+                  and math.isfinite(float(self.delta.sum())))
         self.pending[:] = 0
         self.syncs += 1
         events = []
@@ -175,6 +190,8 @@ class SMA:
             events += self._tune(summed[WINDOW_IMAGES] / (summed[WINDOW_SECONDS] / self.world_size))
         self._sync()
         t3 = time.perf_counter()
+        if self._window_images:
+            self._window_seconds += t3 - t0              # the synchronisation belongs to the window too
         times.sync += (t1 - t0) + (t3 - t2)
         times.allreduce += t2 - t1
         return StepResult(summed[LOSS], summed[CORRECT], summed[SAMPLES], summed[STOP] > 0, times,
@@ -183,7 +200,7 @@ class SMA:
     def _tune(self, throughput: float) -> list[str]:
         assert self.tuner is not None
         decision = self.tuner.observe(throughput)
-        self._window_start, self._window_images = None, 0
+        self._window_open, self._window_images, self._window_seconds = False, 0, 0.0
         if decision is None:
             return []
         if decision.change:

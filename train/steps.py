@@ -65,8 +65,10 @@ class Strategy(Protocol):
     def learners(self) -> int:
         """Batches this rank consumes per step (one per learner)."""
 
-    def step(self, batches: Batches, lr: float, *, sync: bool, stop: bool) -> StepResult:
-        """Collective when ``sync``: compute, synchronise, update."""
+    def step(self, batches: Batches, lr: float, *, sync: bool, stop: bool,
+             times: StepTimes | None = None) -> StepResult:
+        """Collective when ``sync``: compute, synchronise, update. ``times`` arrives with the
+        step's wait for data filled in; the result's times add the strategy's phases."""
 
     def restart(self) -> bool:
         """A learning-rate milestone: SMA sets every learner to z; whether anything changed."""
