@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dimd.errors import DimdError
+from dimd.checks import at_least, positive
 from dimd.host import resident_memory
 from dimd.shuffle.store import DistributedStore
 from dimd.shuffle.verify import check_group
@@ -28,7 +28,13 @@ class ShuffleConfig:
     seed: int = 0
     verify: bool = False
     save_order: Path | None = None
-    memory_limit: int | None = None
+    memory_limit: int | None = None   # bytes per rank
+
+    def __post_init__(self) -> None:
+        at_least(self, "groups", 1)
+        at_least(self, "rounds", 0)
+        at_least(self, "seed", 0)
+        positive(self, "memory_limit", optional=True)
 
 
 @dataclass(frozen=True)
@@ -82,10 +88,6 @@ def run_shuffle(config: ShuffleConfig, comm: Any, *, advance_load: Callable[[int
     """Collective: load ``config.dataset`` over ``comm``, then shuffle it ``config.rounds`` times."""
     from mpi4py import MPI
 
-    if config.rounds < 0:
-        raise DimdError(f"--rounds must be non-negative (got {config.rounds})")
-    if config.seed < 0:
-        raise DimdError(f"--seed must be non-negative (got {config.seed})")
     comm.Barrier()
     store = DistributedStore.load(config.dataset, comm, config.groups, config.memory_limit,
                                   advance=advance_load)

@@ -178,7 +178,7 @@ def pick_device(choice: str, comm) -> torch.device:
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise DimdError("--device cuda: this torch build or machine has no CUDA device")
+        raise DimdError("device cuda: this torch build or machine has no CUDA device")
     from mpi4py import MPI
 
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)   # MPI: one GPU per rank of this node
@@ -190,11 +190,7 @@ def pick_device(choice: str, comm) -> torch.device:
 
 def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[str, Any]]:
     """The requested algorithm, or the fastest measured now for this message size."""
-    from dimd.allreduce import ALGORITHMS
-
-    if config.allreduce is not None:
-        if config.allreduce not in ALGORITHMS:
-            raise DimdError(f"--allreduce {config.allreduce!r} is unknown; choose from {', '.join(ALGORITHMS)}")
+    if config.allreduce is not None:  # TrainConfig checked the name
         return config.allreduce, {"how": "requested"}
     if comm.Get_size() == 1:
         return "mpi", {"how": "single rank"}
@@ -279,10 +275,10 @@ class Trainer:
 
             source = OriginalFiles(self.store, cfg.files_root)
         self.loader = BatchLoader(source, cfg.batch_size, cfg.image_size, train=True,
-                                  workers=cfg.workers, seed=cfg.seed, pin_memory=pin,
+                                  workers=cfg.decode_threads, seed=cfg.seed, pin_memory=pin,
                                   crop_scale=cfg.crop_scale)
         self.val_loader = BatchLoader(self.val_store, cfg.eval_batch_size or cfg.batch_size,
-                                      cfg.image_size, train=False, workers=cfg.workers, seed=cfg.seed,
+                                      cfg.image_size, train=False, workers=cfg.decode_threads, seed=cfg.seed,
                                       pin_memory=pin)
         #: Batches of ``batch_size`` per rank per epoch; the schedule counts these, so its
         #: position is the same whatever the learners per rank.
@@ -411,9 +407,9 @@ class Trainer:
                 if not result.finite:
                     raise DimdError(f"training diverged at step {self.step} (loss {result.loss_sum:.4g}, "
                                     f"or a non-finite update); nothing was saved after it, the last good "
-                                    f"checkpoint is {self.last_checkpoint or 'none'}; lower --lr"
-                                    + (" or --alpha" if cfg.sync == "sma" else "")
-                                    + " or add --warmup-epochs")
+                                    f"checkpoint is {self.last_checkpoint or 'none'}; lower `lr`"
+                                    + (" or `alpha`" if cfg.sync == "sma" else "")
+                                    + " or add `warmup_epochs`")
                 if result.stop:
                     self.stopped_by = self.stop.received or "a signal on another rank"
                 elif result.synced and self.eval_due():
@@ -620,8 +616,8 @@ class Trainer:
         cfg = self.config
         saved_sync = state.get("sync", "ssgd")
         if saved_sync != cfg.sync:
-            raise DimdError(f"{path}: a checkpoint of a --sync {saved_sync} run; resume it with --sync "
-                            f"{saved_sync} (or start afresh without --resume)")
+            raise DimdError(f"{path}: a checkpoint of a `sync` {saved_sync} run, this run is `sync` "
+                            f"{cfg.sync}; resume it with `sync` {saved_sync} (or start afresh without `resume`)")
         if state["model_name"] != cfg.model:
             raise DimdError(f"{path}: checkpoint of model {state['model_name']!r}, not {cfg.model!r}")
         if list(state["classes"]) != list(self.store.classes):
