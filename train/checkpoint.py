@@ -40,6 +40,12 @@ def checkpoint_name(epoch: int, step: int) -> str:
     return f"checkpoint-e{epoch:04d}-s{step:08d}.pt"
 
 
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step a checkpoint file's name records (-1 for another name)."""
+    m = _NAME.match(Path(path).name)
+    return int(m.group(2)) if m else -1
+
+
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     """Checkpoints in ``directory``, oldest first (by step)."""
     folder = Path(directory)

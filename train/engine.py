@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from dimd.errors import DimdError
-from dimd.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from dimd.train.checkpoint import (checkpoint_step, latest_checkpoint, list_checkpoints, load_checkpoint,
+                                  save_checkpoint)
 from dimd.train.config import TrainConfig
 from dimd.train.evaluate import EvalResult, local_counts, summarize
 from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
@@ -214,6 +215,14 @@ def val_label_map(train_classes: list[str], val_classes: list[str], val: str,
     return torch.tensor([index[name] for name in val_classes], dtype=torch.int64)
 
 
+def learner_compute(choice: str, device: torch.device) -> str:
+    """``auto``: on CUDA one stream per learner (Crossbow's way); on a CPU one vectorised pass
+    over the stacked replicas (measured fastest here: docs/sma.md)."""
+    if choice != "auto":
+        return choice
+    return "loop" if device.type == "cuda" else "vmap"
+
+
 def make_reducer(algorithm: str, comm) -> Callable[[np.ndarray], None]:
     from dimd.allreduce import allreduce
 
@@ -335,7 +344,7 @@ class Trainer:
             return SMA(self.model, reduce, self.world, learners=None if learners == "auto" else int(learners),
                        alpha=cfg.alpha, momentum=cfg.momentum, central_momentum=cfg.sma_momentum,
                        weight_decay=cfg.weight_decay, decay_bn_and_bias=cfg.decay_bn_and_bias,
-                       compute=getattr(cfg, "learner_compute", None) or "vmap",
+                       compute=learner_compute(cfg.learner_compute, self.device),
                        normalize=self.normalize, threads=torch.get_num_threads(),
                        autotune_threshold=cfg.autotune_threshold,
                        max_learners=self.batches_per_epoch, synchronize=sync)
@@ -663,8 +672,8 @@ class Trainer:
         old = state.get("layout") or {"world_size": state["world_size"], "groups": state["config"]["groups"],
                                       "batch_size": state["config"]["batch_size"]}
         folder = os.path.dirname(os.path.abspath(path))
-        boundary = [p for p in list_checkpoints(folder)
-                    if p.name.startswith("checkpoint-e") and _at_epoch_boundary(p)]
+        earlier = [p for p in list_checkpoints(folder) if checkpoint_step(p) <= int(state["step"])]
+        boundary = [p for p in earlier if _at_epoch_boundary(p)]
         alternative = (f", or resume from {boundary[-1]} (an epoch boundary) on any layout" if boundary
                        else "; no epoch-boundary checkpoint is beside it")
         return (f"{path}: written mid-epoch (epoch {state['epoch'] + 1}, step {state['step']}) with "
