@@ -65,6 +65,14 @@ class ShuffleRun:
     load_verified: bool
     rounds: list[RoundFigures] = field(default_factory=list)
 
+    def figures(self) -> dict[str, Any]:
+        """The ``--json`` figures (the CLI wraps them in the standard envelope)."""
+        return {"world_size": self.world_size, "groups": self.groups, "group_size": self.group_size,
+                "records": self.records, "data_bytes": self.data_bytes,
+                "load": {"seconds": self.load_seconds, "reads": self.load_reads,
+                         "resident_bytes": self.load_resident_bytes, "verified": self.load_verified},
+                "rounds": self.rounds, "summary": self.summary()}
+
     def summary(self) -> dict[str, Any]:
         seconds = [r.seconds for r in self.rounds]
         moved = [r.bytes_moved for r in self.rounds]

@@ -93,13 +93,7 @@ def shuffle_command(dataset: Path, json_path: Path | None, quiet: bool, comm, mp
                        f"{summary['gb_per_s_median']:.3f} GB/s"
                        + ("; every round verified" if config.verify else ""))
         if json_path is not None:
-            figures = {"world_size": run.world_size, "groups": run.groups, "group_size": run.group_size,
-                       "records": run.records, "data_bytes": run.data_bytes,
-                       "load": {"seconds": run.load_seconds, "reads": run.load_reads,
-                                "resident_bytes": run.load_resident_bytes,
-                                "verified": run.load_verified},
-                       "rounds": run.rounds, "summary": summary}
-            write_json(json_path, result_document("shuffle", config, figures, mpi=mpi_setup.as_dict()))
+            write_json(json_path, result_document("shuffle", config, run.figures(), mpi=mpi_setup.as_dict()))
 
 
 def _share_estimate(dataset: Path, group_size: int) -> int | None:
