@@ -128,7 +128,7 @@ class Batch:
 class Learners:
     """K learners' state (flat buffers) and the gradient computation chosen by ``compute``."""
 
-    def __init__(self, template: nn.Module, k: int, *, compute: str = "vmap",
+    def __init__(self, template: nn.Module, k: int, *, compute: str = "loop",
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  threads: int = 1) -> None:
         if compute not in COMPUTES:

@@ -58,7 +58,7 @@ class SMA:
 
     def __init__(self, model: nn.Module, reduce: Reduce, world_size: int, *, learners: int | None,
                  alpha: float | None, momentum: float, central_momentum: float | None,
-                 weight_decay: float, decay_bn_and_bias: bool = False, compute: str = "vmap",
+                 weight_decay: float, decay_bn_and_bias: bool = False, compute: str = "loop",
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int = 1,
                  autotune_threshold: float = 0.1, autotune_window: float = 2.0, max_learners: int = 64,
                  synchronize: Callable[[], None] | None = None) -> None:

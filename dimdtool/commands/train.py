@@ -134,7 +134,7 @@ def print_models() -> None:
 @config_option(TrainConfig, "learner_compute", type=click.Choice(LEARNER_COMPUTES),
                help="SMA: how a rank computes its learners' gradients: vmap (one vectorised pass over "
                     "the stacked replicas), loop (one after another; on CUDA one stream each) or "
-                    "threads; auto: vmap on CPU, loop on CUDA.")
+                    "threads; auto: loop (measured fastest on CPU cores; see docs/sma.md).")
 @config_option(TrainConfig, "device", type=click.Choice(DEVICES),
                help="auto: one GPU per rank when CUDA is available, else CPU.")
 @config_option(TrainConfig, "decode_threads", help="Decoding threads of each rank's loader.")
