@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -172,15 +171,16 @@ def compare(dataset: str, batch: int, args: argparse.Namespace, work: Path) -> d
     ratio = None
     if auto and auto["time_to_target_s"]["median"] and summaries[ssgd_best]["time_to_target_s"]["median"]:
         ratio = auto["time_to_target_s"]["median"] / summaries[ssgd_best]["time_to_target_s"]["median"]
-    one = summaries.get("sma-1", {}).get("images_per_s", {}).get("median")
-    hardware = {n: s["images_per_s"]["median"] / one for n, s in summaries.items()
-                if n.startswith("sma-") and one}
+    # Hardware efficiency: images/s of each set-up over one learner per rank at b (SMA's, else S-SGD's).
+    base = "sma-1" if "sma-1" in summaries else "ssgd-b"
+    one = summaries[base]["images_per_s"]["median"]
+    hardware = {n: s["images_per_s"]["median"] / one for n, s in summaries.items() if one}
     return {"dataset": dataset, "model": model, "image_size": size, "batch": batch, "epochs": epochs,
             "target": args.target, "ranks": args.ranks, "ssgd_lr": chosen, "sma_lr": sma_lr,
             "setups": {n: {**{k: v for k, v in s.items() if k != "runs"}, **summaries[n], "runs": s["runs"]}
                        for n, s in setups.items()},
             "best_ssgd": ssgd_best, "sma_auto_over_best_ssgd": ratio, "aim": 0.7,
-            "hardware_efficiency_over_one_learner": hardware,
+            "hardware_efficiency_over": base, "hardware_efficiency": hardware,
             "statistical_efficiency_epochs": {n: s["epochs_to_target"]["median"] for n, s in summaries.items()}}
 
 
@@ -196,16 +196,17 @@ def plot(comparisons: list[dict[str, Any]], path: Path, footnote: str) -> None:
             style = "-" if name.startswith("sma") else "--"
             color = f"C{index % 10}"
             for i, r in enumerate(setup["runs"]):   # every seed; the first one labelled and bold
-                xs = [0.0] + [c[0] for c in r["curve"]]
-                ys = [0.0] + [100 * c[1] for c in r["curve"]]
-                ax.plot(xs, ys, style, color=color, lw=1.4 if i == 0 else 0.6, alpha=1.0 if i == 0 else 0.4,
-                        label=name if i == 0 else None)
+                xs = [c[0] for c in r["curve"]]
+                ys = [100 * c[1] for c in r["curve"]]
+                ax.plot(xs, ys, style, marker=".", color=color, lw=1.4 if i == 0 else 0.6,
+                        alpha=1.0 if i == 0 else 0.4, label=name if i == 0 else None)
         ax.axhline(100 * comparison["target"], color="grey", lw=0.8, ls=":")
         ax.set_title(f"{comparison['dataset']} ({comparison['model']}), b={comparison['batch']}, "
                      f"P={comparison['ranks']}")
         ax.set_xlabel("wall time (s, data load and evaluation included)")
         ax.set_ylabel("validation top-1 (%)")
-        ax.set_ylim(0, 100)
+        ax.set_ylim(bottom=0, top=100)
+        ax.set_xlim(left=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     fig.text(0.01, 0.01, footnote, fontsize=6, color="grey")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import numpy as np
 
@@ -86,7 +86,7 @@ class BatchLoader:
 
     # -- iteration ------------------------------------------------------------------------
 
-    def epoch(self, epoch: int) -> Iterator[tuple[Any, Any]]:
+    def epoch(self, epoch: int) -> Generator[tuple[Any, Any], None, None]:
         """Yield ``(images, labels)`` for ``epoch``.
 
         The loader has a position (epoch, batches consumed): asking for the

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from conftest import run_mpi
+from conftest import run_dimd, run_mpi, run_mpi_dimd
 
 CASES = Path(__file__).with_name("sma_cases.py")
 
@@ -20,7 +23,7 @@ def sma_case(ranks: int, *args: str, timeout: float = 120):
 def test_p_ranks_of_k_learners_equal_one_process_of_p_times_k(ranks, per_rank, compute):
     """2 ranks x 2 learners against 1 x 4, and 3 x 1 against 1 x 3, fed the same batches."""
     proc = sma_case(ranks, "sma_distribution", str(per_rank), compute)
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("z diff"))
+    line = next(text for text in proc.stdout.splitlines() if text.startswith("z diff"))
     _, _, z_diff, _, _, buffers_diff, _, moved, _, identical = line.split()
     assert float(z_diff) < 1e-6, line           # the same z within float tolerance
     assert float(buffers_diff) < 1e-5, line     # and the same averaged batch-norm statistics
@@ -29,13 +32,6 @@ def test_p_ranks_of_k_learners_equal_one_process_of_p_times_k(ranks, per_rank, c
 
 
 # -- `dimd train --sync sma` end to end ------------------------------------------------------
-
-import json
-import shutil
-
-import torch
-
-from conftest import run_dimd, run_mpi_dimd
 
 EPOCHS = 4
 BATCHES = 6                  # 48 records // (2 ranks x batch 4): batches per rank per epoch
@@ -76,8 +72,8 @@ def test_sma_trains_with_an_identical_central_model_and_reports_its_figures(sma_
     assert history[0]["time_split"]["sync"] > 0 and history[0]["sync"] == "sma"
     assert [e["lr"] for e in history] == pytest.approx([0.02, 0.02, 0.002, 0.002])
     assert proc.stdout.count("restart at step 6 (epoch 2)") == 1     # at the milestone, once
-    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [l["learners_per_rank"] for l in lines] == [2] * EPOCHS and lines[0]["alpha"] == 0.25
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["learners_per_rank"] for line in lines] == [2] * EPOCHS and lines[0]["alpha"] == 0.25
     assert "SMA: 2 ranks x 2 learner(s) x batch 4" in proc.stdout and "learners/rank" in proc.stdout
 
 

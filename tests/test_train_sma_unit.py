@@ -199,3 +199,13 @@ def test_the_auto_tuner_never_goes_below_one_learner_or_above_its_cap():
     falls = AutoTuner(threshold=0.1)
     falls.observe(10.0)
     assert falls.observe(9.0).learners_after == 1
+
+
+def test_a_stop_request_rides_the_synchronisation_and_learner_steps_without_one_report_nothing():
+    sma = tiny_sma(2, alpha=0.5, momentum=0.0, central_momentum=0.0, weight_decay=0.0)
+    x = torch.randn(2, 3)
+    batches = [(x, torch.tensor([0, 1])), (x, torch.tensor([1, 1]))]
+    local = sma.step(batches, 0.1, sync=False, stop=True)
+    assert not local.synced and not local.stop and local.samples == 0
+    synced = sma.step(batches, 0.1, sync=True, stop=True)
+    assert synced.synced and synced.stop and synced.samples == 8 and sma.syncs == 1   # both steps counted

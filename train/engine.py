@@ -25,7 +25,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 import numpy as np
 import torch
@@ -158,7 +158,8 @@ class TrainResult:
             "synchronisations": sum(e.synchronisations for e in run),
             "allreduce": self.allreduce, "allreduce_choice": self.allreduce_choice,
             "steps_per_epoch": self.steps_per_epoch, "global_batch": self.global_batch,
-            "lr_batch": self.lr_batch, "schedule": self.schedule, "resumed_from": self.resumed_from, "stopped_by": self.stopped_by,
+            "lr_batch": self.lr_batch, "schedule": self.schedule, "resumed_from": self.resumed_from,
+            "stopped_by": self.stopped_by,
             "checkpoint": self.checkpoint, "replicas_identical": self.replicas_identical,
             "seconds": self.seconds, "epochs_run": len(run),
             "images_per_s": images / train_s if train_s > 0 else 0.0,
@@ -276,7 +277,7 @@ class Trainer:
         self.on_event(f"loaded {self.store.total} training and {self.val_store.total} validation records "
                       f"into memory in {time.perf_counter() - t0:.1f}s")
         pin = self.device.type == "cuda"
-        source = self.store
+        source: Any = self.store
         if cfg.read_from == "files":
             from dimd.train.filesource import OriginalFiles
 
@@ -299,18 +300,19 @@ class Trainer:
 
         broadcast_state(self.model, comm)   # MPI: every rank starts from rank 0's weights
         self.normalize = Normalize(self.device)
+        nbytes = gradient_bytes(self.model)
         self.model_info = {"name": cfg.model, "parameters": parameter_count(self.model),
-                           "gradient_bytes": gradient_bytes(self.model), "classes": len(self.store.classes)}
+                           "gradient_bytes": nbytes, "classes": len(self.store.classes)}
         # MPI: the allreduce algorithm, measured for this message size if not given
-        self.algorithm, self.algorithm_choice = choose_allreduce(cfg, self.model_info["gradient_bytes"], comm)
+        self.algorithm, self.algorithm_choice = choose_allreduce(cfg, nbytes, comm)
         self.strategy: Strategy = self.make_strategy()
         #: The batch ``--lr`` is scaled by (linear scaling, lr x batch / 256): S-SGD's global batch
         #: per step; under SMA a learner's own batch, since every learner steps on its own.
         self.lr_batch = cfg.batch_size * self.world if cfg.sync == "ssgd" else cfg.batch_size
         self.schedule: Schedule = make_schedule(
-            cfg.schedule, cfg.lr, global_batch=self.lr_batch, steps_per_epoch=self.batches_per_epoch,
-            epochs=cfg.epochs, scaling=cfg.lr_scaling, warmup_epochs=cfg.warmup_epochs,
-            milestones=cfg.milestones, power=cfg.power)  # type: ignore[arg-type]
+            cfg.schedule, cfg.lr, global_batch=self.lr_batch,  # type: ignore[arg-type]  # TrainConfig checked it
+            steps_per_epoch=self.batches_per_epoch, epochs=cfg.epochs, scaling=cfg.lr_scaling,
+            warmup_epochs=cfg.warmup_epochs, milestones=cfg.milestones, power=cfg.power)
 
         # -- where the run stands (a checkpoint restores all of it)
         self.epoch = 0                 # epochs finished
@@ -379,7 +381,7 @@ class Trainer:
     def train_epoch(self) -> None:
         """Train the rest of the current epoch: steps while the rank has a batch for every learner."""
         cfg = self.config
-        batches = None
+        batches: Generator[tuple[Any, Any], None, None] | None = None
         try:
             while self.stopped_by is None:
                 k = self.strategy.learners
@@ -638,9 +640,9 @@ class Trainer:
             self.model.load_state_dict(state["model"])
         except (RuntimeError, ValueError, KeyError) as exc:
             raise DimdError(f"{path}: does not fit this model ({str(exc).splitlines()[0]})") from None
-        mine = state["ranks"][self.rank] if same_layout else None
+        mine: dict[str, Any] = state["ranks"][self.rank] if same_layout else {}
         try:
-            notes = self.strategy.load_state(state["strategy"], mine["strategy"] if mine else None)
+            notes = self.strategy.load_state(state["strategy"], mine["strategy"] if same_layout else None)
         except (RuntimeError, ValueError, KeyError) as exc:
             raise DimdError(f"{path}: does not fit this run ({str(exc).splitlines()[0]})") from None
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
@@ -714,8 +716,8 @@ def _at_epoch_boundary(path) -> bool:
         state = load_checkpoint(path)
     except DimdError:
         return False
-    position = state.get("position")
-    return bool(position) and position.get("batch", 1) == 0
+    position = state.get("position") or {}
+    return position.get("batch", 1) == 0
 
 
 def train(config: TrainConfig, comm, **options: Any) -> TrainResult:

@@ -238,7 +238,7 @@ class SMA:
     @torch.no_grad()
     def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
         """z comes with the model's weights; here Delta_prev, the learners and the tuner."""
-        notes = []
+        notes: list[str] = []
         self.delta_prev.copy_(shared["delta_prev"])
         self.syncs, self.restarts = int(shared["syncs"]), int(shared["restarts"])
         if local is not None:
@@ -267,7 +267,7 @@ class SMA:
 
     def identical(self, comm) -> bool:
         """Whether z is bit-identical on every rank (a crc32 of its bytes, compared)."""
-        digest = zlib.crc32(self.z.detach().cpu().numpy().view(np.uint8))
+        digest = zlib.crc32(self.z.detach().cpu().numpy().tobytes())
         everyone = comm.allgather(digest)                    # MPI: compare the ranks' checksums
         return all(d == everyone[0] for d in everyone)
 
