@@ -421,9 +421,10 @@ class Trainer:
                                     + " or add `warmup_epochs`")
                 if result.stop:
                     self.stopped_by = self.stop.received or "a signal on another rank"
-                elif result.synced and self.eval_due():
-                    self.evaluate_now()
-                elif cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
+                    break
+                if result.synced and not last and self.eval_due():
+                    self.evaluate_now()                       # may reach the target and end the run
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
                     self.save()
         except StopIteration:
             raise RuntimeError("the loader ended its epoch before batches_per_epoch batches") from None
@@ -481,12 +482,12 @@ class Trainer:
 
     def evaluate_now(self) -> None:
         """An evaluation between epoch ends (``eval_every_images``); may end the run at the target."""
-        evaluation = self.evaluate()
-        while self.next_eval_images <= self.images:
-            self.next_eval_images += self.eval_every_images or 0
-        self.record_evaluation(evaluation)
+        self.record_evaluation(self.evaluate())
 
     def record_evaluation(self, evaluation: EvalResult) -> None:
+        """Note an evaluation (the epoch end's counts as the periodic one that is due) and check the target."""
+        while self.eval_every_images and self.next_eval_images <= self.images:
+            self.next_eval_images += self.eval_every_images
         epoch, done = self.loader.position
         self.evaluations.append(Evaluation(epoch=epoch + done / self.batches_per_epoch, images=self.images,
                                            elapsed=time.perf_counter() - self.started,
