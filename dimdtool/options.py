@@ -200,7 +200,8 @@ def build_config(config_cls: type[C], callback: Callable[..., Any] | None = None
     except ConfigError as exc:
         flags = _flags(callback)
         flag = flags.get(exc.field)
-        raise click.BadParameter(exc.problem, param_hint=f"'{flag}'" if flag else exc.field) from None
+        problem = _FIELD_MENTION.sub(lambda m: flags.get(m.group(1), m.group(0)), exc.problem)
+        raise click.BadParameter(problem, param_hint=f"'{flag}'" if flag else exc.field) from None
 
 
 def _flags(callback: Callable[..., Any] | None) -> dict[str, str]:
