@@ -33,19 +33,31 @@ def auto_warmup(iters: int) -> int:
     return max(2, iters // 10)
 
 
-def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
-    """``min_bytes``, ``min_bytes * factor``, ... up to ``max_bytes`` (nccl-tests' -b/-e/-f)."""
+def message_sizes(min_bytes: int, max_bytes: int, factor: int, itemsize: int = 1) -> list[int]:
+    """``min_bytes``, ``min_bytes * factor``, ... up to ``max_bytes`` (nccl-tests' -b/-e/-f).
+
+    Every size is a whole number of ``itemsize``-byte elements, so each row's
+    label is the size asked for: a ``min_bytes`` that is not is refused, and
+    after 0 the sizes go on from one element.
+    """
     if min_bytes < 0 or max_bytes < min_bytes:
         raise AllreduceError(f"need 0 <= --min-bytes <= --max-bytes, got {min_bytes} and {max_bytes}")
     if factor < 2:
         raise AllreduceError(f"--factor must be at least 2, got {factor}")
+    if min_bytes % itemsize:
+        raise AllreduceError(f"--min-bytes {min_bytes} is not a whole number of {itemsize}-byte "
+                             f"elements; use a multiple of {itemsize}")
     sizes, size = [], min_bytes
     while size <= max_bytes:
         sizes.append(size)
-        if size == 0:
-            size = 1
-        size *= factor
+        size = itemsize if size == 0 else size * factor
     return sizes
+
+
+def sweep_bytes(max_bytes: int, itemsize: int, check: bool) -> int:
+    """Memory one rank needs for a sweep up to ``max_bytes``: the buffer, an algorithm's scratch
+    (about as much again), and with ``check`` the known values and their sum in int64."""
+    return 2 * max_bytes + (3 * 8 * (max_bytes // itemsize) if check else 0)
 
 
 def reducer(algorithm: str, comm: Any, options: dict[str, Any]) -> Reducer:
@@ -208,12 +220,37 @@ class BenchConfig:
             raise AllreduceError("--colors and --segment-bytes must be positive")
         if self.peer not in (None, "gloo"):
             raise AllreduceError(f"--peer must be gloo, got {self.peer}")
-        message_sizes(self.min_bytes, self.max_bytes, self.factor)
+        message_sizes(self.min_bytes, self.max_bytes, self.factor, np.dtype(self.dtype).itemsize)
+
+
+def memory_problem(config: BenchConfig, budget: int) -> str | None:
+    """Why ``config``'s largest message does not fit ``budget`` bytes per rank, or None."""
+    from dimd.units import format_bytes
+
+    need = sweep_bytes(config.max_bytes, np.dtype(config.dtype).itemsize, config.check)
+    if need > budget:
+        return (f"--max-bytes {format_bytes(config.max_bytes)} needs about {format_bytes(need)} per rank, "
+                f"but a rank has {format_bytes(budget)} of available memory on this node; "
+                f"give a smaller --max-bytes")
+    return None
+
+
+def check_config(config: BenchConfig, comm: Any) -> None:
+    """Collective: ``config`` is valid and its largest message fits every rank's memory, or all raise."""
+    from dimd.host import available_memory
+    from dimd.mpi import agree_or_raise, node_local_ranks
+
+    config.validate()
+    agree_or_raise(comm, memory_problem(config, available_memory() // node_local_ranks(comm)))
 
 
 def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | None = None) -> list[Row]:
-    """Run the sweep ``config`` describes on ``comm`` (collective); every rank gets the rows."""
-    config.validate()
+    """Run the sweep ``config`` describes on ``comm`` (collective); every rank gets the rows.
+
+    Refused on every rank, before anything is allocated, when the largest
+    message does not fit the node's available memory per rank (:func:`check_config`).
+    """
+    check_config(config, comm)
     options = {"colors": config.colors, "segment_bytes": config.segment_bytes}
     reducers = {name: reducer(name, comm, options) for name in config.algorithms}
     closers = []
@@ -223,7 +260,9 @@ def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | No
         reducers["gloo"], close = gloo_reducer(comm)
         closers.append(close)
     try:
-        return sweep(comm, reducers, message_sizes(config.min_bytes, config.max_bytes, config.factor),
+        sizes = message_sizes(config.min_bytes, config.max_bytes, config.factor,
+                              np.dtype(config.dtype).itemsize)
+        return sweep(comm, reducers, sizes,
                      np.dtype(config.dtype), iters=config.iters, warmup=config.warmup,
                      check=config.check, on_row=on_row)
     finally:

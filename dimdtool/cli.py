@@ -48,14 +48,18 @@ class LazyGroup(click.Group):
             formatter.write_dl([(name, command.get_short_help_str(limit=200)) for name, command in rows])
 
     def invoke(self, ctx: click.Context):
+        from dimd import signals
+
+        signals.install()  # SIGTERM (a scheduler's time limit) cleans up like Ctrl-C
         try:
             return super().invoke(ctx)
         except DimdError as exc:
             click.echo(f"dimd: error: {exc}", err=True)
             ctx.exit(1)
-        except KeyboardInterrupt:
-            click.echo("dimd: interrupted", err=True)
-            ctx.exit(130)
+        except KeyboardInterrupt as exc:
+            message, code = signals.interrupt_exit(exc)
+            click.echo(f"dimd: {message}", err=True)
+            ctx.exit(code)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],

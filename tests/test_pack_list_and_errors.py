@@ -87,7 +87,7 @@ def test_missing_and_empty_sources_are_clear_errors(tmp_path):
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("--short-side", "0", "--short-side must be between 1 and 65535"),
+    ("--short-side", "0", "--short-side must be between 1 and 65500"),
     ("--quality", "101", "--quality must be between 1 and 100"),
     ("--workers", "0", "--workers must be at least 1"),
 ])
@@ -96,9 +96,9 @@ def test_bad_options_are_clear_errors(sample_tree, tmp_path, option, value, mess
     assert proc.returncode == 1 and message in proc.stderr
 
 
-def test_missing_output_folder_is_a_clear_error(sample_tree, tmp_path):
-    with pytest.raises(DimdError, match="output folder does not exist"):
-        pack(PackConfig(sample_tree, tmp_path / "no" / "such" / "out"))
+def test_missing_output_folders_are_created(sample_tree, tmp_path):
+    result = pack(PackConfig(sample_tree, tmp_path / "no" / "such" / "out", workers=1))
+    assert result.images == 48 and len(PackedDataset(tmp_path / "no" / "such" / "out")) == 48
 
 
 @pytest.fixture

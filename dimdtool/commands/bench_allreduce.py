@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from dimd.commands.mpi_job import mpi_command
+from dimd.options import OUTPUT_FILE
 
 _HELP_ALGORITHMS = ("mpi, ring, ring-root, multicolor, tree, ps, recursive-doubling, rabenseifner")
 
@@ -47,7 +48,7 @@ def _line(row) -> str:
                    "the wrong elements (summed over ranks) in #wrong; exit 1 if any.")
 @click.option("--peer", type=click.Choice(["gloo"]), default=None,
               help="Also time torch.distributed all_reduce (gloo backend) in the same job.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--json", "json_path", type=OUTPUT_FILE,
               help="Write parameters, MPI set-up, versions and every row as JSON to PATH (rank 0).")
 @mpi_command("single")
 def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int, iters: int | None,
@@ -69,7 +70,7 @@ def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int
       mpirun -n 2 dimd bench-allreduce -a mpi,ring,multicolor -b 64K -e 64M --peer gloo --json ar.json
     """
     from dimd.allreduce import ALGORITHMS
-    from dimd.allreduce.bench import BenchConfig, run_bench
+    from dimd.allreduce.bench import BenchConfig, check_config, run_bench
     from dimd.errors import DimdError
     from dimd.report import result_document, write_json
     from dimd.units import parse_size
@@ -79,7 +80,7 @@ def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int
     config = BenchConfig(algorithms=names, min_bytes=parse_size(min_bytes), max_bytes=parse_size(max_bytes),
                          factor=factor, iters=iters, warmup=warmup, dtype=dtype, colors=colors,
                          segment_bytes=None if segment_bytes == "auto" else parse_size(segment_bytes), check=check, peer=peer)
-    config.validate()
+    check_config(config, comm)
     root = comm.Get_rank() == 0
     size = comm.Get_size()
     library = " ".join(mpi_setup.library_version.split())

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from dimd.commands.mpi_job import mpi_command
+from dimd.options import OUTPUT_FILE
 
-_FILE = click.Path(dir_okay=False, path_type=Path)
 
 
 @click.command("bench-io")
@@ -25,7 +25,7 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
                    "the DataLoader's workers from being stopped mid-epoch.")
 @click.option("--repeats", default=3, show_default=True, help="Runs of each method; medians are reported.")
 @click.option("--seed", default=0, show_default=True)
-@click.option("--json", "json_path", type=_FILE, metavar="PATH", help="Write the figures as JSON to PATH.")
+@click.option("--json", "json_path", type=OUTPUT_FILE, metavar="PATH", help="Write the figures as JSON to PATH.")
 @mpi_command("funneled")
 def bench_io(dataset: Path, tree: Path, workers: int, batch_size: int, image_size: int,
              images: int | None, repeats: int, seed: int, json_path: Path | None, comm, mpi_setup) -> None:

@@ -10,6 +10,7 @@ import click
 
 from dimd.console import progress
 from dimd.errors import DimdError
+from dimd.options import OUTPUT_FILE
 from dimd.units import format_bytes
 
 _FILE = click.Path(dir_okay=False, path_type=Path)
@@ -20,7 +21,8 @@ SCAN_NOTICE_S = 2.0
 @click.command("pack")
 @click.argument("src", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
-              help="Output stem: writes OUT.dimd (the JPEGs) and OUT.idx.h5 (the index).")
+              help="Output stem: writes OUT.dimd (the JPEGs) and OUT.idx.h5 (the index); "
+                   "missing folders are created.")
 @click.option("--list", "--labels", "list_file", type=_FILE,
               help="Pack the images named in FILE, one 'relative/path label' line each "
                    "(Caffe's convert_imageset format), e.g. ImageNet's flat val folder.")
@@ -34,10 +36,10 @@ SCAN_NOTICE_S = 2.0
               help="Worker processes [default: the cores available]. The output is the same "
                    "for any number.")
 @click.option("--strict", is_flag=True, help="Stop at the first image that cannot be packed.")
-@click.option("--skipped", "skipped_file", type=_FILE,
+@click.option("--skipped", "skipped_file", type=OUTPUT_FILE,
               help="Write the names of skipped images, with the reason, to FILE.")
 @click.option("--force", is_flag=True, help="Overwrite an existing OUT.")
-@click.option("--json", "json_path", type=_FILE, help="Write the summary as JSON to PATH.")
+@click.option("--json", "json_path", type=OUTPUT_FILE, help="Write the summary as JSON to PATH.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress; only the summary and errors.")
 def pack_command(src: Path, out: Path, list_file: Path | None, classes_file: Path | None,
                  short_side: int, quality: int, workers: int | None, strict: bool,
@@ -55,7 +57,9 @@ def pack_command(src: Path, out: Path, list_file: Path | None, classes_file: Pat
     (antialiased; large JPEGs are decoded at reduced scale first) and stored as
     a JPEG of --quality. Files without an image extension and hidden files are
     ignored; empty, truncated or undecodable images are skipped and named.
-    Outputs appear only when the pack completes.
+    Outputs appear only when the pack completes; an interrupted pack (Ctrl-C,
+    SIGTERM, a full disk) leaves nothing, and the next pack to the same OUT
+    removes what a killed one left (docs/policies.md).
 
     \b
     Examples:
@@ -90,6 +94,11 @@ def pack_command(src: Path, out: Path, list_file: Path | None, classes_file: Pat
     with bars:
         result = pack(config, advance=lambda n=1: state["advance"](n), on_skip=on_skip,
                       on_start=on_start)
+    for path in result.stale_removed:
+        click.echo(f"dimd: removed {path}, left by a pack that no longer runs", err=True)
+    for path in result.stale_foreign:
+        click.echo(f"dimd: note: {path} was left by a pack on another host; remove it if that "
+                   "pack no longer runs", err=True)
     if skipped_file is not None:
         from dimd.fsutil import atomic_write_text
 
@@ -105,7 +114,7 @@ def pack_command(src: Path, out: Path, list_file: Path | None, classes_file: Pat
 
 @click.command("inspect")
 @click.argument("dataset", type=click.Path(path_type=Path))
-@click.option("--json", "json_path", type=_FILE, help="Write the description as JSON to PATH.")
+@click.option("--json", "json_path", type=OUTPUT_FILE, help="Write the description as JSON to PATH.")
 @click.option("--all-classes", is_flag=True, help="List every class (default: at most 20).")
 def inspect_command(dataset: Path, json_path: Path | None, all_classes: bool) -> None:
     """Describe a packed data set: count, classes, bytes, image sizes, how it was packed.
@@ -154,7 +163,7 @@ def _stats_line(label: str, stats: dict, unit: str) -> str:
 @click.argument("dataset", type=click.Path(path_type=Path))
 @click.option("--workers", type=int, default=None, help="Worker processes [default: the cores available].")
 @click.option("--crc-only", is_flag=True, help="Check the crc32s only, do not decode the images.")
-@click.option("--json", "json_path", type=_FILE, help="Write the findings as JSON to PATH.")
+@click.option("--json", "json_path", type=OUTPUT_FILE, help="Write the findings as JSON to PATH.")
 def verify_command(dataset: Path, workers: int | None, crc_only: bool, json_path: Path | None) -> None:
     """Check that every record of a packed data set is intact: crc32 and a full decode.
 

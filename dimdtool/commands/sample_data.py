@@ -8,10 +8,11 @@ from pathlib import Path
 import click
 
 from dimd.console import progress
+from dimd.options import OUTPUT_DIR
 
 
 @click.command("sample-data")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("directory", type=OUTPUT_DIR)
 @click.option("--classes", default=10, show_default=True, help="Number of classes (shape x colour pairs, at most 80).")
 @click.option("--per-class", default=50, show_default=True, help="Images per class.")
 @click.option("--seed", default=0, show_default=True, help="Seed; the same seed gives the same files.")

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 
 from dimd.commands.mpi_job import mpi_command
+from dimd.options import OUTPUT_DIR, OUTPUT_FILE
 from dimd.units import format_bytes, parse_size
 
-_FILE = click.Path(dir_okay=False, path_type=Path)
 
 
 def _memory(rss: list[int]) -> str:
@@ -28,12 +28,12 @@ def _memory(rss: list[int]) -> str:
 @click.option("--verify", is_flag=True,
               help="After the load and every round, check per group that the multiset of "
                    "(name, crc32) is unchanged (every record once, bytes intact); fail loudly if not.")
-@click.option("--save-order", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+@click.option("--save-order", type=OUTPUT_DIR, metavar="DIR",
               help="Each rank k writes the global record indices it holds after round r to "
                    "DIR/round{r}_rank{k}.npy.")
 @click.option("--memory-limit", metavar="SIZE", help="Refuse to load more than this per rank (e.g. 8G), "
                                      "besides the node's available memory.")
-@click.option("--json", "json_path", type=_FILE, metavar="PATH", help="Write the figures as JSON to PATH (rank 0).")
+@click.option("--json", "json_path", type=OUTPUT_FILE, metavar="PATH", help="Write the figures as JSON to PATH (rank 0).")
 @click.option("-q", "--quiet", is_flag=True, help="No load progress; only the table and errors.")
 @mpi_command("single")
 def shuffle_command(dataset: Path, groups: int, rounds: int, seed: int, verify: bool,

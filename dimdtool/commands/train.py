@@ -162,6 +162,10 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: str | None
     from dimd.train.engine import Trainer
 
     config = _config(train_set, val_set, options)
+    from dimd.commands.mpi_job import check_outputs
+
+    check_outputs(comm, ("--checkpoint-dir", config.checkpoint_dir, "folder"),
+                  ("--metrics", metrics_path, "file"), ("--json", json_path, "file"))
     leader = comm.Get_rank() == 0
     say = (lambda line: click.echo(line)) if leader else (lambda line: None)
     stack = contextlib.ExitStack()
