@@ -157,6 +157,8 @@ class PackWriter:
         attrs = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "count": len(self._names),
                  "data_bytes": self._offset, "short_side": short_side, "quality": quality,
                  "source": escape_name(source), "dimd_version": __version__, **(extra_attrs or {})}
+        if attrs["source"] != source:
+            attrs["source_escaped"] = True  # not UTF-8: PackedDataset.source restores the original
         rows = self._rows[: len(self._names)]
         check_records(rows, len(classes), self._offset, str(self.index_path))
         with self._disk_errors(self.index_path):
@@ -468,6 +470,12 @@ class PackedDataset:
         for i in self.escaped.tolist():
             names[i] = unescape_name(names[i])
         return names
+
+    @property
+    def source(self) -> str:
+        """What the set was packed from (the ``source`` attribute), as a file-system string."""
+        source = str(self.attrs.get("source", ""))
+        return unescape_name(source) if self.attrs.get("source_escaped") else source
 
     @property
     def labels(self) -> np.ndarray:

@@ -170,7 +170,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 # ---------------------------------------------------------------------------- full disks
 _FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-         errno.EFBIG: "file too large for the file system"}
+         errno.EFBIG: "file too large (a limit of the file system, or of `ulimit -f`)"}
 
 
 def is_disk_full(exc: BaseException) -> bool:
