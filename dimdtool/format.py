@@ -194,15 +194,19 @@ def escape_name(name: str | bytes) -> str:
 
     A name that is valid UTF-8 is stored unchanged. One that is not (a file
     name's raw bytes, which Python holds as surrogate escapes, or an LMDB
-    key's bytes) is stored with each undecodable byte as ``\\xNN`` and each
-    backslash doubled; :func:`write_index` lists such records in
+    key's bytes), or that holds a NUL, is stored with each undecodable byte and
+    NUL as ``\\xNN`` and each backslash doubled; :func:`write_index` lists such records in
     ``escaped_names`` so :func:`unescape_name` can restore the exact bytes.
     """
     raw = name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
+        if "\0" not in text:  # HDF5 strings end at a NUL byte
+            return text
     except UnicodeDecodeError:
-        return raw.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+        pass
+    escaped = raw.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+    return escaped.replace("\0", "\\x00")
 
 
 _ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2})")
@@ -226,14 +230,16 @@ def stored_names(names: Sequence[str]) -> tuple[list[str], np.ndarray]:
     The common case (every name valid UTF-8) costs one join and one encode, in C.
     """
     try:
-        "\0".join(names).encode("utf-8")
-        return list(names), np.zeros(0, np.uint64)
+        joined = "\n".join(names)
+        joined.encode("utf-8")
+        if "\0" not in joined:
+            return list(names), np.zeros(0, np.uint64)
     except UnicodeEncodeError:
         pass
     out, escaped = list(names), []
     for i, name in enumerate(names):
         stored = escape_name(name)
-        if stored != name:  # only names that were not valid UTF-8 change
+        if stored != name:  # only names that were not valid UTF-8 (or held a NUL) change
             out[i] = stored
             escaped.append(i)
     return out, np.array(escaped, np.uint64)
