@@ -93,12 +93,12 @@ def make_folders(folder: str | os.PathLike, what: str = "") -> Path:
 
 
 # ---------------------------------------------------------------------------- temporaries
-_HOST = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
+HOST_TAG = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
 
 
 def temporary_sibling(path: Path) -> Path:
     """A hidden name beside ``path`` that no reader mistakes for the real file: ``.NAME.tmp-HOST-PID``."""
-    return path.with_name(f".{path.name}.tmp-{_HOST}-{os.getpid()}")
+    return path.with_name(f".{path.name}.tmp-{HOST_TAG}-{os.getpid()}")
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def remove_stale_temporaries(path: str | os.PathLike) -> StaleTemporaries:
         if not match:
             continue
         host, pid = match.group(1), int(match.group(2))
-        if host not in (None, _HOST):
+        if host not in (None, HOST_TAG):
             foreign.append(Path(entry.path))
         elif pid != os.getpid() and not _process_exists(pid):
             with contextlib.suppress(FileNotFoundError):
