@@ -16,10 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-#: Lower-case extensions of the files a folder source packs; anything else is ignored.
+#: Lower-case extensions of the files a folder source packs; anything else is ignored. Formats
+#: this Pillow build may lack (HEIF, AVIF, JPEG 2000, JPEG XL) are listed so that such files are
+#: skipped and named, with the reason, rather than passed over in silence.
 IMAGE_EXTENSIONS = frozenset({
     ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp",
-    ".ppm", ".pgm", ".pbm", ".pnm",
+    ".ppm", ".pgm", ".pbm", ".pnm", ".heic", ".heif", ".avif", ".jp2", ".j2k", ".jxl",
 })
 RESAMPLE = Image.Resampling.BICUBIC  # antialiased: the filter widens with the scale factor
 #: Draft decoding keeps at least this multiple of the target size, so the antialiased resize
