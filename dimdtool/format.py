@@ -94,7 +94,7 @@ class PackWriter:
         for path in (self.data_path, self.index_path):
             check_output(path, kind="file", create=True, what="output")
             if not force and path.exists():
-                raise DimdError(f"{path}: output exists (use --force to overwrite)")
+                raise DimdError(f"{path}: output exists (set `force` to overwrite it)")
         make_folders(self.data_path.parent, "output")
         removed = [remove_stale_temporaries(p) for p in (self.data_path, self.index_path)]
         self.stale = StaleTemporaries(sum((r.removed for r in removed), ()),

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from dimd.pack.config import JPEG_MAX_SIDE
+
 #: Lower-case extensions of the files a folder source packs; anything else is ignored. Formats
 #: this Pillow build may lack (HEIF, AVIF, JPEG 2000, JPEG XL) are listed so that such files are
 #: skipped and named, with the reason, rather than passed over in silence.
@@ -36,8 +38,6 @@ EXIF_TRANSPOSE = {
 }
 
 
-#: libjpeg's JPEG_MAX_DIMENSION: no side of a JPEG may be longer.
-JPEG_MAX_SIDE = 65500
 #: Formats Pillow reads only when built with their library: (test of the first bytes, name, feature).
 OPTIONAL_FORMATS = (
     (lambda d: d[:4] == b"RIFF" and d[8:12] == b"WEBP", "WebP", "webp"),

@@ -54,7 +54,7 @@ class LabelBound:
         if self.named:
             return f"label {shown} but the classes file names only {self.limit} classes"
         return (f"label {shown} is above {MAX_LABEL:,}, the largest dimd accepts without "
-                f"--classes-file")
+                f"`classes_file`")
 
 
 #: What :func:`parse_label` returns for a label of more than 18 digits: beyond every bound.
@@ -85,5 +85,5 @@ def numbered_classes(labels: np.ndarray, where: str,
         largest = f" ({name_of(int(np.argmax(labels)))} has it)" if name_of is not None else ""
         raise DimdError(f"{where}: labels go up to {len(counts) - 1:,}{largest} but only {used:,} of "
                         f"them are used, so {empty:,} classes would be empty; fix the labels, or name "
-                        f"the classes with --classes-file")
+                        f"the classes with `classes_file`")
     return [str(i) for i in range(len(counts))]

@@ -95,7 +95,7 @@ def test_datum_labels_are_bounded_per_record(tmp_path):
     result = pack(PackConfig(tmp_path / "db", tmp_path / "x", workers=2))
     assert (result.images, result.classes) == (2, ["0", "1"])
     assert result.skipped == [("b", f"label 2147483647 is above {MAX_LABEL:,}, the largest dimd "
-                                    "accepts without --classes-file")]
+                                    "accepts without `classes_file`")]
     # A stray label below the bound but far above the others: the data set is refused, the record named.
     with lmdb.open(str(tmp_path / "db2"), map_size=1 << 24) as env, env.begin(write=True) as txn:
         txn.put(b"a", Datum(data=good, label=0, encoded=True).SerializeToString())

@@ -21,7 +21,7 @@ import click
 
 from dimd.errors import DimdError
 from dimd.mpi import ThreadLevel, agree_or_raise, init_mpi
-from dimd.options import DEFERS_OUTPUT_CHECKS, output_problems
+from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, output_problems
 
 #: Ranks other than 0 wait this long before reporting, so that an error every
 #: rank hits (a bad option) is printed once, by rank 0, whose abort ends them.
@@ -51,7 +51,7 @@ def mpi_command(thread_level: ThreadLevel = "single") -> Callable[[Callable[...,
             except click.UsageError as exc:
                 abort_job(comm, exc.format_message(), 2)
             except DimdError as exc:
-                abort_job(comm, str(exc), 1)
+                abort_job(comm, cli_message(str(exc)), 1)
             except KeyboardInterrupt as exc:
                 from dimd.signals import interrupt_exit
 
