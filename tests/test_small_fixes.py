@@ -62,14 +62,16 @@ def test_format_sniffing_names_the_format(data, name):
     assert unreadable_format(data).startswith(f"a {name} image")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["-b", "7", "-e", "64"], "--min-bytes 7 is not a whole number of 4-byte elements; use a multiple of 4"),
-    (["-b", "12", "-e", "64", "-d", "float64"],
-     "--min-bytes 12 is not a whole number of 8-byte elements; use a multiple of 8"),
+@pytest.mark.parametrize("args, dtype, size, got", [
+    (["-b", "7", "-e", "64"], "float32", 4, 7),
+    (["-b", "12", "-e", "64", "-d", "float64"], "float64", 8, 12),
+    (["-b", "1", "-e", "64", "-d", "int32"], "int32", 4, 1),
 ])
-def test_bench_allreduce_sizes_are_whole_elements(args, message):
+def test_bench_allreduce_sizes_are_whole_elements(args, dtype, size, got):
     proc = run_mpi_dimd(1, "bench-allreduce", "-a", "mpi", *args, timeout=120)
-    assert one_error_line(proc) == message
+    assert one_error_line(proc, code=2) == (
+        f"Invalid value for '--min-bytes': must be a whole number of {dtype} elements, a multiple of "
+        f"{size} bytes (got {got}): a row is labelled with the bytes it reduces")
 
 
 def test_bench_allreduce_rows_are_labelled_with_the_size_asked_for(tmp_path):
