@@ -444,7 +444,7 @@ class PackedDataset:
         self.data_bytes = int(self.attrs["data_bytes"])
         actual = self.data_path.stat().st_size
         if check_size and actual != self.data_bytes:
-            raise DimdError(f"{self.data_path}: data file is {actual} bytes, the index says "
+            raise DimdError(f"{self.data_path}: data file is {actual} bytes, the index expects "
                             f"{self.data_bytes} (truncated, or not the pair of {self.index_path.name})")
         self._size = actual
 

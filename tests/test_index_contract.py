@@ -155,7 +155,7 @@ def test_a_truncated_data_file_says_so_without_contradiction(good_set, tmp_path)
     with open(f"{copy}.dimd", "r+b") as f:
         f.truncate(total - 7)
     assert one_error_line(run_dimd("inspect", copy)) == (
-        f"{copy}.dimd: data file is {total - 7} bytes, the index says {total} (truncated, or not the "
+        f"{copy}.dimd: data file is {total - 7} bytes, the index expects {total} (truncated, or not the "
         f"pair of set.idx.h5)")
     proc = run_dimd("verify", copy)  # verify names the records the cut lost
     assert proc.returncode == 1 and "dimd: bad record 2 (c0/2.jpg): extends past the end" in proc.stderr
