@@ -131,8 +131,11 @@ class PackWriter:
         i = len(self._names)
         if i == len(self._rows):
             self._rows = np.resize(self._rows, 2 * len(self._rows))
-        with self._disk_errors(self.data_path):
+        try:
             self._file.write(record.data)
+        except OSError:
+            with self._disk_errors(self.data_path):  # a full disk becomes one line; others pass
+                raise
         self._rows[i] = (self._offset, len(record.data), record.label, crc32(record.data),
                          record.height, record.width)
         self._names.append(record.name)

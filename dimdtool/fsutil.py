@@ -118,18 +118,18 @@ def remove_stale_temporaries(path: str | os.PathLike) -> StaleTemporaries:
     pack running now.
     """
     target = Path(path)
-    pattern = re.compile(r"^\." + re.escape(target.name) + r"\.tmp-(?:(.+)-)?(\d+)$")
+    prefix = f".{target.name}.tmp-"
     removed, foreign = [], []
     try:
-        entries = list(os.scandir(target.parent))
+        entries = [e for e in os.scandir(target.parent) if e.name.startswith(prefix)]
     except OSError:
         return StaleTemporaries()
     for entry in entries:
-        match = pattern.match(entry.name)
-        if not match:
+        host, _, pid_text = entry.name[len(prefix):].rpartition("-")  # HOST-PID (or PID: older dimd)
+        if not pid_text.isdigit():
             continue
-        host, pid = match.group(1), int(match.group(2))
-        if host not in (None, HOST_TAG):
+        pid = int(pid_text)
+        if host not in ("", HOST_TAG):
             foreign.append(Path(entry.path))
         elif pid != os.getpid() and not _process_exists(pid):
             with contextlib.suppress(FileNotFoundError):

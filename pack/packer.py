@@ -245,6 +245,6 @@ def read_image_file(path: str) -> bytes:
             raise ImageSkipped(f"{st.st_size:,} bytes, more than an image file may have "
                                f"({MAX_IMAGE_BYTES:,})")
         try:
-            return f.read(MAX_IMAGE_BYTES + 1)
+            return f.read()  # sized from fstat; read(MAX + 1) would allocate 1 GiB per image first
         except OSError as exc:
             raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None
