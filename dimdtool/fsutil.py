@@ -207,7 +207,7 @@ def disk_full_message(path: str | os.PathLike, exc: OSError, needed: int | None,
     except OSError:
         free = "free space unknown"
     need = f", the output needs about {format_bytes(needed)}" if needed else ""
-    return (f"{target}: {_FULL.get(exc.errno, exc.strerror)} on the file system at {mount} "
+    return (f"{target}: {_FULL.get(exc.errno or 0) or exc.strerror} on the file system at {mount} "
             f"({free}{need}); nothing was kept")
 
 

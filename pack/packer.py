@@ -217,7 +217,7 @@ def process_task(task: Task) -> tuple:
                 raise ImageSkipped(problem)
     except ImageSkipped as exc:
         return name, label, None, 0, 0, size_in, str(exc)
-    except Exception as exc:  # noqa: BLE001 - one record's failure, named; the pack goes on
+    except Exception as exc:  # one record's failure, named; the pack goes on
         return name, label, None, 0, 0, size_in, f"failed ({type(exc).__name__}: {exc})"
     return name, label, image.data, image.height, image.width, size_in, ""
 

@@ -82,7 +82,8 @@ def test_a_read_only_output_folder_is_refused_at_start_up(tree, packed_sample, t
 
 
 @pytest.mark.parametrize("args, message", [
-    (["inspect", "{data}", "--json", "{tmp}/nodir/i.json"], "--json {tmp}/nodir/i.json: folder {tmp}/nodir does not exist"),
+    (["inspect", "{data}", "--json", "{tmp}/nodir/i.json"],
+     "--json {tmp}/nodir/i.json: folder {tmp}/nodir does not exist"),
     (["verify", "{data}", "--json", "{tmp}"], "--json {tmp}: is a folder, expected a file name"),
     (["sample-data", "{tmp}/afile/sub"], "DIRECTORY {tmp}/afile/sub: cannot create folders under {tmp}/afile, "
                                          "which is not a folder"),
@@ -107,7 +108,8 @@ def mpi_error(proc) -> str:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["shuffle", "{data}", "--json", "{tmp}/nodir/s.json"], "--json {tmp}/nodir/s.json: folder {tmp}/nodir does not exist"),
+    (["shuffle", "{data}", "--json", "{tmp}/nodir/s.json"],
+     "--json {tmp}/nodir/s.json: folder {tmp}/nodir does not exist"),
     (["shuffle", "{data}", "--save-order", "{tmp}/afile"], "--save-order {tmp}/afile: exists and is not a folder"),
     (["bench-allreduce", "-e", "64", "--json", "{tmp}"], "--json {tmp}: is a folder, expected a file name"),
 ])
