@@ -68,11 +68,12 @@ def bench_allreduce(json_path: Path | None, comm, mpi_setup, **fields: Any) -> N
       mpirun -n 4 dimd bench-allreduce --check
       mpirun -n 2 dimd bench-allreduce -a mpi,ring,multicolor -b 64K -e 64M --peer gloo --json ar.json
     """
-    from dimd.allreduce.bench import run_bench
+    from dimd.allreduce.bench import check_memory, run_bench
     from dimd.errors import DimdError
     from dimd.report import result_document, write_json
 
     config = build_config(BenchConfig, **fields)
+    check_memory(config, comm)  # before the table's header: a size beyond memory is one line
     root = comm.Get_rank() == 0
     size = comm.Get_size()
     library = " ".join(mpi_setup.library_version.split())

@@ -14,8 +14,8 @@ from typing import Any
 import click
 
 from dimd.console import progress
-from dimd.options import (FINITE_FLOAT, FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
-                          config_option, json_option)
+from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
+                          config_option, defer_output_checks, json_option)
 from dimd.train.config import DEVICES, LEARNER_COMPUTES, READ_FROM, SYNCS, TrainConfig
 from dimd.train.schedule import SCHEDULES
 
@@ -160,6 +160,7 @@ def print_models() -> None:
 @click.option("--metrics", "metrics_path", type=OUTPUT_FILE, default=None,
               help="Append one JSON line per epoch here.")
 @json_option("the run's summary")
+@defer_output_checks  # --metrics and --json: checked on rank 0 once MPI is up (mpi_command)
 def train(train_set: str | None, val_set: str | None, list_models: bool, legacy_workers: int | None,
           metrics_path: Path | None, json_path: Path | None, **fields: Any) -> None:
     """Synchronous data-parallel SGD or model averaging on packed data held in memory (run under mpirun).
@@ -225,11 +226,13 @@ def _layout_line(trainer) -> str:
 
 def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | None,
          json_path: Path | None, fields: dict[str, Any]) -> None:
+    from dimd.commands.mpi_job import check_outputs
     from dimd.report import result_document, write_json
     from dimd.train.engine import Trainer
     from dimd.train.signals import StopRequest
 
     config = build_config(TrainConfig, train=train_set, val=val_set, **fields)
+    check_outputs(comm, ("--checkpoint-dir", config.checkpoint_dir, "folder"))  # before the data loads
     leader = comm.Get_rank() == 0
     say = (lambda line: click.echo(line)) if leader else (lambda line: None)
     stack = contextlib.ExitStack()
