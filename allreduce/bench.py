@@ -193,6 +193,7 @@ class BenchConfig:
     segment_bytes: int | None = None  # None: sized from the message
     check: bool = False
     peer: str | None = None      # "gloo": also time torch.distributed all_reduce
+    extra_sizes: tuple[int, ...] = ()  # message sizes to add to the sweep (e.g. a model's gradients)
 
     def validate(self) -> None:
         for name in self.algorithms:
@@ -209,6 +210,12 @@ class BenchConfig:
         if self.peer not in (None, "gloo"):
             raise AllreduceError(f"--peer must be gloo, got {self.peer}")
         message_sizes(self.min_bytes, self.max_bytes, self.factor)
+        if any(size < 0 for size in self.extra_sizes):
+            raise AllreduceError(f"message sizes must be >= 0, got {min(self.extra_sizes)}")
+
+    def sizes(self) -> list[int]:
+        """The sweep's sizes (-b, x -f, ... up to -e) and the extra ones, in increasing order."""
+        return sorted(set(message_sizes(self.min_bytes, self.max_bytes, self.factor)) | set(self.extra_sizes))
 
 
 def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | None = None) -> list[Row]:
@@ -223,9 +230,8 @@ def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | No
         reducers["gloo"], close = gloo_reducer(comm)
         closers.append(close)
     try:
-        return sweep(comm, reducers, message_sizes(config.min_bytes, config.max_bytes, config.factor),
-                     np.dtype(config.dtype), iters=config.iters, warmup=config.warmup,
-                     check=config.check, on_row=on_row)
+        return sweep(comm, reducers, config.sizes(), np.dtype(config.dtype), iters=config.iters,
+                     warmup=config.warmup, check=config.check, on_row=on_row)
     finally:
         for close in closers:
             close()

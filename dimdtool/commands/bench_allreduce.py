@@ -47,12 +47,18 @@ def _line(row) -> str:
                    "the wrong elements (summed over ranks) in #wrong; exit 1 if any.")
 @click.option("--peer", type=click.Choice(["gloo"]), default=None,
               help="Also time torch.distributed all_reduce (gloo backend) in the same job.")
+@click.option("--model", default=None,
+              help="Also time a message of this model's gradient size (float32, as `dimd train` "
+                   "allreduces it; `dimd train --list-models`).")
+@click.option("--classes", type=click.IntRange(min=2), default=None,
+              help="--model's output classes [default: 1000 for ImageNet-style models, 10 for the others].")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write parameters, MPI set-up, versions and every row as JSON to PATH (rank 0).")
 @mpi_command("single")
 def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int, iters: int | None,
                     warmup: int | None, dtype: str, colors: int, segment_bytes: str, check: bool,
-                    peer: str | None, json_path: Path | None, comm, mpi_setup) -> None:
+                    peer: str | None, model: str | None, classes: int | None, json_path: Path | None,
+                    comm, mpi_setup) -> None:
     """Time allreduce algorithms over message sizes, like nccl-tests and osu_allreduce.
 
     For each size (min-bytes, x factor, ... up to max-bytes) every algorithm
@@ -67,6 +73,7 @@ def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int
     Examples:
       mpirun -n 4 dimd bench-allreduce --check
       mpirun -n 2 dimd bench-allreduce -a mpi,ring,multicolor -b 64K -e 64M --peer gloo --json ar.json
+      mpirun -n 3 dimd bench-allreduce -b 64K -e 16M -f 4 --model resnet20 --json ar-P3.json
     """
     from dimd.allreduce import ALGORITHMS
     from dimd.allreduce.bench import BenchConfig, run_bench
@@ -74,11 +81,19 @@ def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int
     from dimd.report import result_document, write_json
     from dimd.units import parse_size
 
+    if classes is not None and model is None:
+        raise click.UsageError("--classes goes with --model")
+    gradient_bytes = None
+    if model is not None:  # the allreduce package knows no models: the size comes from here
+        from dimd.train.plan.measure import model_gradient_bytes
+
+        gradient_bytes = model_gradient_bytes(model, classes)
     names = tuple(ALGORITHMS) if algorithms.strip() == "all" else tuple(
         a.strip() for a in algorithms.split(",") if a.strip())
     config = BenchConfig(algorithms=names, min_bytes=parse_size(min_bytes), max_bytes=parse_size(max_bytes),
                          factor=factor, iters=iters, warmup=warmup, dtype=dtype, colors=colors,
-                         segment_bytes=None if segment_bytes == "auto" else parse_size(segment_bytes), check=check, peer=peer)
+                         segment_bytes=None if segment_bytes == "auto" else parse_size(segment_bytes), check=check, peer=peer,
+                         extra_sizes=(gradient_bytes,) if gradient_bytes is not None else ())
     config.validate()
     root = comm.Get_rank() == 0
     size = comm.Get_size()
@@ -89,6 +104,8 @@ def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int
                    f"{'on' if mpi_setup.progress_throttle else 'off'}, {mpi_setup.cores} cores")
         click.echo(f"# time: per-iteration mean of each rank's timed loop; avg/min/max over ranks. "
                    f"busbw = algbw x 2(P-1)/P. colors {min(colors, size)}, segment {segment_bytes}")
+        if model is not None:
+            click.echo(f"# {model}'s gradients: {gradient_bytes} bytes, timed with the sweep")
         click.echo(_columns())
 
     def on_row(row) -> None:
@@ -102,7 +119,8 @@ def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int
         if check:
             click.echo(f"# check: {wrong} wrong elements in {len(rows)} rows")
         if json_path is not None:
-            figures = {"world_size": size, "rows": rows, "wrong_total": wrong if check else None}
+            figures = {"world_size": size, "rows": rows, "wrong_total": wrong if check else None,
+                       "model": model, "gradient_bytes": gradient_bytes}
             write_json(json_path, result_document("bench-allreduce", config, figures, mpi=mpi_setup.as_dict()))
     if wrong:
         raise DimdError(f"--check: {wrong} elements differ from the known sum")

@@ -1,0 +1,123 @@
+"""The frozen configurations of the plan-batch steps: the only defaults, each validating itself.
+
+Plain dataclasses with nothing heavy imported at module level, so the CLI can
+build its options from them without loading numpy or torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dimd.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+#: Delta(P) is predicted for P = 1, 2, 4, ... up to this by default.
+DEFAULT_MAX_RANKS = 1024
+POWERS_OF_TWO_TO_1024 = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+#: median: the usual summary of repeats; min: the least disturbed run, for a busy machine.
+REPEAT_STATISTICS = ("median", "min")
+
+
+def default_classes(model: str) -> int:
+    """1000 for the ImageNet-style models (designed for 224 px), 10 for the CIFAR-style ones."""
+    from dimd.train.models import MODELS
+
+    return 1000 if MODELS[model].image_size >= 224 else 10
+
+
+@dataclass(frozen=True)
+class StepTimeConfig:
+    """What ``plan-batch step-time`` measures."""
+
+    model: str
+    image_size: int = 32
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    steps: int = 10                # timed steps per batch size
+    warmup: int = 3                # untimed steps before them
+    classes: int | None = None     # None: 1000 for ImageNet-style models, 10 for the others
+    device: str = "auto"
+    threads: int | None = None     # torch threads per rank; None: cores / ranks on the node
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from dimd.train.models import MODELS
+
+        if self.model not in MODELS:
+            raise ConfigError("model", f"{self.model!r} is unknown; choose from {', '.join(MODELS)}")
+        if len(set(self.batch_sizes)) < 2:
+            raise ConfigError("batch_sizes", f"needs at least 2 distinct batch sizes to fit the knee, "
+                                             f"got {','.join(map(str, self.batch_sizes)) or 'none'}")
+        if min(self.batch_sizes) < 1:
+            raise ConfigError("batch_sizes", f"must be positive, got {min(self.batch_sizes)}")
+        if self.image_size < 8:
+            raise ConfigError("image_size", f"must be at least 8, got {self.image_size}")
+        if self.steps < 1:
+            raise ConfigError("steps", f"must be at least 1, got {self.steps}")
+        if self.warmup < 0:
+            raise ConfigError("warmup", f"must be >= 0, got {self.warmup}")
+        if self.classes is not None and self.classes < 2:
+            raise ConfigError("classes", f"must be at least 2, got {self.classes}")
+        if self.device not in DEVICES:
+            raise ConfigError("device", f"must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError("threads", f"must be at least 1, got {self.threads}")
+
+    @property
+    def num_classes(self) -> int:
+        return self.classes if self.classes is not None else default_classes(self.model)
+
+
+@dataclass(frozen=True)
+class CommFitConfig:
+    """What ``plan-batch comm`` fits and predicts."""
+
+    files: tuple[str, ...]
+    gradient_bytes: int | None = None          # None: the size the bench results recorded (--model)
+    holdout: tuple[int, ...] | None = None     # None: the larger half of the measured rank counts
+    max_ranks: int = DEFAULT_MAX_RANKS
+    algorithms: tuple[str, ...] | None = None  # None: every modelled algorithm in the files
+    statistic: str = "median"                  # how repeated rows (several files at one P) combine
+
+    def __post_init__(self) -> None:
+        from dimd.train.plan.commmodel import COST_MODELS
+
+        if self.statistic not in REPEAT_STATISTICS:
+            raise ConfigError("statistic", f"must be one of {', '.join(REPEAT_STATISTICS)}, got {self.statistic!r}")
+
+        if not self.files:
+            raise ConfigError("files", "needs at least one bench-allreduce result")
+        if self.gradient_bytes is not None and self.gradient_bytes <= 0:
+            raise ConfigError("gradient_bytes", f"must be positive, got {self.gradient_bytes}")
+        if self.holdout is not None and any(p < 2 for p in self.holdout):
+            raise ConfigError("holdout", f"must be rank counts of at least 2, got {list(self.holdout)}")
+        if self.max_ranks < 2:
+            raise ConfigError("max_ranks", f"must be at least 2, got {self.max_ranks}")
+        for name in self.algorithms or ():
+            if name not in COST_MODELS:
+                raise ConfigError("algorithms", f"has {name!r}, which has no cost model "
+                                                f"(modelled: {', '.join(COST_MODELS)})")
+
+
+@dataclass(frozen=True)
+class SolveConfig:
+    """What ``plan-batch solve`` tabulates."""
+
+    ranks: tuple[int, ...] = POWERS_OF_TWO_TO_1024
+    strong_batch: int | None = None       # None: the optimal global batch at the largest P
+    weak_per_rank: int | None = None      # None: the optimal per-rank batch at the smallest P
+    max_batch: int | None = None          # a cap on the global batch (e.g. the training set's size)
+    allowed_per_rank: tuple[int, ...] | None = None   # None: any whole number of images per rank
+    algorithms: tuple[str, ...] | None = None         # None: every algorithm comm fitted
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            raise ConfigError("ranks", "needs at least one rank count")
+        bad = [p for p in self.ranks if isinstance(p, bool) or not isinstance(p, int) or p < 1]
+        if bad:
+            raise ConfigError("ranks", f"must be positive integers, got {bad[0]!r}")
+        for name in ("strong_batch", "weak_per_rank", "max_batch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(name, f"must be at least 1, got {value}")
+        if self.allowed_per_rank is not None and (not self.allowed_per_rank or min(self.allowed_per_rank) < 1):
+            raise ConfigError("allowed_per_rank", "must be positive whole batch sizes")
