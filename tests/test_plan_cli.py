@@ -117,7 +117,7 @@ def test_a_json_from_another_command_is_refused(chain):
 
 def test_ranks_that_are_not_positive_integers_are_refused(chain):
     common = ["plan-batch", "solve", "--step", chain["step"], "--comm", chain["step"], "--convergence", chain["conv"]]
-    one_line_error(run_dimd(*common, "--ranks", "0,2"), "ranks must be positive integers, got 0")
+    one_line_error(run_dimd(*common, "--ranks", "0,2"), "'--ranks': must be positive integers, got 0")
     one_line_error(run_dimd(*common, "--ranks", "1,2.5"), "expected comma-separated int values")
     one_line_error(run_dimd("plan-batch", "comm", *chain["bench"], "--holdout", "1", "--bytes", "1M"),
                    "must be rank counts of at least 2")
@@ -139,11 +139,13 @@ def test_a_target_no_run_reached_is_refused():
 
 
 def test_comm_says_which_size_it_lacks(chain):
-    old = chain["dir"] / "ar-old.json"
-    doc = json.loads(chain["bench"][0].read_text())
-    doc["result"]["gradient_bytes"] = None
-    old.write_text(json.dumps(doc))
-    proc = run_dimd("plan-batch", "comm", old, chain["bench"][1])
+    old = []
+    for i, path in enumerate(chain["bench"]):   # results taken without --model
+        doc = json.loads(path.read_text())
+        doc["result"]["gradient_bytes"] = None
+        old.append(chain["dir"] / f"ar-old-{i}.json")
+        old[-1].write_text(json.dumps(doc))
+    proc = run_dimd("plan-batch", "comm", *old)
     one_line_error(proc, "no gradient size: give --model or --bytes")
     proc = run_dimd("plan-batch", "comm", *chain["bench"], "--model", "lenet", "--bytes", "1M")
     one_line_error(proc, "give --model or --bytes, not both")
