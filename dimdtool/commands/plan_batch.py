@@ -42,8 +42,9 @@ def check_output(path: Path | None, flag: str) -> None:
         raise DimdError(f"{flag} {path}: folder {path.parent} does not exist")
 
 
-def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """A rich table on stdout; plain columns when stdout is not a terminal (logs, batch jobs)."""
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 0) -> None:
+    """A rich table on stdout (plain columns when stdout is not a terminal: logs, batch jobs);
+    the first ``left`` columns hold names and are left-justified, the others numbers."""
     from rich.console import Console
     from rich.table import Table
 
@@ -52,8 +53,7 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]
         console = Console(highlight=False, width=200, color_system=None)
     table = Table(title=title, title_justify="left", box=None, pad_edge=False)
     for i, header in enumerate(headers):
-        table.add_column(header, justify="left" if i == 0 and not header[:1].isupper() else "right",
-                         no_wrap=True)
+        table.add_column(header, justify="left" if i < left else "right", no_wrap=True)
     for row in rows:
         table.add_row(*row)
     console.print(table)
@@ -123,7 +123,7 @@ def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: An
                f"{measured.threads} torch thread(s) per rank, {measured.device}; synthetic inputs; "
                f"a step: forward + backward + optimizer, its slowest rank")
     print_table("step time per batch size",
-                ["batch/rank", "median", "min", "max", "images/s", "fit", "residual"],
+                ["batch/rank", "median", "min", "max", "images/s (all ranks)", "fit", "residual"],
                 [[str(r["batch"]), seconds(r["seconds"]["median"]), seconds(r["seconds"]["min"]),
                   seconds(r["seconds"]["max"]), f"{r['images_per_s']:,.0f}", seconds(r["fit_s"]),
                   f"{100 * r['residual']:+.1f}%"] for r in figures["batches"]])
@@ -158,12 +158,13 @@ def comm_fit(files: tuple[Path, ...], model: str | None, classes: int | None, nb
     """Fit each allreduce algorithm's cost model to bench-allreduce results and predict Delta(P).
 
     FILES are `bench-allreduce --json` results taken at different rank
-    counts (e.g. P = 2, 3, 4, 5), possibly several at each (repeats). Per algorithm, a latency-bandwidth-reduction
-    model of what dimd's implementation sends (a per message, b per byte
-    moved, c per byte added) is fitted by non-negative least squares on
-    relative errors; the fit is checked on the rank counts held out of it,
-    then refitted on all and used to predict one allreduce of the gradients
-    for P up to --max-ranks, assuming a core per rank.
+    counts (e.g. P = 2, 3, 4, 5), possibly several at each (repeats). Per
+    algorithm, a latency-bandwidth-reduction model of what dimd's
+    implementation sends (a per message, b per byte moved, c per byte added)
+    is fitted by non-negative least squares on relative errors; the fit is
+    checked on the rank counts held out of it, then refitted on all and used
+    to predict one allreduce of the gradients for P up to --max-ranks,
+    assuming a core per rank.
 
     \b
     Example:
@@ -217,7 +218,7 @@ def _print_comm(figures: dict[str, Any]) -> None:
     print_table(f"cost models: T = a L + b X + c R (measured at P = "
                 f"{', '.join(map(str, figures['ranks_measured']))}; held out: {held})",
                 ["algorithm", "a (per msg)", "1/b (GB/s)", "1/c (GB/s)", "fit rms", "fit on P",
-                 *[f"P={q} median (max) err" for q in figures["holdout_ranks"]]], rows)
+                 *[f"P={q} median (max) err" for q in figures["holdout_ranks"]]], rows, left=1)
     names = list(fits)
     table = []
     for i, best in enumerate(figures["fastest"]):

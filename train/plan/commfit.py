@@ -189,8 +189,8 @@ def fit_algorithms(results: BenchResults, config: CommFitConfig) -> dict[str, An
             raise DimdError("no gradient size: give --model or --bytes (the bench results recorded "
                             f"{found})")
         gradient_bytes = next(iter(results.gradient_bytes))
-    samples_all = combine_repeats(results.samples, config.statistic)
-    measured = sorted({s.ranks for s in samples_all})
+    combined = combine_repeats(results.samples, config.statistic)
+    measured = sorted({s.ranks for s in combined})
     if len(measured) < 2:
         raise DimdError("the bench results cover "
                         + (f"only P = {measured[0]}" if measured else "no run with 2 or more ranks")
@@ -202,7 +202,7 @@ def fit_algorithms(results: BenchResults, config: CommFitConfig) -> dict[str, An
                         f"(measured: {', '.join(map(str, measured))})")
     if set(holdout) >= set(measured):
         raise DimdError("--holdout must leave at least one measured rank count to fit on")
-    names = [n for n in COST_MODELS if any(s.algorithm == n for s in samples_all)]
+    names = [n for n in COST_MODELS if any(s.algorithm == n for s in combined)]
     if config.algorithms is not None:
         names = [n for n in names if n in config.algorithms]
     if not names:
@@ -210,7 +210,7 @@ def fit_algorithms(results: BenchResults, config: CommFitConfig) -> dict[str, An
     ranks_out = prediction_ranks(measured, config.max_ranks)
     fits: dict[str, AlgorithmFit] = {}
     for name in names:
-        samples = [s for s in samples_all if s.algorithm == name]
+        samples = [s for s in combined if s.algorithm == name]
         params = fit_parameters(samples)
         errors = relative_errors([s.seconds for s in samples], predict(samples, params))
         predictions = tuple((p, predict_delta(name, params, gradient_bytes, p)) for p in ranks_out)
