@@ -5,7 +5,7 @@ import pytest
 
 from dimd.errors import DimdError
 from dimd.train.plan.convergence import (COMMAND, Run, convergence_document, convergence_figures,
-                                         fit_inverse_law, synthetic_runs, updates_to_target)
+                                         first_reached, fit_inverse_law, synthetic_runs, updates_to_target)
 
 BATCHES = [8, 16, 32, 64, 128, 256, 512]
 
@@ -70,3 +70,10 @@ def test_synthetic_runs_over_budget_are_unreached():
     assert [r.updates for r in runs if r.batch == 1] == [None, None, None]
     assert all(r.budget == 1000 for r in runs if r.batch == 1)
     assert [r.updates for r in runs if r.batch == 1000] == [105, 105, 105]
+
+
+def test_first_reached_reads_evaluations_in_training_order():
+    evaluations = [(100, 0.41), (200, 0.87), (300, 0.90), (400, 0.88), (500, 0.93)]
+    assert first_reached(evaluations, 0.9) == 300
+    assert first_reached(evaluations, 0.95) is None
+    assert first_reached([], 0.5) is None

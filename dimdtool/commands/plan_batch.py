@@ -63,6 +63,8 @@ def seconds(value: float | None) -> str:
     """Seconds with a unit that keeps three significant figures."""
     if value is None or not math.isfinite(value):
         return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f} s"
     for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
         if abs(value) >= scale or unit == "us":
             return f"{value / scale:.3g} {unit}"

@@ -8,8 +8,9 @@ its runs missed), and a batch whose median missed is reported and left out
 of the fit. The fit is ordinary least squares of the per-batch medians on
 1/M, with R²; alpha / N_inf is the critical batch (McCandlish et al.).
 
-``plan-batch convergence`` (which runs the trainings) hands its runs to
-:func:`convergence_figures` and writes them with :func:`convergence_document`.
+``plan-batch convergence`` (which runs the trainings) turns each run's
+evaluations into updates-to-target with :func:`first_reached`, hands the runs
+to :func:`convergence_figures` and writes them with :func:`convergence_document`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,19 @@ class ConvergenceFit:
     def critical_batch(self) -> float | None:
         """alpha / N_inf, McCandlish et al.'s B_crit; None when N_inf <= 0."""
         return self.alpha / self.n_inf if self.n_inf > 0 else None
+
+
+def first_reached(evaluations: Iterable[tuple[int, float]], target: float) -> int | None:
+    """The updates at the first evaluation whose score reached ``target``; None if none did.
+
+    ``evaluations``: (updates so far, score) in training order, e.g. validation
+    top-1 evaluated every fixed number of images. The answer is exact to the
+    evaluation interval (the run reached the target at or before it).
+    """
+    for updates, score in evaluations:
+        if score >= target:
+            return int(updates)
+    return None
 
 
 def updates_to_target(n_inf: float, alpha: float, batch: float | np.ndarray) -> float | np.ndarray:

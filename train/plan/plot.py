@@ -100,7 +100,8 @@ def _updates(ax, conv: dict[str, Any], model: dict[str, Any]) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("global batch M")
     ax.set_ylabel("updates to target N_update")
-    ax.set_title("the inverse law")
+    target = conv.get("target")
+    ax.set_title("the inverse law" + (f" (target: {target})" if target is not None else ""))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
 
