@@ -258,8 +258,8 @@ def features(algorithm: str, nbytes: float, ranks: int, *, cores: float | None =
              colors: int | None = None, segment_bytes: int | None = None) -> np.ndarray:
     """(L, X, R) for one allreduce: the span, or Brent's max(span, work / cores) when cores are shared.
 
-    ``cores``: cores the ranks of one node share, divided by nothing: with
-    ``cores >= ranks`` the span always wins. None: a core per rank.
+    ``cores``: the cores the job's ranks run on, all nodes together (with
+    ``cores >= ranks`` the span wins); None: a core per rank.
     """
     if ranks < 1:
         raise DimdError(f"ranks must be a positive integer, got {ranks}")
