@@ -90,8 +90,8 @@ def test_pipeline_segments_follow_the_algorithms_sizing():
     assert ring_root_segments(64 << 10) == (1, 64 << 10)          # one segment, at least 256 KiB
     assert ring_root_segments(1 << 20, segment_bytes=40000) == (27, 40000)
     plan = multicolor_plan(16 << 20, 8, colors=4)
-    assert plan["colors"] == 4 and list(plan["segments"]) == [8, 8, 8, 8]   # 1/8 of a chunk, >= 512 KiB
-    assert multicolor_plan(1 << 20, 3, colors=4)["colors"] == 3
+    assert plan.colors == 4 and list(plan.segments) == [8, 8, 8, 8]   # 1/8 of a chunk, >= 512 KiB
+    assert multicolor_plan(1 << 20, 3, colors=4).colors == 3
 
 
 def test_firecaffe_shape_parameter_server_linear_tree_logarithmic():

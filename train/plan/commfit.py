@@ -157,7 +157,7 @@ def holdout_check(samples: Sequence[Sample], holdout: Sequence[int]) -> dict[str
         return None
     params = fit_parameters(train)
     per_rank = []
-    all_errors = []
+    all_errors: list[float] = []
     for p in sorted({s.ranks for s in test}):
         rows = sorted((s for s in test if s.ranks == p), key=lambda s: s.nbytes)
         predicted = predict(rows, params)
@@ -220,7 +220,7 @@ def fit_algorithms(results: BenchResults, config: CommFitConfig) -> dict[str, An
     fastest = []
     for i, p in enumerate(ranks_out):
         times = {name: fit.predictions[i][1] for name, fit in fits.items()}
-        best = min(times, key=times.get) if p > 1 else None
+        best = min(times, key=lambda name: times[name]) if p > 1 else None
         fastest.append({"ranks": p, "algorithm": best, "seconds": times[best] if best else 0.0})
     return {
         "gradient_bytes": gradient_bytes,

@@ -144,9 +144,19 @@ def ring_root_costs(n: float, ranks: int, *, segment_bytes: int | None = None, *
     return Costs(span, Counts(4 * s * (p - 1), 4 * n * (p - 1), n * (p - 1)))
 
 
+@dataclass(frozen=True)
+class MulticolorPlan:
+    """How ``multicolor`` splits a buffer: k colours, each chunk's element count and segment count."""
+
+    colors: int
+    chunks: np.ndarray
+    segment_elements: int
+    segments: np.ndarray
+
+
 def multicolor_plan(n: float, ranks: int, colors: int | None = None,
-                    segment_bytes: int | None = None) -> dict[str, float]:
-    """How ``multicolor`` splits an n-byte float32 buffer: colours, segments, tree height."""
+                    segment_bytes: int | None = None) -> MulticolorPlan:
+    """How ``multicolor`` splits an n-byte float32 buffer (its own sizing rules)."""
     from dimd.allreduce.api import DEFAULT_COLORS
     from dimd.allreduce.buffers import auto_segment_bytes, block_bounds
 
@@ -156,8 +166,7 @@ def multicolor_plan(n: float, ranks: int, colors: int | None = None,
     if segment_bytes is None:
         segment_bytes = auto_segment_bytes(int(chunks[0]) * ITEMSIZE, 8, low=512 << 10)
     segment = max(1, min(segment_bytes // ITEMSIZE, int(chunks[0])))
-    return {"colors": k, "chunks": chunks, "segment_elements": segment,
-            "segments": np.maximum(1, -(-chunks // segment))}
+    return MulticolorPlan(k, chunks, segment, np.maximum(1, -(-chunks // segment)))
 
 
 def multicolor_costs(n: float, ranks: int, *, colors: int | None = None,
@@ -174,7 +183,7 @@ def multicolor_costs(n: float, ranks: int, *, colors: int | None = None,
 
     p = ranks
     plan = multicolor_plan(n, p, colors, segment_bytes)
-    k, chunks, segments = plan["colors"], plan["chunks"], plan["segments"]
+    k, chunks, segments = plan.colors, plan.chunks, plan.segments
     messages = np.zeros(p)
     moved = np.zeros(p)
     added = np.zeros(p)
@@ -191,7 +200,7 @@ def multicolor_costs(n: float, ranks: int, *, colors: int | None = None,
         added += chunk_bytes * kids
         height = max(height, _tree_height(parent, tree.root))
     busiest = int(np.lexsort((messages, moved))[-1])
-    g = float(plan["segment_elements"]) * ITEMSIZE
+    g = float(plan.segment_elements) * ITEMSIZE
     stages = max(0, height - 1)
     span = Counts(messages[busiest] + stages * (2 * k + 2), moved[busiest] + stages * (2 * k + 2) * g,
                   added[busiest] + stages * k * g)
@@ -271,8 +280,3 @@ def features(algorithm: str, nbytes: float, ranks: int, *, cores: float | None =
         return span
     return np.maximum(span, cost.work.as_array() / cores)
 
-
-def predict_seconds(algorithm: str, parameters: np.ndarray | list[float], nbytes: float, ranks: int,
-                    **options: object) -> float:
-    """T = a L + b X + c R for one allreduce."""
-    return float(features(algorithm, nbytes, ranks, **options) @ np.asarray(parameters, dtype=np.float64))

@@ -11,9 +11,10 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
-def weighted_nnls(features: np.ndarray, target: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+def weighted_nnls(features: ArrayLike, target: ArrayLike, weights: ArrayLike | None = None) -> np.ndarray:
     """argmin over x >= 0 of sum w_i (features_i . x - target_i)^2, exactly, for a few columns.
 
     A parameter a column cannot identify (all zeros, or a copy of another)
@@ -50,7 +51,7 @@ def weighted_nnls(features: np.ndarray, target: np.ndarray, weights: np.ndarray 
     return best
 
 
-def r_squared(observed: np.ndarray, predicted: np.ndarray) -> float:
+def r_squared(observed: ArrayLike, predicted: ArrayLike) -> float:
     """1 - SSE/SST; 1.0 for a perfect fit, nan when the observations do not vary."""
     y = np.asarray(observed, dtype=np.float64)
     sst = float(np.sum((y - y.mean()) ** 2))
@@ -60,7 +61,7 @@ def r_squared(observed: np.ndarray, predicted: np.ndarray) -> float:
     return 1.0 - sse / sst
 
 
-def relative_errors(observed: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+def relative_errors(observed: ArrayLike, predicted: ArrayLike) -> np.ndarray:
     """(predicted - observed) / observed: signed, so a reader sees over- and under-prediction."""
     y = np.asarray(observed, dtype=np.float64)
     return (np.asarray(predicted, dtype=np.float64) - y) / y

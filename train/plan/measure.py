@@ -86,10 +86,10 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     torch.manual_seed(config.seed + comm.Get_rank())
     model = build_model(config.model, config.num_classes).to(device)
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    momentum, weight_decay = float(defaults["momentum"]), float(defaults["weight_decay"])  # type: ignore[arg-type]
     # A small rate: the same synthetic batch is seen again and again, and a
     # diverging model (inf/nan, denormals) would time differently.
-    optimizer = make_optimizer(model, lr=0.01, momentum=defaults["momentum"],
-                               weight_decay=defaults["weight_decay"])
+    optimizer = make_optimizer(model, lr=0.01, momentum=momentum, weight_decay=weight_decay)
     flat = FlatGradients(model.parameters())
     normalize = Normalize(device)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

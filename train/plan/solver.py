@@ -143,7 +143,7 @@ class Communication:
             return None, 0.0
         times = {name: predict_delta(name, params, self.gradient_bytes, ranks)
                  for name, params in self.parameters.items()}
-        best = min(times, key=times.get)
+        best = min(times, key=lambda name: times[name])
         return best, times[best]
 
 

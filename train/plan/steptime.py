@@ -89,7 +89,7 @@ def fit_step_time(batches: Sequence[int], seconds: Sequence[float]) -> StepTimeF
     if _gamma_for_knee(m, y, knee)[1] > sse[best]:
         knee = float(grid[best])
     gamma, _ = _gamma_for_knee(m, y, knee)
-    fitted = step_seconds(gamma, knee, m)
+    fitted = np.asarray(step_seconds(gamma, knee, m))
     # A knee at the smallest batch means the data show none (pure gamma * m);
     # at the largest, no linear part was measured.
     edge = "at-smallest" if knee <= low * (1 + 1e-9) else "at-largest" if knee >= high * (1 - 1e-9) else "inside"
