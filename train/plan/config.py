@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dimd.errors import ConfigError
+from dimd.checks import at_least, one_of, positive, require
 
 DEVICES = ("auto", "cpu", "cuda")
 #: Delta(P) is predicted for P = 1, 2, 4, ... up to this by default.
@@ -42,25 +42,16 @@ class StepTimeConfig:
     def __post_init__(self) -> None:
         from dimd.train.models import MODELS
 
-        if self.model not in MODELS:
-            raise ConfigError("model", f"{self.model!r} is unknown; choose from {', '.join(MODELS)}")
-        if len(set(self.batch_sizes)) < 2:
-            raise ConfigError("batch_sizes", f"needs at least 2 distinct batch sizes to fit the knee, "
-                                             f"got {','.join(map(str, self.batch_sizes)) or 'none'}")
-        if min(self.batch_sizes) < 1:
-            raise ConfigError("batch_sizes", f"must be positive, got {min(self.batch_sizes)}")
-        if self.image_size < 8:
-            raise ConfigError("image_size", f"must be at least 8, got {self.image_size}")
-        if self.steps < 1:
-            raise ConfigError("steps", f"must be at least 1, got {self.steps}")
-        if self.warmup < 0:
-            raise ConfigError("warmup", f"must be >= 0, got {self.warmup}")
-        if self.classes is not None and self.classes < 2:
-            raise ConfigError("classes", f"must be at least 2, got {self.classes}")
-        if self.device not in DEVICES:
-            raise ConfigError("device", f"must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError("threads", f"must be at least 1, got {self.threads}")
+        require(self.model in MODELS, "model", f"{self.model!r} is unknown; choose from {', '.join(MODELS)}")
+        require(len(set(self.batch_sizes)) >= 2, "batch_sizes", "needs at least 2 distinct batch sizes to fit "
+                f"the knee, got {','.join(map(str, self.batch_sizes)) or 'none'}")
+        require(min(self.batch_sizes) >= 1, "batch_sizes", f"must be positive, got {min(self.batch_sizes)}")
+        at_least(self, "image_size", 8)
+        at_least(self, "steps", 1)
+        at_least(self, "warmup", 0)
+        at_least(self, "classes", 2, optional=True)
+        one_of(self, "device", DEVICES)
+        at_least(self, "threads", 1, optional=True)
 
     @property
     def num_classes(self) -> int:
@@ -81,21 +72,15 @@ class CommFitConfig:
     def __post_init__(self) -> None:
         from dimd.train.plan.commmodel import COST_MODELS
 
-        if self.statistic not in REPEAT_STATISTICS:
-            raise ConfigError("statistic", f"must be one of {', '.join(REPEAT_STATISTICS)}, got {self.statistic!r}")
-
-        if not self.files:
-            raise ConfigError("files", "needs at least one bench-allreduce result")
-        if self.gradient_bytes is not None and self.gradient_bytes <= 0:
-            raise ConfigError("gradient_bytes", f"must be positive, got {self.gradient_bytes}")
-        if self.holdout is not None and any(p < 2 for p in self.holdout):
-            raise ConfigError("holdout", f"must be rank counts of at least 2, got {list(self.holdout)}")
-        if self.max_ranks < 2:
-            raise ConfigError("max_ranks", f"must be at least 2, got {self.max_ranks}")
+        one_of(self, "statistic", REPEAT_STATISTICS)
+        require(bool(self.files), "files", "needs at least one bench-allreduce result")
+        positive(self, "gradient_bytes", optional=True)
+        require(self.holdout is None or min(self.holdout, default=2) >= 2, "holdout",
+                f"must be rank counts of at least 2, got {list(self.holdout or ())}")
+        at_least(self, "max_ranks", 2)
         for name in self.algorithms or ():
-            if name not in COST_MODELS:
-                raise ConfigError("algorithms", f"has {name!r}, which has no cost model "
-                                                f"(modelled: {', '.join(COST_MODELS)})")
+            require(name in COST_MODELS, "algorithms",
+                    f"has {name!r}, which has no cost model (modelled: {', '.join(COST_MODELS)})")
 
 
 @dataclass(frozen=True)
@@ -110,14 +95,10 @@ class SolveConfig:
     algorithms: tuple[str, ...] | None = None         # None: every algorithm comm fitted
 
     def __post_init__(self) -> None:
-        if not self.ranks:
-            raise ConfigError("ranks", "needs at least one rank count")
+        require(bool(self.ranks), "ranks", "needs at least one rank count")
         bad = [p for p in self.ranks if isinstance(p, bool) or not isinstance(p, int) or p < 1]
-        if bad:
-            raise ConfigError("ranks", f"must be positive integers, got {bad[0]!r}")
+        require(not bad, "ranks", f"must be positive integers, got {bad[0]!r}" if bad else "")
         for name in ("strong_batch", "weak_per_rank", "max_batch"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(name, f"must be at least 1, got {value}")
-        if self.allowed_per_rank is not None and (not self.allowed_per_rank or min(self.allowed_per_rank) < 1):
-            raise ConfigError("allowed_per_rank", "must be positive whole batch sizes")
+            at_least(self, name, 1, optional=True)
+        require(self.allowed_per_rank is None or (bool(self.allowed_per_rank) and min(self.allowed_per_rank) >= 1),
+                "allowed_per_rank", "must be positive whole batch sizes")
