@@ -107,9 +107,23 @@ def test_firecaffe_shape_parameter_server_linear_tree_logarithmic():
 def test_shared_cores_stretch_the_time_to_work_over_cores():
     span = features("ring", 1 << 20, 5)
     shared = features("ring", 1 << 20, 5, cores=2)
-    assert np.allclose(shared, span * 5 / 2)              # every ring rank works alike
+    assert span[3] == 0                                   # a core per rank: no waiting for a time slice
+    assert np.allclose(shared[:3], span[:3] * 5 / 2)      # every ring rank works alike: work = 5 x span
+    assert shared[3] == 4 * 4 * 5 / 2                     # messages per core: 4(P-1) per rank, 5 ranks, 2 cores
     assert np.allclose(features("ring", 1 << 20, 2, cores=2), features("ring", 1 << 20, 2))
     assert np.all(features("mpi", 1 << 20, 1) == 0)
+
+
+def test_time_slice_waits_are_fitted_on_shared_cores_and_left_out_of_predictions():
+    params = np.array([20e-6, 0.25e-9, 0.15e-9, 1.5e-3])   # 1.5 ms per message on a shared core
+    samples = synthetic_samples("ps", params, ranks=(2, 3, 4, 5), noise=0.02, job_cores=2.0)
+    fitted = fit_parameters([s for s in samples if s.ranks <= 3])
+    for s in samples:
+        if s.ranks > 3:
+            assert s.features() @ fitted == pytest.approx(s.seconds, rel=0.1)
+    assert fitted[3] == pytest.approx(1.5e-3, rel=0.2)
+    assert predict_delta("ps", fitted, 1 << 20, 64) == pytest.approx(predict_delta("ps", params, 1 << 20, 64),
+                                                                     rel=0.2)
 
 
 def synthetic_samples(algorithm, params, ranks=(2, 3, 4, 5), sizes=(64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20),
@@ -127,7 +141,7 @@ def synthetic_samples(algorithm, params, ranks=(2, 3, 4, 5), sizes=(64 << 10, 25
 def test_fit_on_small_p_predicts_large_p(algorithm):
     """Fit on P = 2..5, predict 6..8 within 10 % (2 % noise). Fitting multicolor on P <= 4 alone could
     not tell b from c: with 4 colours every rank moves exactly 4x what it adds until P > 4."""
-    params = np.array([20e-6, 0.25e-9, 0.15e-9])     # 20 us per message, 4 GB/s moved, 6.7 GB/s added
+    params = np.array([20e-6, 0.25e-9, 0.15e-9, 0.0])     # 20 us per message, 4 GB/s moved, 6.7 GB/s added
     samples = synthetic_samples(algorithm, params, ranks=range(2, 9), seed=len(algorithm))
     fitted = fit_parameters([s for s in samples if s.ranks <= 5])
     for s in samples:
@@ -140,7 +154,7 @@ def test_fit_on_small_p_predicts_large_p(algorithm):
 
 
 def test_identifiable_parameters_are_recovered():
-    params = np.array([30e-6, 0.2e-9, 0.4e-9])
+    params = np.array([30e-6, 0.2e-9, 0.4e-9, 0.0])
     samples = synthetic_samples("recursive-doubling", params, ranks=(2, 3, 4, 5, 6, 7, 8), noise=0.0)
     assert fit_parameters(samples) == pytest.approx(params, rel=1e-6)
 
@@ -159,7 +173,7 @@ def bench_document(ranks, algorithm_params, *, cores=None, gradient_bytes=None, 
 
 
 def test_fit_algorithms_reports_holdout_errors_and_predictions():
-    truth = {"ring": np.array([10e-6, 0.3e-9, 0.1e-9]), "ps": np.array([15e-6, 0.2e-9, 0.2e-9])}
+    truth = {"ring": np.array([10e-6, 0.3e-9, 0.1e-9, 1e-3]), "ps": np.array([15e-6, 0.2e-9, 0.2e-9, 5e-4])}
     docs = [(f"ar-P{p}.json", bench_document(p, truth, cores=2, gradient_bytes=1 << 20, noise=0.01, seed=p))
             for p in (2, 3, 4, 5)]
     results = load_bench_results(docs)
@@ -182,7 +196,7 @@ def test_fit_algorithms_reports_holdout_errors_and_predictions():
 
 
 def test_comm_inputs_are_checked():
-    truth = {"ring": np.array([10e-6, 0.3e-9, 0.1e-9])}
+    truth = {"ring": np.array([10e-6, 0.3e-9, 0.1e-9, 0.0])}
     one = load_bench_results([("ar-P2.json", bench_document(2, truth, gradient_bytes=4096))])
     with pytest.raises(DimdError, match="cover only P = 2; give results at 2 or more rank counts"):
         fit_algorithms(one, CommFitConfig(files=("x",)))

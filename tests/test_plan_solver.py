@@ -99,7 +99,7 @@ def test_bad_model_constants_are_refused():
 
 def comm_with(delta_per_rank):
     """A Communication whose one algorithm costs ``delta_per_rank * (P - 1)`` (a parameter server)."""
-    return Communication({"ps": np.array([delta_per_rank / 2, 0.0, 0.0])}, gradient_bytes=1 << 20)
+    return Communication({"ps": np.array([delta_per_rank / 2, 0.0, 0.0, 0.0])}, gradient_bytes=1 << 20)
 
 
 RANGES = Ranges(step_batches=(1, 256), convergence_batches=(8, 512), comm_ranks=(2, 5))
@@ -138,7 +138,7 @@ def test_strong_scaling_charges_the_slowest_rank():
 
 
 def test_the_fastest_algorithm_is_chosen_per_rank_count():
-    comm = Communication({"ps": np.array([1e-3, 0, 0]), "tree": np.array([3e-3, 0, 0])}, gradient_bytes=4096)
+    comm = Communication({"ps": np.array([1e-3, 0, 0, 0]), "tree": np.array([3e-3, 0, 0, 0])}, gradient_bytes=4096)
     figures = plan_rows(MODEL, comm, SolveConfig(ranks=(2, 4, 16)), RANGES)
     # ps: 2(P-1) messages, tree: 2 ceil(log2 P): ps wins at 2, tree at 16
     assert [row["algorithm"] for row in figures["plan"]] == ["ps", "ps", "tree"]
@@ -153,3 +153,29 @@ def test_the_fastest_algorithm_is_chosen_per_rank_count():
 def test_solve_config_refuses_bad_values(values, message):
     with pytest.raises(ConfigError, match=message):
         SolveConfig(**values)
+
+
+def comm_document(errors):
+    from dimd.report import result_document
+
+    algorithms = {name: {"parameters": {"a": 1e-5, "b": 1e-10, "c": 0.0, "s": 0.0},
+                         "holdout": {"median_abs_error": error} if error is not None else None}
+                  for name, error in errors.items()}
+    return result_document("plan-batch comm", {}, {"algorithms": algorithms, "gradient_bytes": 4096,
+                                                   "ranks_measured": [2, 3, 4, 5]})
+
+
+def test_models_that_failed_their_held_out_check_are_left_out_unless_asked_for():
+    from dimd.train.plan.results import comm_inputs
+
+    doc = comm_document({"ring": 0.12, "mpi": 0.98, "ps": None})
+    parameters, nbytes, ranks, left_out = comm_inputs(doc, "comm.json", max_holdout_error=0.5)
+    assert sorted(parameters) == ["ps", "ring"] and nbytes == 4096 and ranks == (2, 5)
+    assert left_out == {"mpi": "held-out median error 98% > 50%"}
+    parameters, *_ = comm_inputs(doc, "comm.json", algorithms=("mpi",), max_holdout_error=0.5)
+    assert list(parameters) == ["mpi"]            # asked for by name: used whatever its check said
+    assert len(comm_inputs(doc, "comm.json", max_holdout_error=None)[0]) == 3
+    with pytest.raises(DimdError, match=r"no fitted algorithm to plan with \(mpi: held-out median error 98%"):
+        comm_inputs(comm_document({"mpi": 0.98}), "comm.json", max_holdout_error=0.5)
+    with pytest.raises(DimdError, match="comm.json: no fit for tree"):
+        comm_inputs(doc, "comm.json", algorithms=("tree",))

@@ -162,11 +162,12 @@ def comm_fit(files: tuple[Path, ...], model: str | None, classes: int | None, nb
     FILES are `bench-allreduce --json` results taken at different rank
     counts (e.g. P = 2, 3, 4, 5), possibly several at each (repeats). Per
     algorithm, a latency-bandwidth-reduction model of what dimd's
-    implementation sends (a per message, b per byte moved, c per byte added)
-    is fitted by non-negative least squares on relative errors; the fit is
-    checked on the rank counts held out of it, then refitted on all and used
-    to predict one allreduce of the gradients for P up to --max-ranks,
-    assuming a core per rank.
+    implementation sends (a per message, b per byte moved, c per byte added;
+    s per message waiting for a time slice, in runs with more ranks than
+    cores) is fitted by non-negative least squares on relative errors; the
+    fit is checked on the rank counts held out of it, then refitted on all
+    and used to predict one allreduce of the gradients for P up to
+    --max-ranks, assuming a core per rank.
 
     \b
     Example:
@@ -212,14 +213,14 @@ def _print_comm(figures: dict[str, Any]) -> None:
         check = fit["holdout"]
         per = {r["ranks"]: r for r in check["per_ranks"]} if check else {}
         rows.append([name, seconds(p["a"]), f"{1 / p['b'] / 1e9:.2f}" if p["b"] > 0 else "-",
-                     f"{1 / p['c'] / 1e9:.2f}" if p["c"] > 0 else "-",
+                     f"{1 / p['c'] / 1e9:.2f}" if p["c"] > 0 else "-", seconds(p["s"]),
                      f"{100 * fit['fit_rms_relative_error']:.0f}%",
                      ",".join(map(str, check["fit_ranks"])) if check else "-",
                      *[f"{100 * per[q]['median_abs_error']:.0f}% ({100 * per[q]['max_abs_error']:.0f}%)"
                        if q in per else "-" for q in figures["holdout_ranks"]]])
-    print_table(f"cost models: T = a L + b X + c R (measured at P = "
+    print_table(f"cost models: T = a L + b X + c R [+ s W with shared cores] (measured at P = "
                 f"{', '.join(map(str, figures['ranks_measured']))}; held out: {held})",
-                ["algorithm", "a (per msg)", "1/b (GB/s)", "1/c (GB/s)", "fit rms", "fit on P",
+                ["algorithm", "a (per msg)", "1/b (GB/s)", "1/c (GB/s)", "s (shared)", "fit rms", "fit on P",
                  *[f"P={q} median (max) err" for q in figures["holdout_ranks"]]], rows, left=1)
     names = list(fits)
     table = []
@@ -252,7 +253,11 @@ def _print_comm(figures: dict[str, Any]) -> None:
 @config_option(SolveConfig, "allowed_per_rank", "--allowed-per-rank", type=INT_LIST,
                help="Per-rank batches to choose from, e.g. 1,2,4,...,256 [default: any whole number].")
 @config_option(SolveConfig, "algorithms", "--algorithms", "-a", type=click.STRING,
-               help="Comma list of allreduce algorithms to choose from [default: every one comm fitted].")
+               help="Comma list of allreduce algorithms to choose from [default: every one comm fitted "
+                    "that passed --max-holdout-error].")
+@config_option(SolveConfig, "max_holdout_error", "--max-holdout-error",
+               help="Without --algorithms: leave out the algorithms whose cost model missed the rank counts "
+                    "held out of its fit by more than this (median relative error).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also draw T_C against P, N_update against M, Delta(P) and Gamma(m) to this PNG "
                    "(needs matplotlib).")
@@ -321,6 +326,9 @@ def _print_plan(figures: dict[str, Any]) -> None:
         rows.append([str(row["ranks"]), row["algorithm"] or "-", seconds(row["delta_s"]),
                      *_regime_cells(row["optimal"], updates=True), *_regime_cells(row["strong"]),
                      *_regime_cells(row["weak"])])
+    if figures.get("algorithms_left_out"):
+        click.echo("# allreduce models left out: " + "; ".join(
+            f"{name} ({why})" for name, why in figures["algorithms_left_out"].items()))
     print_table("time to target T_C per rank count P (* extrapolated beyond the measurements)",
                 ["P", "allreduce", "Delta(P)", "optimal M", "updates", "T_C", "strong M", "T_C",
                  "weak M", "T_C"], rows)

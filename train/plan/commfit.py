@@ -1,16 +1,17 @@
 """Fit each allreduce's cost model to ``bench-allreduce`` results and predict Delta(P).
 
 Every measured row (algorithm, P, bytes, seconds) gives one equation
-``seconds = a L + b X + c R`` (:mod:`dimd.train.plan.commmodel`); the three
-constants are fitted by non-negative least squares on relative errors, so a
+``seconds = a L + b X + c R + s W`` (:mod:`dimd.train.plan.commmodel`; W, the
+messages per shared core, is zero unless the ranks outnumbered the cores);
+the constants are fitted by non-negative least squares on relative errors, so a
 64 KiB row counts as much as a 16 MiB one. The check that matters is on rank
 counts the fit never saw: fit on the smaller P, predict the larger, report
 the relative errors per held-out P. The parameters used for prediction are
 then refitted on every row.
 
 Predictions Delta(P) at the gradient size assume a core per rank (the
-span); measurements taken with more ranks than cores are fitted with
-Brent's bound, so a laptop's oversubscribed runs still teach a, b and c.
+span, no s); measurements taken with more ranks than cores are fitted with
+Brent's bound and s, so a laptop's oversubscribed runs still teach a, b and c.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class AlgorithmFit:
     """One algorithm's fitted constants, its held-out check and its predictions."""
 
     algorithm: str
-    parameters: tuple[float, float, float]
+    parameters: tuple[float, ...]               # (a, b, c, s)
     rows: int
     ranks: tuple[int, ...]
     fit_errors: tuple[float, ...]              # relative, on every row, refitted on all
@@ -131,7 +132,7 @@ class AlgorithmFit:
 
 
 def fit_parameters(samples: Sequence[Sample]) -> np.ndarray:
-    """Non-negative (a, b, c) minimising the relative squared errors of ``samples``."""
+    """Non-negative (a, b, c, s) minimising the relative squared errors of ``samples``."""
     a = np.array([s.features() for s in samples])
     y = np.array([s.seconds for s in samples])
     return weighted_nnls(a, y, 1.0 / y**2)
@@ -240,10 +241,10 @@ def predict_delta(algorithm: str, parameters: Sequence[float] | np.ndarray, nbyt
 
 
 def comm_model_from_figures(figures: dict[str, Any], source: str) -> dict[str, np.ndarray]:
-    """{algorithm: (a, b, c)} from a ``plan-batch comm`` result."""
+    """{algorithm: (a, b, c, s)} from a ``plan-batch comm`` result."""
     try:
         algorithms = figures["algorithms"]
         return {name: np.array([float(fit["parameters"][p]) for p in PARAMETERS])
                 for name, fit in algorithms.items() if name in COST_MODELS}
     except (KeyError, TypeError, ValueError):
-        raise DimdError(f"{source}: no fitted parameters ('algorithms' with a, b, c)") from None
+        raise DimdError(f"{source}: no fitted parameters ('algorithms' with {', '.join(PARAMETERS)})") from None

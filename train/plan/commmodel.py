@@ -3,7 +3,7 @@
 After Hockney's alpha-beta model and Thakur, Rabenseifner & Gropp (2005),
 one allreduce of n bytes on P ranks takes
 
-    T(n, P) = a * L(n, P) + b * X(n, P) + c * R(n, P)
+    T(n, P) = a * L(n, P) + b * X(n, P) + c * R(n, P)   [ + s * W(n, P) on shared cores ]
 
 with L the messages, X the bytes moved and R the bytes added along the
 critical path, and three fitted constants: a seconds per message, b per byte
@@ -20,9 +20,12 @@ ring, :func:`costs` has 4(P-1)/P * n for X: the same law, b halved.
 Two views of the same counts (:class:`Costs`): ``span``, what the busiest
 rank does plus the pipeline fill, is the time when every rank has a core of
 its own; ``work`` is the sum over all ranks. When the ranks on a node
-outnumber its cores, they share them and the time approaches work / cores;
-:func:`features` takes the larger of the two, term by term (Brent's bound).
-Predictions for a cluster use the span: a core per rank.
+outnumber its cores, they share them: the time approaches work / cores
+(:func:`features` takes the larger of the two, term by term: Brent's bound),
+and every message may wait for its partner's time slice, a cost per message
+of another order (milliseconds, not microseconds), so a fourth constant s
+multiplies the messages per core, W = work.messages / cores. Predictions
+for a cluster use the span and no s: a core per rank.
 """
 
 from __future__ import annotations
@@ -252,7 +255,8 @@ COST_MODELS: dict[str, CostModel] = {m.name: m for m in (
     CostModel("mpi", mpi_costs, "2 ceil(log2 P) a + 4(P-1)/P n b + (P-1)/P n c (the library's own choice)"),
 )}
 
-PARAMETERS = ("a", "b", "c")   # seconds per message, per byte moved, per byte added
+#: Seconds per message, per byte moved, per byte added, and per message that waits for a shared core.
+PARAMETERS = ("a", "b", "c", "s")
 
 
 def get_cost_model(name: str) -> CostModel:
@@ -265,18 +269,21 @@ def get_cost_model(name: str) -> CostModel:
 
 def features(algorithm: str, nbytes: float, ranks: int, *, cores: float | None = None,
              colors: int | None = None, segment_bytes: int | None = None) -> np.ndarray:
-    """(L, X, R) for one allreduce: the span, or Brent's max(span, work / cores) when cores are shared.
+    """(L, X, R, W) for one allreduce, the factors of (a, b, c, s).
 
-    ``cores``: the cores the job's ranks run on, all nodes together (with
-    ``cores >= ranks`` the span wins); None: a core per rank.
+    With a core per rank (``cores`` None, or at least ``ranks``): the span,
+    and W = 0. With fewer cores than ranks (``cores``: those the job's ranks
+    run on, all nodes together): Brent's max(span, work / cores) for L, X, R,
+    and W = the messages per core, work.messages / cores, each of which waits
+    for its partner's time slice.
     """
     if ranks < 1:
         raise DimdError(f"ranks must be a positive integer, got {ranks}")
     if ranks == 1 or nbytes <= 0:
-        return np.zeros(3)
+        return np.zeros(len(PARAMETERS))
     cost = get_cost_model(algorithm).costs(float(nbytes), int(ranks), colors=colors, segment_bytes=segment_bytes)
     span = cost.span.as_array()
-    if cores is None:
-        return span
-    return np.maximum(span, cost.work.as_array() / cores)
-
+    if cores is None or cores >= ranks:
+        return np.append(span, 0.0)
+    work = cost.work.as_array() / cores
+    return np.append(np.maximum(span, work), work[0])

@@ -92,7 +92,8 @@ class SolveConfig:
     weak_per_rank: int | None = None      # None: the optimal per-rank batch at the smallest P
     max_batch: int | None = None          # a cap on the global batch (e.g. the training set's size)
     allowed_per_rank: tuple[int, ...] | None = None   # None: any whole number of images per rank
-    algorithms: tuple[str, ...] | None = None         # None: every algorithm comm fitted
+    algorithms: tuple[str, ...] | None = None         # None: every algorithm comm fitted and trusts
+    max_holdout_error: float | None = 0.5             # leave out fits whose held-out median error is larger
 
     def __post_init__(self) -> None:
         require(bool(self.ranks), "ranks", "needs at least one rank count")
@@ -100,5 +101,6 @@ class SolveConfig:
         require(not bad, "ranks", f"must be positive integers, got {bad[0]!r}" if bad else "")
         for name in ("strong_batch", "weak_per_rank", "max_batch"):
             at_least(self, name, 1, optional=True)
+        positive(self, "max_holdout_error", optional=True)
         require(self.allowed_per_rank is None or (bool(self.allowed_per_rank) and min(self.allowed_per_rank) >= 1),
                 "allowed_per_rank", "must be positive whole batch sizes")

@@ -107,11 +107,14 @@ def _updates(ax, conv: dict[str, Any], model: dict[str, Any]) -> None:
 
 
 def _communication(ax, comm: dict[str, Any], figures: dict[str, Any]) -> None:
+    left_out = figures.get("algorithms_left_out") or {}
     for name, fit in comm.get("algorithms", {}).items():
         points = [(p["ranks"], p["seconds"]) for p in fit["predictions"] if p["ranks"] > 1]
         if points:
             ranks, times = zip(*points)
-            ax.plot(ranks, times, "-", label=name, linewidth=2 if name in ("ps", "tree") else 1)
+            ax.plot(ranks, times, ":" if name in left_out else "-",
+                    label=f"{name} (left out: failed its check)" if name in left_out else name,
+                    linewidth=2 if name in ("ps", "tree") else 1)
     measured = comm.get("ranks_measured") or []
     if measured:
         ax.axvspan(min(measured), max(measured), color="0.85", alpha=0.6, label="measured P")
