@@ -66,7 +66,7 @@ def test_comm_then_solve_make_the_plan(chain):
     assert figures["gradient_source"] == "recorded by bench-allreduce --model"
     assert set(figures["algorithms"]) == {"ring", "ps", "tree"}
     for fit in figures["algorithms"].values():
-        assert set(fit["parameters"]) == {"a", "b", "c"} and min(fit["parameters"].values()) >= 0
+        assert set(fit["parameters"]) == {"a", "b", "c", "s"} and min(fit["parameters"].values()) >= 0
         assert fit["holdout"]["fit_ranks"] == [2] and fit["holdout"]["per_ranks"][0]["ranks"] == 3
         assert [p["ranks"] for p in fit["predictions"]] == [1, 2, 3, 4, 8, 16, 32, 64]
 
