@@ -210,6 +210,7 @@ class BenchConfig:
     segment_bytes: int | None = None  # None: sized from the message
     check: bool = False
     peer: str | None = None      # "gloo": also time torch.distributed all_reduce
+    extra_sizes: tuple[int, ...] = ()  # message sizes to add to the sweep (e.g. a model's gradients)
 
     def __post_init__(self) -> None:
         for name in self.algorithms:
@@ -230,15 +231,23 @@ class BenchConfig:
         require(self.min_bytes % itemsize == 0, "min_bytes",
                 f"must be a whole number of {self.dtype} elements, a multiple of {itemsize} bytes "
                 f"(got {self.min_bytes}): a row is labelled with the bytes it reduces")
+        require(all(size >= 0 for size in self.extra_sizes), "extra_sizes",
+                f"must be sizes of at least 0 bytes (got {list(self.extra_sizes)})")
+
+    def sizes(self) -> list[int]:
+        """The sweep's sizes (-b, x -f, ... up to -e) and the extra ones, in increasing order."""
+        sweep = message_sizes(self.min_bytes, self.max_bytes, self.factor, np.dtype(self.dtype).itemsize)
+        return sorted(set(sweep) | set(self.extra_sizes))
 
 
 def memory_problem(config: BenchConfig, budget: int) -> str | None:
     """Why ``config``'s largest message does not fit ``budget`` bytes per rank, or None."""
     from dimd.units import format_bytes
 
-    need = sweep_bytes(config.max_bytes, np.dtype(config.dtype).itemsize, config.check)
+    largest = max(config.sizes(), default=0)
+    need = sweep_bytes(largest, np.dtype(config.dtype).itemsize, config.check)
     if need > budget:
-        return (f"a largest message of {format_bytes(config.max_bytes)} (`max_bytes`) needs about "
+        return (f"a largest message of {format_bytes(largest)} (`max_bytes`) needs about "
                 f"{format_bytes(need)} per rank, but a rank has {format_bytes(budget)} of available "
                 f"memory on this node")
     return None
@@ -268,11 +277,8 @@ def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | No
         reducers["gloo"], close = gloo_reducer(comm)
         closers.append(close)
     try:
-        sizes = message_sizes(config.min_bytes, config.max_bytes, config.factor,
-                              np.dtype(config.dtype).itemsize)
-        return sweep(comm, reducers, sizes,
-                     np.dtype(config.dtype), iters=config.iters, warmup=config.warmup,
-                     check=config.check, on_row=on_row)
+        return sweep(comm, reducers, config.sizes(), np.dtype(config.dtype), iters=config.iters,
+                     warmup=config.warmup, check=config.check, on_row=on_row)
     finally:
         for close in closers:
             close()
