@@ -57,6 +57,11 @@ def test_bench_allreduce_times_the_models_gradient_size(chain):
     assert sizes == [4096, 16384, 65536, nbytes]
 
 
+#: The chain's tiny jobs run on a shared, oversubscribed machine: how well the cost models predict
+#: held-out rank counts there is a measurement (bench/), not something these plumbing tests may hang on.
+ANY_FIT = ("--max-holdout-error", "1000")
+
+
 def test_comm_then_solve_make_the_plan(chain):
     out = chain["dir"]
     comm = out / "comm.json"
@@ -72,7 +77,7 @@ def test_comm_then_solve_make_the_plan(chain):
 
     plan = out / "plan.json"
     proc = run_dimd("plan-batch", "solve", "--step", chain["step"], "--comm", comm, "--convergence", chain["conv"],
-                    "--ranks", "1,2,3,8", "--strong-batch", "64", "--weak-per-rank", "4", "--json", plan,
+                    *ANY_FIT, "--ranks", "1,2,3,8", "--strong-batch", "64", "--weak-per-rank", "4", "--json", plan,
                     check=True)
     assert "time to target" in proc.stdout
     doc = json.loads(plan.read_text())
@@ -92,7 +97,7 @@ def test_solve_draws_the_plot_or_says_what_is_missing(chain, tmp_path):
     comm = chain["dir"] / "comm-plot.json"
     run_dimd("plan-batch", "comm", *chain["bench"], "--bytes", "1M", "--json", comm, check=True)
     proc = run_dimd("plan-batch", "solve", "--step", chain["step"], "--comm", comm, "--convergence",
-                    chain["conv"], "--plot", png)
+                    chain["conv"], *ANY_FIT, "--plot", png)
     try:
         import matplotlib  # noqa: F401 (only whether it is there)
     except ImportError:
@@ -160,7 +165,8 @@ def test_solve_refuses_a_convergence_result_without_n_inf(tmp_path, chain):
     broken = tmp_path / "conv.json"
     write_json(broken, result_document("plan-batch convergence", {}, {"n_inf": None, "alpha": 1.0,
                                                                        "batches": [{"batch": 8}]}))
-    proc = run_dimd("plan-batch", "solve", "--step", chain["step"], "--comm", comm, "--convergence", broken)
+    proc = run_dimd("plan-batch", "solve", "--step", chain["step"], "--comm", comm, "--convergence", broken,
+                    *ANY_FIT)
     one_line_error(proc, "no number 'n_inf' in its result (got None)")
 
 
