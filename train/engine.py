@@ -28,7 +28,7 @@ from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_cou
 from dimd.train.schedule import Schedule, make_schedule
 from dimd.train.sgd import (Normalize, StepTimes, SyncSGD, broadcast_state, make_optimizer,
                             replicas_identical)
-from dimd.train.signals import StopRequest
+from dimd.train.signals import StopRequest, stop_request
 
 
 @dataclass
@@ -315,7 +315,7 @@ class Trainer:
         start = time.perf_counter()
         cfg = self.config
         stopped_by = None
-        with StopRequest() as stop:   # a signal during start-up stops the run after its first step
+        with stop_request() as stop:  # a signal during start-up stops the run after its first step
             self.setup()
             try:
                 path = self.find_resume_point()

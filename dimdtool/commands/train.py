@@ -142,9 +142,11 @@ def _config(train_set: str, val_set: str, options: dict):
 
 def _train_job(**kwargs) -> None:
     from dimd.commands.mpi_job import mpi_command
+    from dimd.train.signals import install_stop_handlers
 
     # funneled: the loader's decoding threads never call MPI, only the main thread does.
-    mpi_command("funneled")(_run)(**kwargs)
+    # The stop signals (a scheduler's warning, scancel) are caught from MPI's start-up on.
+    mpi_command("funneled", install_handlers=install_stop_handlers)(_run)(**kwargs)
 
 
 def _epoch_line(m, epochs: int) -> str:
