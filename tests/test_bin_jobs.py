@@ -1,4 +1,7 @@
-"""The SLURM train job under stand-in `srun`/`scontrol`: warn -> checkpoint -> requeue -> resume."""
+"""The SLURM train job under stand-in `srun`/`scancel`/`scontrol`: warn -> checkpoint -> requeue -> resume.
+
+For machines without SLURM; tests/slurm/run.sh runs the same jobs on a real one.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +12,20 @@ import sys
 import time
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bin" / "slurm" / "train.sbatch"
+import pytest
+
+BIN = Path(__file__).resolve().parents[1] / "bin"
+SCRIPT = BIN / "slurm" / "train.sbatch"
 
 FAKE_SRUN = """#!/usr/bin/env bash
+echo "srun $*" >> "$SCONTROL_LOG"
 while [[ $1 == --* ]]; do shift; done   # srun's own options
-exec "$@"                               # one task, signals reach it directly
+echo $$ > "$SRUN_PID"                   # the one task, for the stand-in scancel
+exec "$@"
+"""
+FAKE_SCANCEL = """#!/usr/bin/env bash
+echo "scancel $*" >> "$SCONTROL_LOG"
+kill -s "${1#--signal=}" "$(cat "$SRUN_PID")"   # what `scancel --signal=SIG JOB` does to the ranks
 """
 FAKE_SCONTROL = """#!/usr/bin/env bash
 echo "scontrol $*" >> "$SCONTROL_LOG"
@@ -23,13 +35,14 @@ echo "scontrol $*" >> "$SCONTROL_LOG"
 def start_job(tmp: Path, data: Path) -> subprocess.Popen:
     fake = tmp / "fakebin"
     fake.mkdir(exist_ok=True)
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+    for name, text in (("srun", FAKE_SRUN), ("scancel", FAKE_SCANCEL), ("scontrol", FAKE_SCONTROL)):
         (fake / name).write_text(text)
         (fake / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
            "SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "test", "SLURM_CPUS_PER_TASK": "1",
-           "RUN_DIR": str(tmp / "run"), "SCONTROL_LOG": str(tmp / "scontrol.log"),
-           "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8"}
+           "SLURM_NTASKS": "1", "RUN_DIR": str(tmp / "run"), "SCONTROL_LOG": str(tmp / "scontrol.log"),
+           "SRUN_PID": str(tmp / "srun.pid"), "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500",
+           "BATCH_SIZE": "8"}
     return subprocess.Popen(["bash", str(SCRIPT), str(data), "--image-size", "32", "--lr", "0.05",
                              "--keep-checkpoints", "0"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -40,6 +53,10 @@ def wait_for(predicate, timeout: float = 120) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.2)
+
+
+def calls(tmp: Path) -> list[str]:
+    return (tmp / "scontrol.log").read_text().splitlines()
 
 
 def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(packed_sample, tmp_path):
@@ -56,7 +73,8 @@ def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(packed
     out, _ = job.communicate(timeout=120)
     assert job.returncode == 0, out
     assert "stopped by SIGUSR1" in out and "requeueing job 42" in out
-    assert (tmp_path / "scontrol.log").read_text() == "scontrol requeue 42\n"
+    assert calls(tmp_path)[0].startswith("srun --mpi=pmi2 ")   # the PMI the mpich wheel needs
+    assert calls(tmp_path)[1:] == ["scancel --signal=USR1 42", "scontrol requeue 42"]
     saved = sorted(checkpoints.glob("*.pt"))
 
     (tmp_path / "scontrol.log").unlink()
@@ -66,5 +84,16 @@ def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(packed
     out, _ = job.communicate(timeout=120)
     assert job.returncode == 0, out
     assert f"resumed from {saved[-1]}" in out
-    assert "stopped by SIGTERM" in out
-    assert not (tmp_path / "scontrol.log").exists()
+    assert "stopped by SIGTERM" in out and "not requeued" in out
+    assert calls(tmp_path)[1:] == ["scancel --signal=TERM 42"]   # to the ranks, never to srun
+
+
+@pytest.mark.parametrize("script", ["slurm/train.sbatch", "slurm/pack.sbatch", "lsf/train.lsf",
+                                    "lsf/pack.lsf", "pipeline.sh"])
+def test_jobs_say_when_dimd_is_not_on_path(script, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "SRC": str(tmp_path), "HOME": str(tmp_path),
+           "SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "test"}
+    proc = subprocess.run(["bash", str(BIN / script), str(tmp_path), str(tmp_path), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 127
+    assert "'dimd' is not on PATH" in proc.stderr
