@@ -13,7 +13,7 @@ STAMP := $(VENV)/.dimd-installed
 # pillow-simd's resize is 5-7x faster with AVX2; build with it when the CPU has it.
 SIMD_CC := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test lint clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,21 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest
+
+# ruff over the tree; mypy over the library, seen as the one `dimd` namespace it installs as:
+# mypy cannot follow setuptools' editable finder, so it reads a tree of links named as installed.
+TYPECHECK := build/typecheck
+LINT_STAMP := $(VENV)/.dimd-lint-installed
+$(LINT_STAMP): $(STAMP)
+	$(PIP) install -e '.[test,lint]'
+	touch $@
+
+lint: $(LINT_STAMP)
+	$(BIN)/ruff check .
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/dimd
+	for f in dimdtool/*; do ln -s ../../../$$f $(TYPECHECK)/dimd/; done
+	for p in pack shuffle allreduce train; do ln -s ../../../$$p $(TYPECHECK)/dimd/$$p; done
+	cd $(TYPECHECK) && $(abspath $(BIN))/mypy --config-file $(CURDIR)/pyproject.toml -p dimd
 
 clean:
 	rm -rf $(DEMO_DIR) build *.egg-info

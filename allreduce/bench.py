@@ -16,7 +16,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from dimd.allreduce.api import ALGORITHMS, AllreduceError, allreduce, get_algorithm
+from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, SUPPORTED_DTYPES, AllreduceError, allreduce,
+                                get_algorithm)
+from dimd.checks import at_least, one_of, require
+
+DTYPE_NAMES = tuple(d.name for d in SUPPORTED_DTYPES)
+PEERS = ("gloo",)  # torch.distributed backends timed in the same job
 
 #: An allreduce under test: sums a 1-D array in place across the job.
 Reducer = Callable[[np.ndarray], None]
@@ -36,9 +41,9 @@ def auto_warmup(iters: int) -> int:
 def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     """``min_bytes``, ``min_bytes * factor``, ... up to ``max_bytes`` (nccl-tests' -b/-e/-f)."""
     if min_bytes < 0 or max_bytes < min_bytes:
-        raise AllreduceError(f"need 0 <= --min-bytes <= --max-bytes, got {min_bytes} and {max_bytes}")
+        raise AllreduceError(f"need 0 <= min_bytes <= max_bytes, got {min_bytes} and {max_bytes}")
     if factor < 2:
-        raise AllreduceError(f"--factor must be at least 2, got {factor}")
+        raise AllreduceError(f"the size factor must be at least 2, got {factor}")
     sizes, size = [], min_bytes
     while size <= max_bytes:
         sizes.append(size)
@@ -180,40 +185,39 @@ def choose_fastest(nbytes: int, comm: Any, dtype: Any = np.float32, candidates: 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What ``dimd bench-allreduce`` measures (the CLI's options, resolved)."""
+    """What ``dimd bench-allreduce`` measures: the only defaults, checked on construction."""
 
-    algorithms: tuple[str, ...]
+    algorithms: tuple[str, ...] = tuple(ALGORITHMS)
     min_bytes: int = 8
     max_bytes: int = 64 << 20
     factor: int = 2
     iters: int | None = None     # None: auto_iters(size)
     warmup: int | None = None    # None: auto_warmup(iters)
     dtype: str = "float32"
-    colors: int = 4
+    colors: int = DEFAULT_COLORS
     segment_bytes: int | None = None  # None: sized from the message
     check: bool = False
     peer: str | None = None      # "gloo": also time torch.distributed all_reduce
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         for name in self.algorithms:
             get_algorithm(name)
-        if not self.algorithms and not self.peer:
-            raise AllreduceError("nothing to measure: give --algorithms or --peer")
-        if np.dtype(self.dtype) not in (np.dtype(t) for t in ("float32", "float64", "int32", "int64")):
-            raise AllreduceError(f"--dtype must be float32, float64, int32 or int64, got {self.dtype}")
-        for option, value in (("--iters", self.iters), ("--warmup", self.warmup)):
-            if value is not None and value < (1 if option == "--iters" else 0):
-                raise AllreduceError(f"{option} must be {'positive' if option == '--iters' else '>= 0'}, got {value}")
-        if self.colors < 1 or (self.segment_bytes is not None and self.segment_bytes < 1):
-            raise AllreduceError("--colors and --segment-bytes must be positive")
-        if self.peer not in (None, "gloo"):
-            raise AllreduceError(f"--peer must be gloo, got {self.peer}")
-        message_sizes(self.min_bytes, self.max_bytes, self.factor)
+        require(bool(self.algorithms) or self.peer is not None, "algorithms",
+                "is empty and there is no peer: nothing to measure")
+        one_of(self, "dtype", DTYPE_NAMES)
+        at_least(self, "iters", 1, optional=True)
+        at_least(self, "warmup", 0, optional=True)
+        at_least(self, "colors", 1)
+        at_least(self, "segment_bytes", 1, optional=True)
+        one_of(self, "peer", PEERS, optional=True)
+        at_least(self, "factor", 2)
+        at_least(self, "min_bytes", 0)
+        require(self.min_bytes <= self.max_bytes, "min_bytes",
+                f"must not exceed the largest size (got {self.min_bytes} > {self.max_bytes})")
 
 
 def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | None = None) -> list[Row]:
     """Run the sweep ``config`` describes on ``comm`` (collective); every rank gets the rows."""
-    config.validate()
     options = {"colors": config.colors, "segment_bytes": config.segment_bytes}
     reducers = {name: reducer(name, comm, options) for name in config.algorithms}
     closers = []

@@ -51,7 +51,10 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except DimdError as exc:
-            click.echo(f"dimd: error: {exc}", err=True)
+            from dimd.options import cli_message
+
+            command = self.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None
+            click.echo(f"dimd: error: {cli_message(str(exc), command.callback if command else None)}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt:
             click.echo("dimd: interrupted", err=True)

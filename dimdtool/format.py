@@ -83,7 +83,7 @@ class PackWriter:
         if not force:
             for path in (self.data_path, self.index_path):
                 if path.exists():
-                    raise DimdError(f"{path}: output exists (use --force to overwrite)")
+                    raise DimdError(f"{path}: output exists (set `force` to overwrite it)")
         if not self.data_path.parent.is_dir():
             raise DimdError(f"{self.data_path.parent}: output folder does not exist")
         self._tmp_data = temporary_sibling(self.data_path)

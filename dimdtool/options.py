@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -80,6 +81,50 @@ class FiniteFloat(click.ParamType):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+
+class RegistryChoice(click.Choice):
+    """A choice among a library registry's names, loaded on first use.
+
+    ``load`` returns the names (e.g. ``lambda: MODELS``); loading waits until
+    a value is converted, so ``dimd --help`` never imports torch for the
+    model zoo. The metavar stays short; the help says where the list is.
+    """
+
+    def __init__(self, load: Callable[[], Any], metavar: str = "NAME") -> None:
+        self._load = load
+        self._names: tuple[str, ...] | None = None
+        self._metavar = metavar
+        self.case_sensitive = True
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        if self._names is None:
+            self._names = tuple(self._load())
+        return self._names
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return self._metavar
+
+
+class NameListType(click.ParamType):
+    """Comma-separated names; ``all`` expands to every name of the registry ``load`` returns.
+
+    The library checks each name (its error names the unknown one), so a
+    typo reads the same from Python and from the command line.
+    """
+
+    name = "names"
+
+    def __init__(self, load: Callable[[], Any]) -> None:
+        self._load = load
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple:
+        if isinstance(value, tuple):
+            return value
+        if str(value).strip() == "all":
+            return tuple(self._load())
+        return tuple(v.strip() for v in str(value).split(",") if v.strip())
 
 
 SIZE = SizeType()
@@ -187,3 +232,18 @@ def processes_option(help_text: str = "Worker processes") -> Callable[[F], F]:
     return click.option("--workers", type=click.IntRange(min=1), default=None,
                         help=f"{help_text} [default: the cores available]. The output is the same "
                              "for any number.")
+
+
+# ---------------------------------------------------------------------------- library messages on the CLI
+_FIELD_MENTION = re.compile(r"`([a-z][a-z0-9_]*)`")
+
+
+def cli_message(message: str, callback: Callable[..., Any] | None = None) -> str:
+    """A library message for the command line: each `field` it mentions becomes its flag.
+
+    The library names settings by their config field in backquotes ("output
+    exists (set `force` to overwrite)"), since a library caller has no flags;
+    the running command knows which flag sets each field ("--force").
+    """
+    flags = _flags(callback)
+    return _FIELD_MENTION.sub(lambda m: flags.get(m.group(1), m.group(0)), message)

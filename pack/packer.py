@@ -18,24 +18,11 @@ from typing import Callable, Iterable, Iterator
 from dimd.errors import DimdError
 from dimd.format import PackedRecord, PackWriter, dataset_paths
 from dimd.host import available_cores
+from dimd.pack.config import PackConfig
 from dimd.pack.sources import Source, Task, open_source
 
 Advance = Callable[[int], None]
 OnSkip = Callable[[str, str], None]
-
-
-@dataclass(frozen=True)
-class PackConfig:
-    src: Path
-    out: Path
-    list_file: Path | None = None
-    classes_file: Path | None = None
-    short_side: int = 256
-    quality: int = 90
-    workers: int | None = None  # None: the cores this process may use
-    strict: bool = False
-    force: bool = False
-    chunksize: int = 16  # tasks per message to and from a worker
 
 
 @dataclass
@@ -66,15 +53,6 @@ class PackResult:
                 "skipped_images": [{"name": n, "reason": r} for n, r in self.skipped]}
 
 
-def validate(config: PackConfig) -> None:
-    if not 1 <= config.short_side <= 65535:
-        raise DimdError(f"--short-side must be between 1 and 65535, got {config.short_side}")
-    if not 1 <= config.quality <= 100:
-        raise DimdError(f"--quality must be between 1 and 100, got {config.quality}")
-    if config.workers is not None and config.workers < 1:
-        raise DimdError(f"--workers must be at least 1, got {config.workers}")
-
-
 def pack(config: PackConfig, *, advance: Advance | None = None,
          on_skip: OnSkip | None = None, on_start: Callable[[Source], None] | None = None) -> PackResult:
     """Pack ``config.src`` into ``config.out`` (``.dimd`` + ``.idx.h5``); see the module docstring.
@@ -83,7 +61,6 @@ def pack(config: PackConfig, *, advance: Advance | None = None,
     progress bar), ``advance(n)`` after each image, ``on_skip(name, reason)``
     for each image that is not packed.
     """
-    validate(config)
     start, cpu_start = time.perf_counter(), _cpu_seconds()
     data_path, index_path = dataset_paths(config.out)
     # The writer first: an existing OUT is refused before a long scan of SRC, not after it.
@@ -102,7 +79,7 @@ def pack(config: PackConfig, *, advance: Advance | None = None,
                     if on_skip:
                         on_skip(name, reason)
                     if config.strict:
-                        raise DimdError(f"{name}: {reason} (--strict stops at the first bad image)")
+                        raise DimdError(f"{name}: {reason} (`strict` stops at the first bad image)")
                 else:
                     writer.add(PackedRecord(data, label, name, height, width))
                     max_label = max(max_label, label)

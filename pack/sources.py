@@ -50,17 +50,17 @@ def open_source(src: str | os.PathLike, list_file: str | os.PathLike | None = No
     if root.is_file() and root.name == LMDB_DATA_FILE:
         root = root.parent
     if not root.is_dir():
-        raise DimdError(f"{root}: not a folder (expected a class tree, a folder with --list, "
+        raise DimdError(f"{root}: not a folder (expected a class tree, a folder with `list_file`, "
                         f"or a Caffe LMDB folder holding {LMDB_DATA_FILE})")
     names = read_classes_file(classes_file) if classes_file is not None else None
     if (root / LMDB_DATA_FILE).is_file():
         if list_file is not None:
-            raise DimdError(f"{root}: is an LMDB; --list applies to image folders only")
+            raise DimdError(f"{root}: is an LMDB; `list_file` applies to image folders only")
         return _lmdb_source(root, names)
     if list_file is not None:
         return _list_source(root, Path(list_file), names)
     if classes_file is not None:
-        raise DimdError("--classes-file applies to --list and LMDB sources; a class tree's "
+        raise DimdError("`classes_file` applies to `list_file` and LMDB sources; a class tree's "
                         "classes are its sub-folder names")
     return _tree_source(root)
 
@@ -79,7 +79,7 @@ def _tree_source(root: Path) -> Source:
             files.extend((f"{relative}/{f}", label) for f in sorted(filenames) if is_image_file(f))
     if not files:
         loose = any(is_image_file(e.name) for e in os.scandir(root) if e.is_file())
-        hint = (" (its images are not in class sub-folders: pass --list FILE of 'path label' lines)"
+        hint = (" (its images are not in class sub-folders: give `list_file`, a file of 'path label' lines)"
                 if loose else "")
         raise DimdError(f"{root}: no images found{hint}")
     return Source("tree", root, len(files), classes, files)

@@ -133,7 +133,7 @@ def test_empty_lmdb_and_list_with_lmdb_are_errors(tmp_path):
     with pytest.raises(DimdError, match="the LMDB has no entries"):
         pack(PackConfig(tmp_path / "empty", tmp_path / "out"))
     (tmp_path / "list.txt").write_text("a 0\n")
-    with pytest.raises(DimdError, match="is an LMDB; --list applies to image folders only"):
+    with pytest.raises(DimdError, match="is an LMDB; `list_file` applies to image folders only"):
         pack(PackConfig(tmp_path / "empty", tmp_path / "out", list_file=tmp_path / "list.txt"))
 
 

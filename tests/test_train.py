@@ -130,8 +130,10 @@ def foreign_val(sample_tree, tmp_path_factory):
 
 
 def test_bad_inputs_give_one_clear_error_and_write_nothing(packed_sample, foreign_val, straight_run, tmp_path):
+    unknown = run_dimd(*train_args(packed_sample, tmp_path), "--model", "alexnet", timeout=120)
+    assert unknown.returncode == 2  # a usage error: the choice comes from the model registry
+    assert "Invalid value for '--model': 'alexnet' is not one of 'lenet', 'resnet20'" in unknown.stderr
     cases = [
-        (["--model", "alexnet"], "unknown model 'alexnet'"),
         (["--val", foreign_val], "2 of its 2 classes are not classes of"),
         (["--val", tmp_path / "missing"], "missing.idx.h5: index file not found"),
         (["--batch-size", "64"], "fewer than one batch per rank"),

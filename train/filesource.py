@@ -32,7 +32,7 @@ class OriginalFiles:
         missing = self.root / self.names[int(store.global_index[0])] if len(store) else None
         if missing is not None and not missing.is_file():
             raise DimdError(f"{missing}: original file not found (give the folder the set was packed "
-                            f"from with --files-root)")
+                            f"from with `files_root`)")
 
     def __len__(self) -> int:
         return len(self._store)

@@ -19,6 +19,7 @@ import click
 
 from dimd.errors import DimdError
 from dimd.mpi import LaunchMismatch, ThreadLevel, init_mpi
+from dimd.options import cli_message
 
 #: Ranks other than 0 wait this long before reporting, so that an error every
 #: rank hits (a bad option) is printed once, by rank 0, whose abort ends them.
@@ -59,7 +60,7 @@ def mpi_command(thread_level: ThreadLevel = "single", *,
             except click.UsageError as exc:
                 abort_job(comm, exc.format_message(), 2)
             except DimdError as exc:
-                abort_job(comm, str(exc), 1)
+                abort_job(comm, cli_message(str(exc)), 1)
             except KeyboardInterrupt:
                 abort_job(comm, "interrupted", 130)
             except BaseException:  # a bug: show where, then end every rank
