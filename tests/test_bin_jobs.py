@@ -97,3 +97,37 @@ def test_jobs_say_when_dimd_is_not_on_path(script, tmp_path):
                           env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 127
     assert "'dimd' is not on PATH" in proc.stderr
+
+
+def run_pack_job(src: Path, out: Path, **env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "SLURM_CPUS_PER_TASK": "1", **env}
+    return subprocess.run(["bash", str(BIN / "slurm" / "pack.sbatch"), str(src), str(out), "--short-side", "32"],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_pack_job_names_the_val_classes_and_keeps_finished_output(sample_tree, tmp_path):
+    from dimd.format import PackedDataset
+    from dimd.sample_data import SampleSpec, generate
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train").symlink_to(sample_tree)
+    generate(SampleSpec(root=src / "val", classes=4, per_class=2, seed=3, layout="flat"), workers=1)
+    (src / "val" / "labels.txt").rename(src / "val_labels.txt")   # ImageNet's layout: a flat val folder
+    proc = run_pack_job(src, tmp_path / "out")
+    assert proc.returncode == 2 and "val_classes.txt (their class names" in proc.stderr
+    assert not (tmp_path / "out" / "train.dimd").exists()        # refused before packing anything
+
+    (src / "val" / "classes.txt").rename(src / "val_classes.txt")
+    proc = run_pack_job(src, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    train_classes = PackedDataset(tmp_path / "out" / "train").classes
+    val_classes = set(PackedDataset(tmp_path / "out" / "val").classes)
+    assert val_classes == set(train_classes)                     # names, not "0".."3": train takes it
+
+    again = run_pack_job(src, tmp_path / "out")                  # a rerun, or a requeue
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("verified and packed from") == 2 and "pack (" not in again.stderr
+    forced = run_pack_job(src, tmp_path / "out", FORCE="1")
+    assert forced.returncode == 0 and "kept" not in forced.stdout
