@@ -155,7 +155,8 @@ def launch_mismatch(world_size: int, library: str,
         return LaunchMismatch(
             f"a PMIx launcher gave this process rank {pmix_rank} (PMIX_RANK={pmix_rank}) but {mpi} "
             f"gives it a world of 1 rank: mpi4py's MPI is not the one the launcher serves; build "
-            f"mpi4py against the site's MPI, or start dimd with its own mpiexec", first_task=False)
+            f"mpi4py against the site's MPI, or start dimd with its own mpiexec",
+            first_task=pmix_rank == 1)  # rank 0 cannot tell: it sees no rank of its own
     return None
 
 

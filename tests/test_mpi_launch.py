@@ -57,6 +57,7 @@ def test_real_launches_pass(world, env):
 def test_other_launchers_that_start_singletons_are_named(env, launcher):
     problem = launch_mismatch(1, "Open MPI v4.1.5, package: Open MPI", env)
     assert problem is not None and launcher in str(problem)
+    assert problem.first_task == ("PMIX_RANK" not in env)   # rank 1 speaks for PMIx: rank 0 cannot tell
 
 
 def test_every_mpi_command_stops_at_start_under_plain_srun(tmp_path):

@@ -241,7 +241,8 @@ cat >"$work/requeue-self.sh" <<'EOF'
 #SBATCH --output=requeue-self.out
 echo "run ${SLURM_RESTART_COUNT:-0} as $(id -un)"
 if [[ -z ${SLURM_RESTART_COUNT:-} ]]; then
-    scontrol requeue "$SLURM_JOB_ID" && echo "requeued by $(id -un)"
+    echo "requeueing as $(id -un)"      # before: the requeue ends this run at once
+    scontrol requeue "$SLURM_JOB_ID" || echo "scontrol requeue failed for $(id -un)"
     sleep 60
 fi
 EOF
@@ -250,13 +251,14 @@ self=$(run_as "$TEST_USER" sbatch --parsable requeue-self.sh | tail -n 1)
 wait_state "$self" 120 COMPLETED FAILED CANCELLED TIMEOUT
 [[ $(state "$self") == COMPLETED && $(field "$self" Restarts) == 1 ]] ||
     fail "job $self of $TEST_USER: $(state "$self"), Restarts=$(field "$self" Restarts): $(cat "$work/requeue-self.out")"
-has "$work/requeue-self.out" "requeued by $TEST_USER"
+has "$work/requeue-self.out" "requeueing as $TEST_USER"
+lacks "$work/requeue-self.out" "scontrol requeue failed"
 has "$work/requeue-self.out" "run 1 as $TEST_USER"
 ok "$TEST_USER requeued its own job $self (scontrol requeue from inside it): Restarts=1, then COMPLETED"
 
 # ---- sample data (ImageNet-style: class folders for train, a flat val with a label list) ----
-as_user dimd sample-data data/train --classes 4 --per-class 40 --seed 1 --large-share 0 >/dev/null
-as_user dimd sample-data data/val --classes 4 --per-class 10 --seed 2 --layout flat --large-share 0 >/dev/null
+as_user dimd sample-data data/train --classes 4 --per-class 40 --seed 1 >/dev/null
+as_user dimd sample-data data/val --classes 4 --per-class 10 --seed 2 --layout flat >/dev/null
 ok "sample data: 160 train images in 4 class folders, 40 flat val images with labels.txt and classes.txt"
 
 # ---- 1. the singleton trap, and the launches that are right ---------------------------------
