@@ -5,6 +5,7 @@ For machines without SLURM; tests/slurm/run.sh runs the same jobs on a real one.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -86,6 +87,51 @@ def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(packed
     assert f"resumed from {saved[-1]}" in out
     assert "stopped by SIGTERM" in out and "not requeued" in out
     assert calls(tmp_path)[1:] == ["scancel --signal=TERM 42"]   # to the ranks, never to srun
+
+
+FAKE_MPIRUN = """#!/usr/bin/env bash
+while [[ $1 == -* ]]; do shift; done   # the launcher's own options
+exec "$@"                              # one rank; the script's kill -s reaches it
+"""
+
+
+def start_lsf_job(tmp: Path, data: Path) -> subprocess.Popen:
+    fake = tmp / "fakebin"
+    fake.mkdir(exist_ok=True)
+    (fake / "mpirun").write_text(FAKE_MPIRUN)
+    (fake / "mpirun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "1", "OUT": str(data), "RUN_DIR": str(tmp / "run"),
+           "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8",
+           "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-threads 1"}
+    return subprocess.Popen(["bash", str(BIN / "lsf" / "train.lsf")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_lsf_job_exits_99_for_a_requeue_only_after_the_warning(packed_sample, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):
+        for suffix in (".dimd", ".idx.h5"):
+            (data / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
+    checkpoints = tmp_path / "run" / "checkpoints"
+
+    job = start_lsf_job(tmp_path, data)
+    wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")))
+    job.send_signal(signal.SIGUSR1)  # what `#BSUB -wa USR1` sends
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 99, out   # -Q "99" requeues
+    assert "stopped by SIGUSR1" in out and "asking LSF to requeue" in out
+    parameters = json.loads((tmp_path / "run" / "train.json").read_text())["parameters"]
+    assert parameters["image_size"] == 32 and parameters["decode_threads"] == 1   # from TRAIN_ARGS
+    saved = sorted(checkpoints.glob("*.pt"))
+
+    job = start_lsf_job(tmp_path, data)  # the requeued job
+    wait_for(lambda: len(list(checkpoints.glob("*.pt"))) > len(saved))
+    job.send_signal(signal.SIGTERM)  # bkill -s TERM: checkpoint and stop, no requeue
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, out
+    assert f"resumed from {saved[-1]}" in out and "not requeued" in out
 
 
 @pytest.mark.parametrize("script", ["slurm/train.sbatch", "slurm/pack.sbatch", "lsf/train.lsf",
