@@ -63,3 +63,32 @@ lint: $(LINT_STAMP)
 
 clean:
 	rm -rf $(DEMO_DIR) build *.egg-info
+
+# ---- the papers' figures (bench/reproduce.py; bench/README.md shows them) -------------------------
+# matplotlib is an optional extra. `pip install matplotlib` would pull plain Pillow over pillow-simd,
+# so it goes in with --no-deps and its other dependencies named.
+PLOT_PACKAGES := matplotlib contourpy cycler fonttools kiwisolver packaging pyparsing python-dateutil six
+PLOTS_STAMP   := $(VENV)/.dimd-plots
+
+.PHONY: plots-setup netfs-setup reproduce reproduce-quick
+
+plots-setup: $(PLOTS_STAMP)
+
+$(PLOTS_STAMP): $(STAMP)
+	$(PIP) install --no-deps $(PLOT_PACKAGES)
+	@! $(PY) -c "import importlib.metadata as m; m.version('pillow')" 2>/dev/null || \
+	  { echo "error: plain Pillow was installed over pillow-simd" >&2; exit 1; }
+	cd bench && $(abspath $(PY)) -c "import plotting; print('matplotlib writes PNGs through pillow-simd', plotting.check_pillow_simd())"
+	touch $@
+
+# sshd and sshfs for the network-file-system figure (Debian packages; needs root, as CI has).
+netfs-setup:
+	bench/netfs.sh install
+
+# Every figure at full size: about 30 minutes on a quiet 2-core machine.
+reproduce: setup plots-setup netfs-setup
+	$(PY) bench/reproduce.py
+
+# Every figure at a size that only proves the pipeline works end to end.
+reproduce-quick: setup plots-setup netfs-setup
+	$(PY) bench/reproduce.py --quick
