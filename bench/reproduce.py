@@ -34,6 +34,7 @@ MODULES = (
     "memory_vs_files",       # DIMD figs. 10-11
     "comm_vs_ranks",         # FireCaffe fig. 4, eqs. 3-4
     "train_vs_ddp",          # dimd train against PyTorch DDP
+    "peer_loaders",          # dimd against FFCV, litdata, webdataset, ImageFolder (opt-in: make bench-peers)
 )
 
 README = BENCH / "README.md"
