@@ -49,22 +49,29 @@ def run(cmd: Sequence[Any], *, env: dict[str, str] | None = None, timeout: float
         log: Path | None = None) -> str:
     """Run ``cmd`` to the end and return its output (stdout and stderr together).
 
-    The command gets a process group of its own. If this process is
-    interrupted (Ctrl-C, SIGTERM) or the command overruns ``timeout``, the
-    group gets SIGTERM and 30 s to clean up (bench/netfs.sh unmounts and
-    stops its sshd then) before SIGKILL. ``log`` keeps the output.
+    The output goes to ``log`` as it comes (``tail -f`` it to follow a long
+    job), else to a temporary file. The command gets a process group of its
+    own. If this process is interrupted (Ctrl-C, SIGTERM) or the command
+    overruns ``timeout``, the group gets SIGTERM and 30 s to clean up
+    (bench/netfs.sh unmounts and stops its sshd then) before SIGKILL.
     """
+    import tempfile
+
     argv = [str(c) for c in cmd]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except BaseException:
-        _stop_group(proc)
-        raise
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(" ".join(argv) + "\n" + output)
+    with (open(log, "w+") if log is not None else tempfile.TemporaryFile("w+")) as out:
+        out.write(" ".join(argv) + "\n")
+        out.flush()
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **(env or {})}, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except BaseException:
+            _stop_group(proc)
+            raise
+        out.seek(0)
+        output = out.read().split("\n", 1)[-1]
     if proc.returncode != 0:
         tail = "\n".join(output.strip().splitlines()[-25:])
         raise JobError(f"exit {proc.returncode}: {' '.join(argv)}\n{tail}")

@@ -32,7 +32,7 @@ MODELS = [
      "val_per_class": 1},
     # a light model at 32 px, whose compute no longer hides the reads: where the benefit appears
     {"model": "resnet20", "image_size": 32, "batch_size": 32, "classes": 10, "per_class": 64,
-     "val_per_class": 1},
+     "val_per_class": 2},
 ]
 FULL = {"models": MODELS, "ranks": 2, "workers": 2, "epochs": 2, "runs": 3, "rtt_ms": [0.5, 2.0]}
 QUICK = {"models": [{**MODELS[0], "image_size": 64, "per_class": 4}, {**MODELS[1], "per_class": 16}],

@@ -114,7 +114,31 @@ def write_readme(reproductions: dict[str, Reproduction], results: Path, readme: 
                         f"**Here.** {reproduction.findings(envelope)}", "",
                         f"*{_provenance(envelope)}*", ""]
         sections.append("\n".join(section))
-    readme.write_text("\n".join(out) + "\n\n" + "\n".join(sections))
+    readme.write_text("\n".join(out) + "\n\n" + "\n".join(sections) + "\n" + ADDING)
+
+
+ADDING = """## Adding a reproduction
+
+Write `bench/NAME.py` defining `REPRODUCTION = Reproduction(...)` (bench/_common.py) and add `NAME`
+to `MODULES` in bench/reproduce.py; the runner then measures it, writes `results/NAME.json` and
+`NAME.png`, and gives it a section here. Its parts:
+
+- `measure(ctx)` runs real commands (`_common.dimd_job` for `[mpiexec -n P] dimd ... --json`, which
+  reads the envelope back with `dimd.report.read_result`; `mpi_python` and `python_job` for scripts
+  in bench/), repeats each measurement `runs` (at least 3) times, interleaved, and returns
+  `(parameters, figures)` with every repeated figure summarised by `dimd.report.spread`;
+  `ctx.size(FULL, QUICK)` picks the parameters for full or `--quick` size;
+- `plot(envelope)` returns a matplotlib figure drawn with bench/plotting.py (units on every axis,
+  `plotting.baseline` / `baseline_level` for the baseline, `bytes_axis` for sizes); the runner adds
+  the title and the footnote (machine, commit, date, load, size) and writes the PNG through pillow-simd;
+- `findings(envelope)` returns the Markdown paragraph "Here." from the figures, not from prose
+  written in advance;
+- `minutes`: the full size's time on a quiet 2-core machine; `default=False` keeps a long or
+  install-heavy reproduction (the peer loaders) out of `make reproduce`.
+
+`memory_vs_files` needs root, sshd and sshfs (`make netfs-setup`); without them it measures the
+local set-ups only and says so.
+"""
 
 
 def _anchor(number: int, reproduction: Reproduction) -> str:
@@ -136,10 +160,11 @@ def _provenance(envelope: dict) -> str:
     size = ("--quick size: a smoke test of the pipeline, not a result" if envelope["parameters"].get("quick")
             else "full size")
     load = m.get("load_average", ["?"])
+    result = envelope["result"]
+    cpu = f" ({result['jobs_cpu_seconds'] / 60:.1f} CPU-min)" if "jobs_cpu_seconds" in result else ""
     return (f"Measured {envelope['date'][:16].replace('T', ' ')} at commit {envelope.get('commit') or '?'} on "
             f"{m.get('cpu', '?')} ({m.get('cores', '?')} cores, {m.get('memory_gib', '?')} GiB), load average "
-            f"{load[0]} at the end, in {envelope['result'].get('wall_seconds', 0) / 60:.1f} min "
-            f"({envelope['result'].get('jobs_cpu_seconds', 0) / 60:.1f} CPU-min); {size}.")
+            f"{load[0]} at the end, in {result.get('wall_seconds', 0) / 60:.1f} min{cpu}; {size}.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -129,12 +129,13 @@ class FileDataset:
         from PIL import Image
 
         rng = self.generator()
-        with Image.open(self.paths[i]) as image:
-            image = image.convert("RGB")
+        with Image.open(self.paths[i]) as source:
+            image = source.convert("RGB")
         left, top, w, h = random_resized_crop_box(*image.size, rng, scale=self.scale)
-        image = image.crop((left, top, left + w, top + h)).resize((self.image_size,) * 2, Image.BILINEAR)
+        image = image.crop((left, top, left + w, top + h)).resize((self.image_size,) * 2,
+                                                                  Image.Resampling.BILINEAR)
         if rng.random() < 0.5:
-            image = image.transpose(Image.FLIP_LEFT_RIGHT)
+            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.array(image)).permute(2, 0, 1), int(self.labels[i])
 
 
@@ -166,7 +167,7 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
 
     loader = BatchLoader(store, config.batch_size, config.image_size, train=True,
                          workers=config.workers, seed=config.seed)
-    files = FileDataset(paths, store.labels, config.image_size, config.seed)
+    files: Any = FileDataset(paths, store.labels, config.image_size, config.seed)  # a map-style Dataset
 
     def run_dimd(repeat: int) -> int:
         done, epoch = 0, repeat * 1000
@@ -178,19 +179,20 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
             epoch += 1
         return done
 
-    # a well-configured DataLoader: worker processes started once and kept (persistent_workers)
-    baseline = DataLoader(files, batch_size=config.batch_size, shuffle=True, drop_last=True,
-                          num_workers=config.workers, generator=torch.Generator().manual_seed(config.seed),
-                          persistent_workers=True, prefetch_factor=2)
+    # a well-configured DataLoader: worker processes started once and kept (persistent_workers);
+    # held in a dict so the end of the run can drop it (and so stop its workers) before summarising
+    loaders: dict[str, Any] = {"torch": DataLoader(
+        files, batch_size=config.batch_size, shuffle=True, drop_last=True, num_workers=config.workers,
+        generator=torch.Generator().manual_seed(config.seed), persistent_workers=True, prefetch_factor=2)}
 
     def worker_pids() -> list[int]:
-        iterator = getattr(baseline, "_iterator", None)
+        iterator = getattr(loaders["torch"], "_iterator", None)
         return [w.pid for w in getattr(iterator, "_workers", [])]
 
     def run_torch(repeat: int) -> int:
         done = 0
         while done < count:
-            for images, _ in baseline:
+            for images, _ in loaders["torch"]:
                 done += len(images)
                 if done == count:
                     break
@@ -209,7 +211,7 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
     runners = {"dimd": run_dimd, "torch": run_torch, "limit": run_limit}
     # warm-up: thread pool, page cache, PIL's plugin import; not measured
     next(iter(loader.epoch(10_000_000)))
-    for _ in baseline:  # a whole epoch: persistent workers left prefetching would steal dimd's cores
+    for _ in loaders["torch"]:  # a whole epoch: persistent workers left prefetching would steal dimd's cores
         pass
     measurements: list[Measurement] = []
     for repeat in range(config.repeats):
@@ -225,7 +227,7 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
             if on_measurement is not None:
                 on_measurement(measurement)
     loader.close()
-    del baseline
+    loaders.clear()
     return summarise(config, measurements, records=len(store))
 
 
