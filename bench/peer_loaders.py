@@ -295,7 +295,7 @@ def summarise_loading(loading: dict[str, list[dict]]) -> dict[str, Any]:
         measured = [e for d in docs for e in d["epochs"] if not e["warmup"]]
         warmups = [e for d in docs for e in d["epochs"] if e["warmup"]]
         rows[label] = {"images_per_s": spread(e["images"] / e["seconds"] for e in measured),
-                       "images_per_cpu_s": spread(e["images"] / e["cpu_seconds"] for e in measured),
+                       "images_per_cpu_s": spread(e["images"] / max(e["cpu_seconds"], 1e-9) for e in measured),
                        "cores_busy": spread(e["cpu_seconds"] / e["seconds"] for e in measured),
                        "images_per_epoch": sorted({e["images"] for e in measured}),
                        "epoch_seconds": spread(e["seconds"] for e in measured),

@@ -27,10 +27,20 @@ def _item(manifest: Manifest, i: int) -> dict:
 
 
 def pack(manifest: Manifest, out: Path, workers: int) -> dict:
+    import os
+    import shutil
+    import tempfile
+
+    # optimize's scratch (a cache folder, a list of the items it leaves behind) inside `out`, not /tmp
+    scratch = out / "scratch"
+    scratch.mkdir()
+    os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = str(scratch / "cache")
+    tempfile.tempdir = str(scratch)
     from litdata import optimize
 
     optimize(fn=functools.partial(_item, manifest), inputs=list(range(len(manifest.records))),
              output_dir=str(out / "chunks"), num_workers=workers, chunk_bytes="64MB", verbose=False)
+    shutil.rmtree(scratch)
     (out / "names.txt").write_text("".join(f"{r.name}\n" for r in manifest.records))
     return {"processes": workers, "chunks": len(list((out / "chunks").glob("*.bin")))}
 
