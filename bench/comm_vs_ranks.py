@@ -44,11 +44,12 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
                 rows.setdefault((ranks, row["algorithm"], row["bytes"]), []).append(row["time_us"])
     measured = [{"ranks": ranks, "algorithm": algorithm, "bytes": nbytes, "time_us": spread(times)}
                 for (ranks, algorithm, nbytes), times in sorted(rows.items())]
-    return p, {"gradient_bytes": max(r["bytes"] for r in measured), "rows": measured,
-               "cost_model": cost_model(ctx, paths)}
+    nbytes = max(r["bytes"] for r in measured)
+    return p, {"gradient_bytes": nbytes, "rows": measured,
+               "cost_model": cost_model(ctx, paths, nbytes, p["model_ranks_max"])}
 
 
-def cost_model(ctx: Context, paths: list[Path]) -> dict[str, Any]:
+def cost_model(ctx: Context, paths: list[Path], nbytes: int, max_ranks: int) -> dict[str, Any]:
     """HOOK (plan-batch): the cost model ``dimd plan-batch comm`` fits to these bench-allreduce JSONs.
 
     DESIGN.md's plan-batch contract: its JSON holds, per algorithm, the fitted
@@ -56,15 +57,17 @@ def cost_model(ctx: Context, paths: list[Path]) -> dict[str, Any]:
     Delta(P) up to P = 1024. Nothing in bench/ fits a model of its own. Until
     the command exists this returns ``{"status": "pending", ...}`` and the
     figure shows the measurements alone.
-    LEAD: when plan-batch lands, check the arguments below against its
-    ``comm`` step and draw ``predictions`` in :func:`draw_cost_model`.
+    LEAD: written against the plan-batch branch as it stood (``dimd plan-batch
+    comm FILES --bytes N --max-ranks P --json``; ``result["algorithms"][name]
+    ["predictions"]`` = ``[{"ranks", "seconds"}, ...]``); check both when it lands.
     """
     try:
         run([BIN / "dimd", "plan-batch", "comm", "--help"], timeout=120)
     except JobError:
         return {"status": "pending", "why": "`dimd plan-batch comm` does not exist in this checkout yet"}
     try:
-        doc = dimd_job(["plan-batch", "comm", *paths], ctx.folder() / "plan_batch_comm.json", command=None)
+        doc = dimd_job(["plan-batch", "comm", *paths, "--bytes", nbytes, "--max-ranks", max_ranks],
+                       ctx.folder() / "plan_batch_comm.json", command="plan-batch comm")
     except JobError as exc:
         ctx.log(f"dimd plan-batch comm failed: {exc}")
         return {"status": "failed", "why": str(exc).splitlines()[0]}
@@ -74,17 +77,17 @@ def cost_model(ctx: Context, paths: list[Path]) -> dict[str, Any]:
 def draw_cost_model(ax: Any, model: dict[str, Any], nbytes: int) -> bool:
     """HOOK (plan-batch): draw the fitted Delta(P) curves to P = 1024; False when there is nothing to draw.
 
-    LEAD: adapt to the shape of plan-batch's ``predictions`` when it lands. This
-    draws the shape ``{"predictions": {algorithm: [{"ranks": P, "seconds": s}, ...]}}``
-    for the gradient size the fit was asked about, and nothing otherwise.
+    Draws ``fit["algorithms"][name]["predictions"]`` (a list of ``{"ranks", "seconds"}``
+    for the gradient size the fit was asked about), and nothing when the shape differs.
     """
     import plotting
 
-    predictions = model.get("fit", {}).get("predictions") if model.get("status") == "fitted" else None
-    if not isinstance(predictions, dict):
+    fits = model.get("fit", {}).get("algorithms") if model.get("status") == "fitted" else None
+    if not isinstance(fits, dict):
         return False
     drawn = False
-    for algorithm, points in predictions.items():
+    for algorithm, fit in fits.items():
+        points = fit.get("predictions") if isinstance(fit, dict) else None
         if not isinstance(points, list) or not all(isinstance(q, dict) and {"ranks", "seconds"} <= set(q)
                                                    for q in points):
             continue
@@ -116,8 +119,8 @@ def plot(envelope: dict[str, Any]):
         ax.set_xlabel("ranks P")
         ax.set_ylabel(f"time of one {nbytes / 1e6:.1f} MB allreduce (ms)")
     zoom, wide = axes[0]
-    zoom.set_title("measured (P = 2-5, on 2 cores)")
-    zoom.set_ylim(bottom=0)
+    zoom.set_title(f"measured (P = {min(r['ranks'] for r in rows)}-{max(r['ranks'] for r in rows)}, on 2 cores)")
+    zoom.set_yscale("log")
     zoom.set_xticks(sorted({r["ranks"] for r in rows}))
     zoom.legend(fontsize=7)
     wide.set_xscale("log", base=2)
@@ -150,10 +153,10 @@ def findings(envelope: dict[str, Any]) -> str:
     model = result.get("cost_model", {})
     status = ("The cost model to P = 1024 is pending: " + model.get("why", "") + "." if model.get("status") != "fitted"
               else f"The cost model was fitted by `{model.get('command')}`.")
-    return (f"One {nbytes / 1e6:.1f} MB allreduce (NiN's gradient), medians of {p['runs']} runs: "
-            + "; ".join(cells) + ". On this machine P > 2 ranks share 2 cores, so every algorithm slows with P "
-            "for want of CPU as well as of links; the ratios say how much more than the equations' "
-            "communication alone. " + status)
+    what = "NiN's gradient" if nbytes == NIN_GRADIENT_BYTES else f"1/{NIN_GRADIENT_BYTES // nbytes} of NiN's gradient"
+    return (f"One {nbytes / 1e6:.1f} MB allreduce ({what}), medians of {p['runs']} runs: "
+            + "; ".join(cells) + ". Here P > 2 ranks share the 2 cores, so a time at P > 2 holds waiting for a "
+            "core as well as the communication the equations count. " + status)
 
 
 REPRODUCTION = Reproduction(

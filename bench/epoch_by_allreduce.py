@@ -15,7 +15,7 @@ from typing import Any
 
 from _common import Context, Reproduction, dimd_job, sample_set, spread
 
-FULL = {"job_timeout_s": 300, "model": "vgg16", "image_size": 32, "batch_size": 4, "ranks": [2, 3, 4], "runs": 3,
+FULL = {"job_timeout_s": 180, "model": "vgg16", "image_size": 32, "batch_size": 4, "ranks": [2, 3, 4], "runs": 3,
         "classes": 10, "per_class": 12, "val_per_class": 2, "epochs": 2, "workers": 1}
 QUICK = {"ranks": [2, 3], "per_class": 6, "algorithms": ["mpi", "multicolor"], "job_timeout_s": 120}
 BASELINE = "mpi"
@@ -82,8 +82,9 @@ def plot(envelope: dict[str, Any]):
                alpha=0.55, edgecolor="none")   # the allreduce part of each bar, as a pale inner strip
         for x, p in zip(xs, ranks):
             if mine[p]["epoch_seconds"]["median"] is None:
-                ax.annotate(f"> {envelope['parameters']['job_timeout_s']} s", (x, 0), rotation=90, ha="center",
-                            va="bottom", fontsize=6.5, color=colour)
+                ax.annotate(f"no result in {envelope['parameters']['job_timeout_s']} s", (x, 0), rotation=90,
+                            ha="center", va="bottom", fontsize=7.5, color=colour, xytext=(0, 4),
+                            textcoords="offset points")
         done = [p for p in ranks if mine[p]["epoch_seconds"]["median"] is not None]
         shares = [100 * mine[p]["allreduce_seconds"]["median"] / mine[p]["epoch_seconds"]["median"] for p in done]
         if algorithm == BASELINE:
@@ -115,7 +116,7 @@ def findings(envelope: dict[str, Any]) -> str:
     for ranks in sorted({r["ranks"] for r in rows}):
         mine = {r["algorithm"]: r for r in rows if r["ranks"] == ranks}
         times = {a: r["epoch_seconds"]["median"] for a, r in mine.items()}
-        late = sorted(a for a, t in times.items() if t is None)
+        late = sorted(a for a, t in times.items() if t is None and a != BASELINE)
         base = times.get(BASELINE)
         done = sorted((a for a, t in times.items() if t is not None and a != BASELINE), key=times.__getitem__)
         cells = []
@@ -128,7 +129,7 @@ def findings(envelope: dict[str, Any]) -> str:
             head = (f"MPICH's default {base:.1f} s per epoch "
                     f"({100 * mine[BASELINE]['allreduce_seconds']['median'] / base:.0f}% of it in the allreduce)")
         else:
-            head = "MPICH's default did not finish"
+            head = f"MPICH's default: no result within {p.get('job_timeout_s', '?')} s"
         text = f"**P = {ranks}:** {head}; " + ", ".join(cells)
         if late:
             text += f"; no result within {p.get('job_timeout_s', '?')} s: {', '.join(late)}"
@@ -145,4 +146,4 @@ REPRODUCTION = Reproduction(
     claim=("Training GoogLeNet-BN (93 MB of gradients per step) on 8, 16 and 32 learners, an epoch with the "
            "multicolor allreduce takes 50-60% less time than with Open MPI's default, and multicolor scales "
            "best (90.5% efficiency)."),
-    measure=measure, plot=plot, findings=findings, minutes=10.0)
+    measure=measure, plot=plot, findings=findings, minutes=12.0)

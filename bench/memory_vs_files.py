@@ -166,10 +166,10 @@ def findings(envelope: dict[str, Any]) -> str:
                      f"{panel['batch_size']} per rank): in memory {base['epoch_seconds']['median']:.2f} s "
                      f"({base['epoch_seconds']['min']:.2f}-{base['epoch_seconds']['max']:.2f}), waiting for data "
                      f"{base['data_wait_seconds']['median']:.2f} s; " + "; ".join(cells) + ".")
-    lines.append("The loader reads and decodes the next batches in threads while the model computes, so a "
-                 "file's cost shows only where reading a batch takes longer than computing one: with the "
-                 "paper's model on two CPU cores the compute hides the reads; the light model exposes them, "
-                 "the more the slower each request (the percentages: time saved by holding the data in memory).")
+    lines.append("Percentages: the epoch time saved by holding the data in memory. The loader reads and decodes "
+                 "the next batches in threads while the model computes, so reading files costs epoch time only "
+                 "where a batch takes longer to read than to compute; \"waiting for data\" is that excess, "
+                 "per rank.")
     if result.get("netfs_skipped"):
         lines.append(f"The sshfs set-ups were skipped: {result['netfs_skipped']}.")
     return "\n\n".join(lines)

@@ -82,13 +82,13 @@ def format_bytes(n: float) -> str:
 
 
 def bytes_axis(ax: Any, sizes: Sequence[float], axis: str = "x") -> None:
-    """A log2 axis of byte counts labelled 8 B, 1 KiB, 1 MiB..., at most about nine labels."""
+    """A log2 axis of byte counts labelled 8 B, 1 KiB, 1 MiB..., at most about seven labels."""
     import math
 
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     low, high = math.floor(math.log2(max(min(sizes), 1))), math.ceil(math.log2(max(max(sizes), 1)))
-    step = max(1, math.ceil((high - low + 1) / 9))
+    step = max(1, math.ceil((high - low + 1) / 7))
     ticks = [2.0**k for k in range(high, low - 1, -step)]
     target = ax.xaxis if axis == "x" else ax.yaxis
     (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=2)
@@ -123,10 +123,12 @@ def baseline_level(ax: Any, value: float, label: str) -> None:
 
 def bars(ax: Any, positions: Sequence[float], spreads: Sequence[dict], *, width: float, label: str | None,
          color_: str, hatch: str | None = None, alpha: float = 0.9) -> Any:
-    """Bars at the medians with min-max error bars."""
-    medians = [s["median"] if s and s.get("median") is not None else 0.0 for s in spreads]
-    low = [m - (s["min"] if s and s.get("min") is not None else m) for m, s in zip(medians, spreads)]
-    high = [(s["max"] if s and s.get("max") is not None else m) - m for m, s in zip(medians, spreads)]
+    """Bars at the medians with min-max error bars; a spread without a median (no result) draws nothing."""
+    kept = [(x, s) for x, s in zip(positions, spreads) if s and s.get("median") is not None]
+    positions, spreads = [x for x, _ in kept], [s for _, s in kept]
+    medians = [s["median"] for s in spreads]
+    low = [m - s["min"] for m, s in zip(medians, spreads)]
+    high = [s["max"] - m for m, s in zip(medians, spreads)]
     return ax.bar(positions, medians, width=width, label=label, color=color_, hatch=hatch, alpha=alpha,
                   yerr=[low, high], capsize=2, error_kw={"elinewidth": 0.8, "ecolor": "#333333"},
                   edgecolor="white", linewidth=0.5)
@@ -135,6 +137,8 @@ def bars(ax: Any, positions: Sequence[float], spreads: Sequence[dict], *, width:
 def shared_legend(fig: Any, ax: Any, *, width: float = 0.16) -> None:
     """One legend for the whole figure, to the right of the panels (``save`` leaves it the room)."""
     handles, labels = ax.get_legend_handles_labels()
+    w, h = fig.get_size_inches()
+    fig.set_size_inches(w / (1 - width), h)   # the panels keep their size; the legend gets the new room
     fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
     fig.dimd_legend_width = width
 
@@ -162,7 +166,8 @@ def save(fig: Any, path: Path, envelope: dict[str, Any], *, title: str | None = 
     """Add the title and footnote, write the PNG (through pillow-simd) and close the figure."""
     if title:
         fig.suptitle(title, fontsize=11, fontweight="bold")
-    fig.text(0.005, 0.004, footnote_text(envelope), fontsize=6.5, color="#555555", ha="left", va="bottom")
+    fig.text(0.005, 0.004, footnote_text(envelope), fontsize=6.5, color="#555555", ha="left", va="bottom",
+             wrap=True)
     fig.tight_layout(rect=(0, 0.025, 1 - getattr(fig, "dimd_legend_width", 0.0), 0.97 if title else 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")

@@ -34,7 +34,8 @@ MODULES = (
     "memory_vs_files",       # DIMD figs. 10-11
     "comm_vs_ranks",         # FireCaffe fig. 4, eqs. 3-4
     "train_vs_ddp",          # dimd train against PyTorch DDP
-    "peer_loaders",          # dimd against FFCV, litdata, webdataset, ImageFolder (opt-in: make bench-peers)
+    "allreduce_vs_mpich",    # opt-in: dimd's algorithms against MPICH's, forced
+    "peer_loaders",          # opt-in (make bench-peers): dimd against FFCV, litdata, webdataset, ImageFolder
 )
 
 README = BENCH / "README.md"
@@ -110,8 +111,13 @@ def write_readme(reproductions: dict[str, Reproduction], results: Path, readme: 
         if envelope is None:
             section += ["*Not measured yet.*", ""]
         else:
+            try:
+                here = reproduction.findings(envelope)
+            except Exception as exc:   # one figure's bad JSON must not lose the whole README
+                print(f"{name}: findings failed: {exc!r}", file=sys.stderr)
+                here = f"*(the findings could not be read from results/{name}.json: {exc!r})*"
             section += [f"![{reproduction.title}]({rel}/{name}.png)", "",
-                        f"**Here.** {reproduction.findings(envelope)}", "",
+                        f"**Here.** {here}", "",
                         f"*{_provenance(envelope)}*", ""]
         sections.append("\n".join(section))
     readme.write_text("\n".join(out) + "\n\n" + "\n".join(sections) + "\n" + ADDING)

@@ -32,8 +32,9 @@ def test_the_runner_lists_every_reproduction_once():
     assert proc.returncode == 0, proc.stderr
     names = [line.split()[0] for line in proc.stdout.splitlines()]
     assert names == ["allreduce_bandwidth", "epoch_by_allreduce", "shuffle_scaling", "memory_vs_files",
-                     "comm_vs_ranks", "train_vs_ddp", "peer_loaders"]
-    assert [line.split()[0] for line in proc.stdout.splitlines() if "(opt-in)" in line] == ["peer_loaders"]
+                     "comm_vs_ranks", "train_vs_ddp", "allreduce_vs_mpich", "peer_loaders"]
+    assert [line.split()[0] for line in proc.stdout.splitlines() if "(opt-in)" in line] == [
+        "allreduce_vs_mpich", "peer_loaders"]
 
 
 def test_no_bench_script_puts_the_repository_on_sys_path():
@@ -148,3 +149,16 @@ def test_netfs_serves_the_files_and_cleans_up_on_sigterm(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 143
     assert not os.path.ismount(mount)   # unmounted; its sshd stopped with it (by PID)
+
+
+def test_the_cost_model_hook_draws_plan_batch_predictions_and_nothing_else(bench):
+    pytest.importorskip("matplotlib")
+    plotting, comm = bench("plotting"), bench("comm_vs_ranks")
+    fig, axes = plotting.figure()
+    ax = axes[0][0]
+    fitted = {"status": "fitted", "fit": {"algorithms": {
+        "ring": {"predictions": [{"ranks": 2 ** k, "seconds": 0.01 * k} for k in range(11)]}}}}
+    assert comm.draw_cost_model(ax, fitted, 1 << 20) and len(ax.lines) == 1
+    assert not comm.draw_cost_model(ax, {"status": "pending", "why": "not yet"}, 1 << 20)
+    assert not comm.draw_cost_model(ax, {"status": "fitted", "fit": {"algorithms": {"ring": {}}}}, 1 << 20)
+    plotting.pyplot().close(fig)
