@@ -70,7 +70,8 @@ def versions() -> dict:
     return {"dimd": metadata.version("dimd"), "pillow-simd": metadata.version("pillow-simd")}
 
 
-PEER = Peer("dimd", pack, records, loader, notes, versions)
+PEER = Peer("dimd", pack, records, loader, notes, versions,
+            modules=("dimd.format", "dimd.shuffle.loader", "h5py", "torch"))
 
 if __name__ == "__main__":
     raise SystemExit(main(PEER))

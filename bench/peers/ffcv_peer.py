@@ -113,7 +113,8 @@ def versions() -> dict:
     return {name: metadata.version(name) for name in ("ffcv", "numba", "opencv-python", "pillow")}
 
 
-PEER = Peer("ffcv", pack, records, loader, notes, versions)
+PEER = Peer("ffcv", pack, records, loader, notes, versions,
+            modules=("ffcv.writer", "ffcv.fields", "ffcv.loader", "ffcv.reader", "torch"))
 
 if __name__ == "__main__":
     raise SystemExit(main(PEER))

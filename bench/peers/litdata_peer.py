@@ -87,7 +87,8 @@ def versions() -> dict:
     return {"litdata": metadata.version("litdata"), "pillow": metadata.version("pillow")}
 
 
-PEER = Peer("litdata", pack, records, loader, notes, versions)
+PEER = Peer("litdata", pack, records, loader, notes, versions,
+            modules=("litdata", "torch"))
 
 if __name__ == "__main__":
     raise SystemExit(main(PEER))

@@ -86,7 +86,8 @@ def extra_checks(manifest: Manifest) -> dict:
     return {"pil_augmentation_max_difference_from_torchvision": worst}
 
 
-PEER = Peer("torchvision", pack, records, loader, notes, versions, extra_checks)
+PEER = Peer("torchvision", pack, records, loader, notes, versions, extra_checks,
+            modules=("torchvision.datasets", "torchvision.transforms", "torch"))
 
 if __name__ == "__main__":
     raise SystemExit(main(PEER))

@@ -82,7 +82,8 @@ def versions() -> dict:
     return {"webdataset": metadata.version("webdataset"), "pillow": metadata.version("pillow")}
 
 
-PEER = Peer("webdataset", pack, records, loader, notes, versions)
+PEER = Peer("webdataset", pack, records, loader, notes, versions,
+            modules=("webdataset", "torch"))
 
 if __name__ == "__main__":
     raise SystemExit(main(PEER))
