@@ -343,7 +343,8 @@ def plot(envelope: dict[str, Any]):
         plotting.bars(ax, [i], [packing[label]["seconds"]], width=0.7, label=None,
                       color_=COLOURS.get(label, COLOURS.get(label.split(" ")[0], "#999999")),
                       hatch="//" if label.startswith("dimd pack") else None)
-        ax.annotate(f"{packing[label]['seconds']['median']:.1f}", (i, packing[label]["seconds"]["max"]),
+        seconds = packing[label]["seconds"]["median"]
+        ax.annotate(f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.2g}", (i, packing[label]["seconds"]["max"]),
                     ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(range(len(pack_labels)), [label.replace(" (", "\n(") for label in pack_labels], rotation=35,
                   ha="right", fontsize=7.5)
