@@ -142,3 +142,10 @@ def test_dimd_as_a_peer_packs_verifies_and_counts_the_images_it_delivers(bench, 
     assert [(e["images"], e["batches"]) for e in loaded["epochs"]] == [(40, 4)] * 3
     assert all(e["seconds"] > 0 and e["cpu_seconds"] > 0 for e in loaded["epochs"])
     assert loaded["versions"]["dimd"] and "threads" in loaded["how"]["workers"]
+
+
+def test_the_setup_script_refuses_an_unknown_peer_before_installing_anything(tmp_path):
+    proc = subprocess.run(["bash", PEERS / "setup.sh", "ffcv", "nosuchloader"], capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "PEERS_DIR": str(tmp_path / "peers")})
+    assert proc.returncode == 2 and "unknown peer 'nosuchloader'" in proc.stderr
+    assert not (tmp_path / "peers").exists()
