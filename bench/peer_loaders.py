@@ -380,6 +380,12 @@ def findings(envelope: dict[str, Any]) -> str:
                 cell += f", {rate['median'] / base['images_per_s']['median']:.1f}x the baseline"
             cells.append(cell)
         lines.append("**Training batches:** " + "; ".join(cells) + ".")
+        busy = [row["cores_busy"]["median"] for row in loading.values()]
+        if max(busy) < 0.5 * p["workers"]:
+            lines.append(f"The loaders kept only {min(busy):.1f}-{max(busy):.1f} of the {p['workers']} cores busy "
+                         f"on average: other jobs had the rest, so the wall-time rates say more about the "
+                         f"machine's load than about the loaders; images per CPU-second (user + system time "
+                         f"of every thread and worker process) compare them.")
     if packing:
         cells = []
         for label, row in packing.items():
@@ -388,7 +394,9 @@ def findings(envelope: dict[str, Any]) -> str:
                          f"{row['bytes'] / 2**20:.0f} MiB)")
         lines.append("**Packing:** " + "; ".join(cells) + ". Only `dimd pack` decodes and resizes; every other "
                      "figure is the time to write the same JPEG bytes into the format (a peer's user also "
-                     "has to resize first, which is what `dimd pack` spends its time on).")
+                     "has to resize first, which is what `dimd pack` spends its time on). FFCV's and litdata's "
+                     "times include starting their writer processes (litdata spawns them, and each imports "
+                     "torch afresh).")
     checks = [f"{k} {'ok' if v.get('ok') else 'FAILED'} ({v.get('checked', v.get('error', ''))})"
               for k, v in result["verification"].items() if k != "tree"]
     tv = result["verification"].get("files (ImageFolder)", {})
