@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from _common import BENCH, BIN, Context, JobError, Reproduction, dimd_job, run, spread, write_records_as_files
-from dimd.report import read_result
 
 ROOT = BENCH.parent
 PEERS_DIR = Path(os.environ.get("DIMD_PEERS_DIR", ROOT / "build" / "peers"))

@@ -39,7 +39,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -266,7 +266,7 @@ def _versions(peer: Peer) -> dict:
     for module in ("torch", "PIL"):
         try:
             versions[module] = __import__(module).__version__
-        except Exception:  # noqa: BLE001 - a version is information, not a requirement
+        except Exception:  # a version is information, not a requirement
             pass
     return {**versions, **peer.versions()}
 
@@ -337,13 +337,3 @@ def main(peer: Peer, argv: list[str] | None = None) -> int:
     _write(args.json, document)
     return 0
 
-
-def batches_of(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
-    batch: list[Any] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
