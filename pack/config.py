@@ -11,6 +11,9 @@ from pathlib import Path
 
 from dimd.checks import at_least, in_range
 
+#: libjpeg's JPEG_MAX_DIMENSION: no side of a stored JPEG may be longer.
+JPEG_MAX_SIDE = 65500
+
 
 @dataclass(frozen=True)
 class PackConfig:
@@ -26,7 +29,7 @@ class PackConfig:
     chunksize: int = 16  # tasks per message to and from a worker
 
     def __post_init__(self) -> None:
-        in_range(self, "short_side", 1, 65535)
+        in_range(self, "short_side", 1, JPEG_MAX_SIDE)
         in_range(self, "quality", 1, 100)
         at_least(self, "workers", 1, optional=True)
         at_least(self, "chunksize", 1)

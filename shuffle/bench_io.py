@@ -150,7 +150,7 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
     store = DistributedStore.load(config.dataset, comm)
     from dimd.format import PackedDataset
 
-    names = PackedDataset(config.dataset).names
+    names = PackedDataset(config.dataset).source_names
     paths = [config.tree / names[int(i)] for i in store.global_index]
     missing = [p for p in paths[:50] if not p.is_file()]
     if missing:

@@ -87,7 +87,7 @@ def test_missing_and_empty_sources_are_clear_errors(tmp_path):
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("--short-side", "0", "Invalid value for '--short-side': must be in [1, 65535] (got 0)"),
+    ("--short-side", "0", "Invalid value for '--short-side': must be in [1, 65500] (got 0)"),
     ("--quality", "101", "Invalid value for '--quality': must be in [1, 100] (got 101)"),
     ("--workers", "0", "Invalid value for '--workers': must be at least 1 (got 0)"),
 ])
@@ -96,9 +96,9 @@ def test_bad_options_are_clear_errors(sample_tree, tmp_path, option, value, mess
     assert proc.returncode == 2 and message in proc.stderr  # a usage error, named by its flag
 
 
-def test_missing_output_folder_is_a_clear_error(sample_tree, tmp_path):
-    with pytest.raises(DimdError, match="output folder does not exist"):
-        pack(PackConfig(sample_tree, tmp_path / "no" / "such" / "out"))
+def test_missing_output_folders_are_created(sample_tree, tmp_path):
+    result = pack(PackConfig(sample_tree, tmp_path / "no" / "such" / "out", workers=1))
+    assert result.images == 48 and len(PackedDataset(tmp_path / "no" / "such" / "out")) == 48
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ DEVICES = ("auto", "cpu", "cuda")
 #: Where training images come from: the in-memory store, or each image's original file on every
 #: access (page cache allowed), or that file read cold (its cached pages dropped before each read).
 READ_FROM = ("memory", "files", "files-cold")
+SYNCS = ("ssgd", "sma")
+LEARNER_COMPUTES = ("auto", "vmap", "loop", "threads")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,14 @@ class TrainConfig:
     memory_limit: int | None = None       # bytes per rank
     read_from: str = "memory"             # "files"/"files-cold": read each image from its original file
     files_root: str | None = None         # the folder the set was packed from (default: the index's source)
+    # Synchronisation: S-SGD, or Crossbow's synchronous model averaging (docs/sma.md).
+    sync: str = "ssgd"                    # "ssgd" or "sma"
+    learners: int | str | None = None     # SMA learners per rank: a number or "auto"; None: 1
+    alpha: float | None = None            # SMA correction weight; None: 1/L for L learners in all
+    sma_momentum: float | None = None     # SMA's central momentum; None: 0.9 if momentum > 0, else 0
+    sync_every: int = 1                   # SMA: learner steps per synchronisation
+    autotune_threshold: float = 0.1       # SMA auto: the relative throughput rise that adds a learner
+    learner_compute: str = "auto"         # SMA: how a rank computes its learners' gradients
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "groups", "decode_threads"):
@@ -90,6 +100,32 @@ class TrainConfig:
         finite(self, "lr")
         require(not (self.resume or self.checkpoint_every) or self.checkpoint_dir is not None,
                 "checkpoint_dir", "is needed to resume or to checkpoint every N steps")
+        self._check_sync()
+
+    def _check_sync(self) -> None:
+        one_of(self, "sync", SYNCS)
+        one_of(self, "learner_compute", LEARNER_COMPUTES)
+        in_range(self, "alpha", 0.0, 1.0, low_open=True, optional=True)
+        in_range(self, "sma_momentum", 0.0, 1.0, high_open=True, optional=True)
+        at_least(self, "sync_every", 1)
+        at_least(self, "autotune_threshold", 0.0)
+        if self.learners is not None and self.learners != "auto":
+            require(isinstance(self.learners, int) and not isinstance(self.learners, bool), "learners",
+                    f"must be a number of learners per rank or auto (got {self.learners!r})")
+            at_least(self, "learners", 1)
+        if self.sync == "ssgd":
+            for name, default in (("learners", None), ("alpha", None), ("sma_momentum", None),
+                                  ("sync_every", 1)):
+                require(getattr(self, name) == default, name,
+                        "is a setting of model averaging: add `sync` sma, or leave it out for S-SGD")
+        else:
+            require(not self.nesterov, "nesterov", "is not part of SMA (its learners use Polyak "
+                    "momentum, as Crossbow's do); leave it out with `sync` sma")
+
+    @property
+    def autotune(self) -> bool:
+        """SMA with ``learners="auto"``: the auto-tuner chooses the learners per rank."""
+        return self.sync == "sma" and self.learners == "auto"
 
     @property
     def bucket_bytes(self) -> int:

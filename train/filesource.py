@@ -30,10 +30,10 @@ class OriginalFiles:
 
     def __init__(self, store: Any, root: str | os.PathLike | None = None, *, cold: bool = False) -> None:
         dataset = PackedDataset(store.path, check_size=False)
-        self.root = Path(root if root is not None else dataset.attrs.get("source", ""))
+        self.root = Path(root if root is not None else dataset.source)
         if dataset.attrs.get("source_kind", "tree") == "lmdb":
             raise DimdError(f"{store.path}: packed from an LMDB, there are no original files to read")
-        self.names = dataset.names
+        self.names = dataset.source_names  # file-system names: exact even where not UTF-8
         self.cold = cold and hasattr(os, "posix_fadvise")
         self._store = store
         missing = self.root / self.names[int(store.global_index[0])] if len(store) else None

@@ -50,9 +50,15 @@ def _line(row) -> str:
                     "the wrong elements (summed over ranks) in #wrong; exit 1 if any.")
 @config_option(BenchConfig, "peer", type=click.Choice(PEERS),
                help="Also time torch.distributed all_reduce (gloo backend) in the same job.")
+@click.option("--model", default=None,
+              help="Also time a message of this model's gradient size (float32, as `dimd train` "
+                   "allreduces it; `dimd train --list-models`).")
+@click.option("--classes", type=click.IntRange(min=2), default=None,
+              help="--model's output classes [default: 1000 for ImageNet-style models, 10 for the others].")
 @json_option("parameters, MPI set-up, versions and every row (rank 0)")
 @mpi_command("single")
-def bench_allreduce(json_path: Path | None, comm, mpi_setup, **fields: Any) -> None:
+def bench_allreduce(json_path: Path | None, model: str | None, classes: int | None, comm, mpi_setup,
+                    **fields: Any) -> None:
     """Time allreduce algorithms over message sizes, like nccl-tests and osu_allreduce.
 
     For each size (min-bytes, x factor, ... up to max-bytes) every algorithm
@@ -67,12 +73,22 @@ def bench_allreduce(json_path: Path | None, comm, mpi_setup, **fields: Any) -> N
     Examples:
       mpirun -n 4 dimd bench-allreduce --check
       mpirun -n 2 dimd bench-allreduce -a mpi,ring,multicolor -b 64K -e 64M --peer gloo --json ar.json
+      mpirun -n 3 dimd bench-allreduce -b 64K -e 16M -f 4 --model resnet20 --json ar-P3.json
     """
-    from dimd.allreduce.bench import run_bench
+    from dimd.allreduce.bench import check_memory, run_bench
     from dimd.errors import DimdError
     from dimd.report import result_document, write_json
 
-    config = build_config(BenchConfig, **fields)
+    if classes is not None and model is None:
+        raise click.UsageError("--classes goes with --model")
+    gradient_bytes = None
+    if model is not None:  # the allreduce package knows no models: the size comes from here
+        from dimd.train.plan.measure import model_gradient_bytes
+
+        gradient_bytes = model_gradient_bytes(model, classes)
+    config = build_config(BenchConfig, extra_sizes=(gradient_bytes,) if gradient_bytes is not None else (),
+                          **fields)
+    check_memory(config, comm)  # before the table's header: a size beyond memory is one line
     root = comm.Get_rank() == 0
     size = comm.Get_size()
     library = " ".join(mpi_setup.library_version.split())
@@ -83,6 +99,8 @@ def bench_allreduce(json_path: Path | None, comm, mpi_setup, **fields: Any) -> N
         click.echo(f"# time: per-iteration mean of each rank's timed loop; avg/min/max over ranks. "
                    f"busbw = algbw x 2(P-1)/P. colors {min(config.colors, size)}, segment "
                    f"{config.segment_bytes or 'auto'}")
+        if model is not None:
+            click.echo(f"# {model}'s gradients: {gradient_bytes} bytes, timed with the sweep")
         click.echo(_columns())
 
     def on_row(row) -> None:
@@ -96,7 +114,8 @@ def bench_allreduce(json_path: Path | None, comm, mpi_setup, **fields: Any) -> N
         if config.check:
             click.echo(f"# check: {wrong} wrong elements in {len(rows)} rows")
         if json_path is not None:
-            figures = {"world_size": size, "rows": rows, "wrong_total": wrong if config.check else None}
+            figures = {"world_size": size, "rows": rows, "wrong_total": wrong if config.check else None,
+                       "model": model, "gradient_bytes": gradient_bytes}
             write_json(json_path, result_document("bench-allreduce", config, figures, mpi=mpi_setup.as_dict()))
     if wrong:
         raise DimdError(f"--check: {wrong} elements differ from the known sum")

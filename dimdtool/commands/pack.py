@@ -11,11 +11,13 @@ import click
 
 from dimd.console import progress
 from dimd.errors import DimdError
-from dimd.options import OUTPUT_FILE, build_config, config_option, json_option, processes_option, quiet_option
+from dimd.options import (OUTPUT_FILE, build_config, cli_message, config_option, json_option,
+                          processes_option, quiet_option)
 from dimd.pack.config import PackConfig
 from dimd.units import format_bytes
 
-_FILE = OUTPUT_FILE
+#: An input file (--list, --classes-file); outputs are OUTPUT_FILE, checked before the work.
+_FILE = click.Path(dir_okay=False, path_type=Path)
 #: A scan of SRC that takes longer than this gets a line saying what is happening.
 SCAN_NOTICE_S = 2.0
 
@@ -23,7 +25,8 @@ SCAN_NOTICE_S = 2.0
 @click.command("pack")
 @click.argument("src", type=click.Path(path_type=Path))
 @config_option(PackConfig, "out", "-o", "--output", required=True, type=click.Path(path_type=Path),
-               help="Output stem: writes OUT.dimd (the JPEGs) and OUT.idx.h5 (the index).")
+               help="Output stem: writes OUT.dimd (the JPEGs) and OUT.idx.h5 (the index); "
+                    "missing folders are created.")
 @config_option(PackConfig, "list_file", "--list", "--labels", type=_FILE,
                help="Pack the images named in FILE, one 'relative/path label' line each "
                     "(Caffe's convert_imageset format), e.g. ImageNet's flat val folder.")
@@ -35,7 +38,7 @@ SCAN_NOTICE_S = 2.0
 @config_option(PackConfig, "workers", help="Worker processes [default: the cores available]. The output "
                                            "is the same for any number.")
 @config_option(PackConfig, "strict", help="Stop at the first image that cannot be packed.")
-@click.option("--skipped", "skipped_file", type=_FILE,
+@click.option("--skipped", "skipped_file", type=OUTPUT_FILE,
               help="Write the names of skipped images, with the reason, to FILE.")
 @config_option(PackConfig, "force", help="Overwrite an existing OUT.")
 @json_option("the summary")
@@ -54,8 +57,12 @@ def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, q
     orientation applied), its shorter side is resized to --short-side
     (antialiased; large JPEGs are decoded at reduced scale first) and stored as
     a JPEG of --quality. Files without an image extension and hidden files are
-    ignored; empty, truncated or undecodable images are skipped and named.
-    Outputs appear only when the pack completes.
+    ignored; anything that is not a regular file, and empty, truncated or
+    undecodable images are skipped and named. Symlinks are followed, but each
+    folder is walked and each file packed once. Outputs appear only when the
+    pack completes; an interrupted pack (Ctrl-C, SIGTERM, a full disk) leaves
+    nothing, and the next pack to the same OUT removes what a killed one left
+    (docs/policies.md).
 
     \b
     Examples:
@@ -83,11 +90,16 @@ def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, q
             progress(source.count, f"pack ({source.kind})", unit="img", enabled=not quiet))
 
     def on_skip(name: str, reason: str) -> None:
-        click.echo(f"dimd: skipped {name}: {reason}", err=True)
+        click.echo(f"dimd: skipped {name}: {cli_message(reason)}", err=True)
 
     with bars:
         result = pack(config, advance=lambda n=1: state["advance"](n), on_skip=on_skip,
                       on_start=on_start)
+    for path in result.stale_removed:
+        click.echo(f"dimd: removed {path}, left by a pack that no longer runs", err=True)
+    for path in result.stale_foreign:
+        click.echo(f"dimd: note: {path} was left by a pack on another host; remove it if that "
+                   "pack no longer runs", err=True)
     if skipped_file is not None:
         from dimd.fsutil import atomic_write_text
 

@@ -9,12 +9,12 @@ from typing import Any
 import click
 
 from dimd.console import progress
-from dimd.options import build_config, config_option, processes_option
+from dimd.options import OUTPUT_DIR, build_config, config_option, processes_option
 from dimd.sample_data import LAYOUTS, MAX_CLASSES, SampleSpec
 
 
 @click.command("sample-data")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("directory", type=OUTPUT_DIR)
 @config_option(SampleSpec, "classes", help=f"Number of classes (shape x colour pairs, at most {MAX_CLASSES}).")
 @config_option(SampleSpec, "per_class", help="Images per class.")
 @config_option(SampleSpec, "seed", help="Seed; the same seed gives the same files.")

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from dimd.commands.mpi_job import mpi_command
-from dimd.options import SIZE, build_config, config_option, json_option, quiet_option
+from dimd.options import OUTPUT_DIR, SIZE, build_config, config_option, json_option, quiet_option
 from dimd.shuffle.rounds import ShuffleConfig
 from dimd.units import format_bytes
 
@@ -29,7 +29,7 @@ def _memory(rss: list[int]) -> str:
 @config_option(ShuffleConfig, "verify",
                help="After the load and every round, check per group that the multiset of "
                     "(name, crc32) is unchanged (every record once, bytes intact); fail loudly if not.")
-@config_option(ShuffleConfig, "save_order", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+@config_option(ShuffleConfig, "save_order", type=OUTPUT_DIR, metavar="DIR",
                help="Each rank k writes the global record indices it holds after round r to "
                     "DIR/round{r}_rank{k}.npy.")
 @config_option(ShuffleConfig, "memory_limit", type=SIZE, metavar="SIZE",

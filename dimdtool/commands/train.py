@@ -14,9 +14,9 @@ from typing import Any
 import click
 
 from dimd.console import progress
-from dimd.options import (FINITE_FLOAT, FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
-                          config_option, json_option)
-from dimd.train.config import DEVICES, READ_FROM, TrainConfig
+from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
+                          config_option, defer_output_checks, json_option)
+from dimd.train.config import DEVICES, LEARNER_COMPUTES, READ_FROM, SYNCS, TrainConfig
 from dimd.train.schedule import SCHEDULES
 
 
@@ -49,6 +49,20 @@ class ShuffleEvery(click.ParamType):
         self.fail(f"expected a number of steps, 'epoch' or 'never', got {value!r}", param, ctx)
 
 
+class Learners(click.ParamType):
+    """``K`` learners per rank or ``auto`` (Crossbow's auto-tuner)."""
+
+    name = "K|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str | None:
+        if value is None or isinstance(value, int) or value == "auto":
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"expected a number of learners per rank or 'auto', got {value!r}", param, ctx)
+
+
 def print_models() -> None:
     from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
     from dimd.units import format_bytes
@@ -69,11 +83,13 @@ def print_models() -> None:
 @click.option("--list-models", is_flag=True,
               help="List the models with parameter counts and gradient bytes, then exit.")
 @config_option(TrainConfig, "epochs")
-@config_option(TrainConfig, "batch_size", help="Images per rank per step.")
-@config_option(TrainConfig, "lr", help="Learning rate for a global batch of 256.")
+@config_option(TrainConfig, "batch_size", help="Images per rank per step; under SMA, per learner per step.")
+@config_option(TrainConfig, "lr",
+               help="Learning rate for a batch of 256, scaled linearly: by the global batch / 256 under "
+                    "S-SGD, by a learner's batch / 256 under SMA (each learner steps on its own batch).")
 @config_option(TrainConfig, "lr_scaling", "--lr-scaling/--no-lr-scaling",
-               help="Scale --lr by global batch / 256 (the linear scaling rule); --no-lr-scaling uses "
-                    "it as given.")
+               help="Scale --lr by batch / 256 (the linear scaling rule); --no-lr-scaling uses it as "
+                    "given (under SMA too: the rate of every learner's step).")
 @config_option(TrainConfig, "momentum")
 @config_option(TrainConfig, "weight_decay")
 @config_option(TrainConfig, "decay_bn_and_bias", help="Also apply weight decay to batch-norm and bias parameters.")
@@ -99,6 +115,26 @@ def print_models() -> None:
                help="Allreduce algorithm (see `dimd bench-allreduce --help`) [default: the fastest "
                     "measured at start-up for the model's gradient size].")
 @config_option(TrainConfig, "bucket_mb", help="Allreduce the gradients in buckets of this size (0: one message).")
+@config_option(TrainConfig, "sync", type=click.Choice(SYNCS),
+               help="ssgd: synchronous data-parallel SGD (one gradient allreduce per step); sma: "
+                    "Crossbow's synchronous model averaging of independent learners (docs/sma.md).")
+@config_option(TrainConfig, "learners", type=Learners(),
+               help="SMA: learners per rank, each on its own batch of --batch-size images, or 'auto' "
+                    "(Crossbow's auto-tuner: from 1, add one while the throughput rises by more than "
+                    "--autotune-threshold) [default: 1].")
+@config_option(TrainConfig, "alpha",
+               help="SMA: weight of each learner's correction towards the central model, in (0, 1] "
+                    "[default: 1/L for L learners in all, the paper's choice; see docs/sma.md].")
+@config_option(TrainConfig, "sma_momentum",
+               help="SMA: momentum of the central model's updates [default: 0.9 when --momentum > 0, "
+                    "else 0, as Crossbow's code hard-codes it].")
+@config_option(TrainConfig, "sync_every", help="SMA: learner steps between synchronisations.")
+@config_option(TrainConfig, "autotune_threshold",
+               help="SMA --learners auto: the relative rise in throughput that adds a learner.")
+@config_option(TrainConfig, "learner_compute", type=click.Choice(LEARNER_COMPUTES),
+               help="SMA: how a rank computes its learners' gradients: vmap (one vectorised pass over "
+                    "the stacked replicas), loop (one after another; on CUDA one stream each) or "
+                    "threads; auto: loop (measured fastest on CPU cores; see docs/sma.md).")
 @config_option(TrainConfig, "device", type=click.Choice(DEVICES),
                help="auto: one GPU per rank when CUDA is available, else CPU.")
 @config_option(TrainConfig, "decode_threads", help="Decoding threads of each rank's loader.")
@@ -126,13 +162,18 @@ def print_models() -> None:
 @click.option("--metrics", "metrics_path", type=OUTPUT_FILE, default=None,
               help="Append one JSON line per epoch here.")
 @json_option("the run's summary")
+@defer_output_checks  # --metrics and --json: checked on rank 0 once MPI is up (mpi_command)
 def train(train_set: str | None, val_set: str | None, list_models: bool, legacy_workers: int | None,
           metrics_path: Path | None, json_path: Path | None, **fields: Any) -> None:
-    """Synchronous data-parallel SGD on packed data held in memory (run under mpirun).
+    """Synchronous data-parallel SGD or model averaging on packed data held in memory (run under mpirun).
 
     Every rank holds its share of TRAIN (a `dimd pack` output) in memory,
-    reshuffled across ranks every epoch; gradients live in one flat buffer and
-    are summed with one allreduce per step. Rank 0 prints one line per epoch
+    reshuffled across ranks every epoch. S-SGD (the default): gradients live
+    in one flat buffer and are summed with one allreduce per step. SMA
+    (--sync sma, Crossbow): K learners per rank step independently on their
+    own small batches and are pulled towards a central model, updated with one
+    allreduce per synchronisation; the central model is evaluated and
+    checkpointed. Rank 0 prints one line per epoch
     and writes checkpoints; SIGTERM or SIGUSR1 (a batch scheduler's time-limit
     warning) finishes the step, writes a checkpoint and exits cleanly, so a
     requeued job continues with --resume.
@@ -142,6 +183,8 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, legacy_
       mpirun -n 2 dimd train demo/train --val demo/val --model resnet20 --image-size 32 \\
           --epochs 16 --batch-size 16 --lr 0.8 --schedule cosine --warmup-epochs 2 \\
           --checkpoint-dir demo/checkpoints --json demo/train.json
+      mpirun -n 2 dimd train mnist/train --val mnist/val --model lenet --image-size 28 \\
+          --epochs 10 --batch-size 8 --lr 0.05 --no-lr-scaling --sync sma --learners auto
       mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --model resnet50 \\
           --device cuda --decode-threads 8 --checkpoint-dir ckpt --resume
     """
@@ -167,15 +210,31 @@ def _epoch_line(m, epochs: int) -> str:
             f"  val loss {m.val_loss:.3f} top1 {100 * m.val_top1:.1f}% top5 {100 * m.val_top5:.1f}%"
             f"  {m.images_per_s:,.0f} img/s  {m.seconds:.1f}s (data {split['data']:.1f}"
             f" compute {split['compute']:.1f} allreduce {split['allreduce']:.1f}"
-            f" optimizer {split['optimizer']:.1f} eval {m.eval_seconds:.1f} shuffle {m.shuffle_seconds:.1f})")
+            f" optimizer {split['optimizer']:.1f}" + (f" sync {split['sync']:.1f}" if m.sync == "sma" else "")
+            + f" eval {m.eval_seconds:.1f} shuffle {m.shuffle_seconds:.1f})"
+            + (f"  {m.learners_per_rank} learners/rank alpha {m.alpha:.3g}" if m.sync == "sma" else ""))
+
+
+def _layout_line(trainer) -> str:
+    config, ranks = trainer.config, trainer.world
+    if config.sync == "sma":
+        k = "auto-tuned" if config.learners == "auto" else trainer.strategy.learners
+        return (f"SMA: {ranks} ranks x {k} learner(s) x batch {config.batch_size}, alpha "
+                f"{'1/L' if config.alpha is None else config.alpha}, {trainer.batches_per_epoch} batches/epoch "
+                f"per rank")
+    return (f"{ranks} ranks x batch {config.batch_size} = {trainer.global_batch}, "
+            f"{trainer.batches_per_epoch} steps/epoch")
 
 
 def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | None,
          json_path: Path | None, fields: dict[str, Any]) -> None:
+    from dimd.commands.mpi_job import check_outputs
     from dimd.report import result_document, write_json
     from dimd.train.engine import Trainer
+    from dimd.train.signals import StopRequest
 
     config = build_config(TrainConfig, train=train_set, val=val_set, **fields)
+    check_outputs(comm, ("--checkpoint-dir", config.checkpoint_dir, "folder"))  # before the data loads
     leader = comm.Get_rank() == 0
     say = (lambda line: click.echo(line)) if leader else (lambda line: None)
     stack = contextlib.ExitStack()
@@ -190,17 +249,17 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
     def on_start(trainer) -> None:
         info = trainer.model_info
         say(f"{config.model}: {info['parameters']:,} parameters, {info['gradient_bytes'] / 2**20:.1f} MiB of "
-            f"gradients; {comm.Get_size()} ranks x batch {config.batch_size} = {trainer.global_batch}, "
-            f"{trainer.steps_per_epoch} steps/epoch; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
+            f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
             f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {trainer.algorithm}; "
             f"device {trainer.device}")
-        remaining = trainer.steps_per_epoch * config.epochs - trainer.step
+        remaining = trainer.batches_per_epoch // trainer.strategy.learners * config.epochs - trainer.step
         advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader))
 
-    trainer = Trainer(config, comm, on_epoch=on_epoch, on_step=lambda n: advance[0](n),
-                      on_event=say, on_start=on_start)
-    with stack:
-        result = trainer.run()
+    with StopRequest() as stop:   # before the set-up, so that a signal while loading is not lost
+        trainer = Trainer(config, comm, stop=stop, on_epoch=on_epoch, on_step=lambda n: advance[0](n),
+                          on_event=say, on_start=on_start)
+        with stack:
+            result = trainer.run()
     if result.stopped_by:
         say(f"stopped by {result.stopped_by} after step {trainer.step}; checkpoint {result.checkpoint}; "
             f"run again with --resume to continue")
