@@ -61,7 +61,7 @@ def measure_one(reproduction: Reproduction, quick: bool, results: Path) -> Path:
     started, cpu = time.perf_counter(), children_cpu_seconds()
     parameters, figures = reproduction.measure(ctx)
     figures["wall_seconds"] = round(time.perf_counter() - started, 1)
-    # CPU time of every job it ran: on a busy machine, wall time / this says how much it was slowed
+    # CPU time of every job it ran: on C free cores a run takes at least this / C, however busy the machine
     figures["jobs_cpu_seconds"] = round(children_cpu_seconds() - cpu, 1)
     path, _ = write_result(reproduction.name, parameters, figures, results)
     ctx.log(f"{reproduction.name}: {path} written after {figures['wall_seconds'] / 60:.1f} min")
