@@ -123,8 +123,9 @@ def plot(envelope: dict[str, Any]):
         for i, (row, colour) in enumerate(zip(others, colours)):
             plotting.bars(ax, [i], [row["epoch_seconds"]], width=0.65, label=None, color_=colour)
             ax.annotate(f"{saving(row, base):+.0f}%", (i, row["epoch_seconds"]["max"]), ha="center",
-                        va="bottom", fontsize=7.5, xytext=(0, 2), textcoords="offset points")
-        plotting.baseline_level(ax, base["epoch_seconds"]["median"], "in memory (dimd)")
+                        va="bottom", fontsize=7.5, xytext=(0, 2), textcoords="offset points",
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
+        plotting.baseline_level(ax, base["epoch_seconds"], "in memory (dimd), its spread shaded")
         ax.set_xticks(range(len(others)), [r["setup"].replace(" +", "\n+") for r in others], fontsize=7.5)
         ax.set_ylabel("epoch time (s, training only)")
         ax.set_ylim(bottom=0)

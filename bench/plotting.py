@@ -116,8 +116,15 @@ def baseline(ax: Any, x: Sequence[float], spreads: Sequence[dict], label: str) -
     series(ax, x, spreads, label, style=dict(BASELINE), marker="s")
 
 
-def baseline_level(ax: Any, value: float, label: str) -> None:
-    """The baseline as one level across a bar chart, in the same black dashed line."""
+def baseline_level(ax: Any, value: float | dict, label: str) -> None:
+    """The baseline as one level across a bar chart, in the same black dashed line.
+
+    Given a spread, the level is its median and its min-max range is shaded grey.
+    """
+    if isinstance(value, dict):
+        if value.get("min") is not None and value["max"] != value["min"]:
+            ax.axhspan(value["min"], value["max"], color="black", alpha=0.07, linewidth=0)
+        value = value["median"]
     ax.axhline(value, label=label, **BASELINE)
 
 

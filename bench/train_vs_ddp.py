@@ -170,7 +170,7 @@ def plot(envelope: dict[str, Any]):
     ax, split_ax = axes[0]
     for i, name in enumerate(names):
         plotting.bars(ax, [i], [setups[name]["images_per_s"]], width=0.6, label=None, color_=colours[name])
-    plotting.baseline_level(ax, setups["DDP"]["images_per_s"]["median"], "PyTorch DDP (the baseline)")
+    plotting.baseline_level(ax, setups["DDP"]["images_per_s"], "PyTorch DDP (the baseline)")
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("training images/s (all ranks)")
     ax.set_title("throughput, epochs after the first")
@@ -185,7 +185,8 @@ def plot(envelope: dict[str, Any]):
     split_ax.set_xticks(range(len(names)), names)
     split_ax.set_ylabel("seconds per epoch and rank (medians)")
     split_ax.set_title("where an epoch's time goes")
-    split_ax.legend(fontsize=7)
+    split_ax.set_ylim(top=max(bottom) * 1.4)   # room above the bars for the legend
+    split_ax.legend(fontsize=7, loc="upper center", ncol=2)
     return fig
 
 
