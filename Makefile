@@ -92,3 +92,16 @@ reproduce: setup plots-setup netfs-setup
 # Every figure at a size that only proves the pipeline works end to end.
 reproduce-quick: setup plots-setup netfs-setup
 	$(PY) bench/reproduce.py --quick
+
+# ---- dimd against the loaders users would pick instead (bench/peer_loaders.py; opt-in) ------------
+# Each peer (FFCV, litdata, webdataset, torchvision) in a venv of its own under build/peers/NAME,
+# installed by bench/peers/setup.sh: several GB (torchvision needs PyPI's CUDA torch build), so a
+# second run reuses what is installed. A peer that fails to install is shown in the figure as
+# unavailable, with the error. `make clean` removes these venvs too (build/).
+.PHONY: peers-setup bench-peers
+
+peers-setup:
+	bench/peers/setup.sh
+
+bench-peers: setup plots-setup peers-setup
+	$(PY) bench/reproduce.py peer_loaders

@@ -35,6 +35,7 @@ MODULES = (
     "comm_vs_ranks",         # FireCaffe fig. 4, eqs. 3-4
     "train_vs_ddp",          # dimd train against PyTorch DDP
     "allreduce_vs_mpich",    # opt-in: dimd's algorithms against MPICH's, forced
+    "peer_loaders",          # opt-in (make bench-peers): dimd against FFCV, litdata, webdataset, ImageFolder
 )
 
 README = BENCH / "README.md"
