@@ -43,7 +43,8 @@ demo: setup
 	  bin/pipeline.sh $(DEMO_DIR)/images/train $(DEMO_DIR)/images/val $(DEMO_DIR) \
 	  --schedule cosine --warmup-epochs 2
 
-test: setup
+# plots-setup: the tests of bench/'s plotting run too (matplotlib, installed without plain Pillow).
+test: setup plots-setup
 	$(PY) -m pytest
 
 # ruff over the tree; mypy over the library, seen as the one `dimd` namespace it installs as:
