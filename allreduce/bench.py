@@ -261,8 +261,19 @@ def check_memory(config: BenchConfig, comm: Any) -> None:
     agree_or_raise(comm, memory_problem(config, available_memory() // node_local_ranks(comm)))
 
 
-def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | None = None) -> list[Row]:
-    """Run the sweep ``config`` describes on ``comm`` (collective); every rank gets the rows.
+@dataclass(frozen=True)
+class BenchResult:
+    """What ``dimd bench-allreduce`` measured: every row, and the check's total when it ran."""
+
+    world_size: int
+    rows: list[Row]
+    wrong_total: int | None       # None when not checked
+    model: str | None = None      # the model whose gradient size joined the sweep (the CLI's --model)
+    gradient_bytes: int | None = None
+
+
+def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | None = None) -> BenchResult:
+    """Run the sweep ``config`` describes on ``comm`` (collective); every rank gets the result.
 
     Refused on every rank, before anything is allocated, when the largest
     message does not fit the node's available memory per rank (:func:`check_memory`).
@@ -277,8 +288,10 @@ def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | No
         reducers["gloo"], close = gloo_reducer(comm)
         closers.append(close)
     try:
-        return sweep(comm, reducers, config.sizes(), np.dtype(config.dtype), iters=config.iters,
+        rows = sweep(comm, reducers, config.sizes(), np.dtype(config.dtype), iters=config.iters,
                      warmup=config.warmup, check=config.check, on_row=on_row)
     finally:
         for close in closers:
             close()
+    wrong = sum(row.wrong or 0 for row in rows) if config.check else None
+    return BenchResult(world_size=comm.Get_size(), rows=rows, wrong_total=wrong)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -53,10 +54,17 @@ class VerifyResult:
     count: int
     bad: list[tuple[int, str, str]] = field(default_factory=list)  # (index, name, problem)
     file_problem: str = ""  # e.g. the data file's size does not match the index
+    seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
         return not self.bad and not self.file_problem
+
+    def figures(self) -> dict:
+        """The ``--json`` figures (the CLI wraps them in the standard envelope)."""
+        return {"count": self.count, "bad": len(self.bad), "ok": self.ok, "seconds": round(self.seconds, 3),
+                "file_problem": self.file_problem,
+                "bad_records": [{"index": i, "name": n, "problem": p} for i, n, p in self.bad]}
 
 
 def verify(out: str | os.PathLike, *, workers: int = 1, decode: bool = True,
@@ -65,6 +73,7 @@ def verify(out: str | os.PathLike, *, workers: int = 1, decode: bool = True,
 
     A truncated data file is not refused up front: the records it cut are named.
     """
+    start = time.perf_counter()
     ds = PackedDataset(out, check_size=False)
     size = ds.data_path.stat().st_size
     file_problem = (f"{ds.data_path}: data file is {size} bytes, the index expects {ds.data_bytes}"
@@ -89,7 +98,8 @@ def verify(out: str | os.PathLike, *, workers: int = 1, decode: bool = True,
                 if advance:
                     advance(stop - start)
     names = ds.names if problems else []
-    return VerifyResult(count, [(i, names[i], problem) for i, problem in problems], file_problem)
+    return VerifyResult(count, [(i, names[i], problem) for i, problem in problems], file_problem,
+                        seconds=time.perf_counter() - start)
 
 
 def check_records(ds: PackedDataset, start: int, stop: int, decode: bool = True) -> list[tuple[int, str]]:

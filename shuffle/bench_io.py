@@ -140,7 +140,7 @@ class FileDataset:
 
 
 def run_bench_io(config: BenchIoConfig, comm: Any, *,
-                 on_measurement: Callable[[Measurement], None] | None = None) -> dict[str, Any]:
+                 on_measurement: Callable[[Measurement], None] | None = None) -> BenchIoResult:
     """Measure the three methods ``config.repeats`` times each (interleaved) and return the figures."""
     import torch
     from torch.utils.data import DataLoader
@@ -231,7 +231,16 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
     return summarise(config, measurements, records=len(store))
 
 
-def summarise(config: BenchIoConfig, measurements: list[Measurement], *, records: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class BenchIoResult:
+    """Per method, images/s and images per CPU-second over the repeats, and the ratios between them."""
+
+    records: int
+    methods: dict[str, Any]     # method -> {"images_per_s": spread, "images_per_cpu_s": spread, "images"}
+    ratios: dict[str, float | None]
+
+
+def summarise(config: BenchIoConfig, measurements: list[Measurement], *, records: int) -> BenchIoResult:
     """Per method, images/s and images per CPU-second over the repeats (``dimd.report.spread``), and the ratios."""
     methods: dict[str, Any] = {}
     for method in METHODS:
@@ -241,15 +250,11 @@ def summarise(config: BenchIoConfig, measurements: list[Measurement], *, records
                            "images": mine[0].images}
     dimd, torch_rate, limit = (methods[m]["images_per_s"]["median"] for m in METHODS)
     dimd_cpu, torch_cpu, limit_cpu = (methods[m]["images_per_cpu_s"]["median"] for m in METHODS)
-    return {
-        "records": records,
-        "methods": methods,
-        "ratios": {
-            "dimd_over_torch": dimd / torch_rate if torch_rate else None,
-            "dimd_per_worker_over_limit": dimd / config.workers / limit if limit else None,
-            "dimd_over_limit": dimd / limit if limit else None,
-            # per CPU-second: what each busy core achieves, robust to other jobs on the machine
-            "cpu_dimd_over_torch": dimd_cpu / torch_cpu if torch_cpu else None,
-            "cpu_dimd_over_limit": dimd_cpu / limit_cpu if limit_cpu else None,
-        },
-    }
+    return BenchIoResult(records=records, methods=methods, ratios={
+        "dimd_over_torch": dimd / torch_rate if torch_rate else None,
+        "dimd_per_worker_over_limit": dimd / config.workers / limit if limit else None,
+        "dimd_over_limit": dimd / limit if limit else None,
+        # per CPU-second: what each busy core achieves, robust to other jobs on the machine
+        "cpu_dimd_over_torch": dimd_cpu / torch_cpu if torch_cpu else None,
+        "cpu_dimd_over_limit": dimd_cpu / limit_cpu if limit_cpu else None,
+    })

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,14 +109,11 @@ def bench_allreduce(json_path: Path | None, model: str | None, classes: int | No
             click.echo(_line(row))
             sys.stdout.flush()
 
-    rows = run_bench(config, comm, on_row)
-    wrong = sum(row.wrong or 0 for row in rows)
+    result = replace(run_bench(config, comm, on_row), model=model, gradient_bytes=gradient_bytes)
     if root:
         if config.check:
-            click.echo(f"# check: {wrong} wrong elements in {len(rows)} rows")
+            click.echo(f"# check: {result.wrong_total} wrong elements in {len(result.rows)} rows")
         if json_path is not None:
-            figures = {"world_size": size, "rows": rows, "wrong_total": wrong if config.check else None,
-                       "model": model, "gradient_bytes": gradient_bytes}
-            write_json(json_path, result_document("bench-allreduce", config, figures, mpi=mpi_setup.as_dict()))
-    if wrong:
-        raise DimdError(f"--check: {wrong} elements differ from the known sum")
+            write_json(json_path, result_document("bench-allreduce", config, result, mpi=mpi_setup.as_dict()))
+    if result.wrong_total:
+        raise DimdError(f"--check: {result.wrong_total} elements differ from the known sum")

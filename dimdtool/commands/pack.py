@@ -174,25 +174,18 @@ def verify_command(dataset: Path, workers: int | None, crc_only: bool, json_path
     Example:
       dimd verify /scratch/in1k/train
     """
-    import time
-
     from dimd.format import PackedDataset
     from dimd.pack.inspection import verify
     from dimd.host import available_cores
     from dimd.report import result_document, write_json
 
-    start = time.perf_counter()
     total = len(PackedDataset(dataset, check_size=False))
     with progress(total, "verify", unit="rec") as advance:
         result = verify(dataset, workers=workers or available_cores(), decode=not crc_only,
                         advance=advance)
-    seconds = time.perf_counter() - start
     if json_path is not None:
-        write_json(json_path, result_document(
-            "verify", {"dataset": str(dataset), "crc_only": crc_only},
-            {"count": result.count, "bad": len(result.bad), "ok": result.ok, "seconds": round(seconds, 3),
-             "file_problem": result.file_problem,
-             "bad_records": [{"index": i, "name": n, "problem": p} for i, n, p in result.bad]}))
+        write_json(json_path, result_document("verify", {"dataset": str(dataset), "crc_only": crc_only},
+                                              result.figures()))
     for i, name, problem in result.bad:
         click.echo(f"dimd: bad record {i} ({name}): {problem}", err=True)
     if result.file_problem:
@@ -201,4 +194,4 @@ def verify_command(dataset: Path, workers: int | None, crc_only: bool, json_path
     if not result.ok:
         raise DimdError(f"{dataset}: {len(result.bad)} of {result.count} records are bad"
                         + (" and the data file size is wrong" if result.file_problem else ""))
-    click.echo(f"ok: {result.count} records, {checked} checked in {seconds:.1f} s")
+    click.echo(f"ok: {result.count} records, {checked} checked in {result.seconds:.1f} s")
