@@ -30,7 +30,8 @@ EQUATIONS = {"ps": ("eq. 3: |W| P / BW", lambda p: p), "tree": ("eq. 4: |W| 2 lo
 
 def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
     p = ctx.size(FULL, QUICK)
-    min_bytes = p["max_bytes"] // p["factor"] ** (p["sizes"] - 1)
+    # a whole number of float32 elements (bench-allreduce labels each row with the bytes it reduces)
+    min_bytes = p["max_bytes"] // p["factor"] ** (p["sizes"] - 1) // 4 * 4
     paths: list[Path] = []
     rows: dict[tuple[int, str, int], list[float]] = {}
     for run_ in range(p["runs"]):
@@ -92,8 +93,8 @@ def draw_cost_model(ax: Any, model: dict[str, Any], nbytes: int) -> bool:
                                                    for q in points):
             continue
         style = dict(plotting.BASELINE) if algorithm == BASELINE else {"color": plotting.color(algorithm)}
-        style.update(linewidth=1.0, alpha=0.8)
-        ax.plot([q["ranks"] for q in points], [q["seconds"] * 1e3 for q in points], linestyle="-.", **style)
+        style.update(linewidth=1.0, alpha=0.8, linestyle="-.")   # a model's curve, whatever the line's own style
+        ax.plot([q["ranks"] for q in points], [q["seconds"] * 1e3 for q in points], **style)
         drawn = True
     return drawn
 
