@@ -79,7 +79,9 @@ class _Color:
         self.parent = tree.parent[rank] if tree.parent[rank] >= 0 else None
         self.children = tree.children[rank]
         self.up_tag, self.down_tag = _TAG_BASE + 2 * tree.color, _TAG_BASE + 2 * tree.color + 1
-        self.chunk, self.comm, self.post, self.slots = chunk, comm, post, slots
+        self.chunk, self.comm, self.post = chunk, comm, post
+        # A leaf receives nothing: an empty stand-in instead of None keeps the type plain.
+        self.slots = slots if slots is not None else np.empty((WINDOW, 0, 0), chunk.dtype)
         self.bounds = segment_bounds(chunk.size, segment)
         self.count = len(self.bounds) - 1
         self.arrived = np.zeros(self.count, dtype=np.int64)
@@ -105,7 +107,7 @@ class _Color:
         width = self.bounds[s + 1] - self.bounds[s]
         for j, child in enumerate(self.children):
             landing = self.slots[s % WINDOW, j, :width]
-            self.post(self.comm.Irecv(landing, child, self.up_tag), lambda s=s: self._arrived(s))
+            self.post(self.comm.Irecv(landing, child, self.up_tag), functools.partial(self._arrived, s))
 
     def _arrived(self, s: int) -> None:
         self.arrived[s] += 1
@@ -128,7 +130,7 @@ class _Color:
         self._send_up(s)
 
     def _send_up(self, s: int) -> None:
-        self.post(self.comm.Isend(self.segment(s), self.parent, self.up_tag), lambda s=s: self._sent_up(s))
+        self.post(self.comm.Isend(self.segment(s), self.parent, self.up_tag), functools.partial(self._sent_up, s))
 
     def _sent_up(self, s: int) -> None:
         self.up_done[s] = True
@@ -140,7 +142,7 @@ class _Color:
             d = self.next_down
             self.next_down += 1
             self.post(self.comm.Irecv(self.segment(d), self.parent, self.down_tag),
-                      lambda d=d: self._arrived_down(d))
+                      functools.partial(self._arrived_down, d))
 
     def _arrived_down(self, s: int) -> None:
         # Receives can complete out of order (large ones are copied in the
@@ -195,8 +197,7 @@ def multicolor(buf: np.ndarray, comm: Any, *, colors: int = 4, segment_bytes: in
     for state in states:
         state.start()
     while requests:
-        done = MPI.Request.Waitsome(requests)
-        finished = set(done)
+        finished = set(MPI.Request.Waitsome(requests) or ())
         ready = [handlers[i] for i in sorted(finished)]
         requests[:] = [r for i, r in enumerate(requests) if i not in finished]
         handlers[:] = [h for i, h in enumerate(handlers) if i not in finished]

@@ -46,7 +46,8 @@ class LazyGroup(click.Group):
         """Each command with its whole first sentence (click would cut it at 45 characters)."""
         rows = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
-            formatter.write_dl([(name, command.get_short_help_str(limit=200)) for name, command in rows])
+            formatter.write_dl([(name, command.get_short_help_str(limit=200)) for name, command in rows
+                                if command is not None])
 
     def invoke(self, ctx: click.Context):
         from dimd import signals

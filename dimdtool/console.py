@@ -24,13 +24,17 @@ def stderr_console():
     return Console(stderr=True, highlight=False)
 
 
+def _ignore(n: int = 1) -> None:
+    """``advance`` when progress is off."""
+
+
 @contextlib.contextmanager
 def progress(total: int | None, description: str, *, unit: str = "items", enabled: bool = True,
              interval: float = 10.0, stream: TextIO | None = None) -> Iterator[Advance]:
     """Yield ``advance(n)``: a rich bar with rate on a terminal, else a line every ``interval`` s."""
     stream = stream or sys.stderr
     if not enabled:
-        yield lambda n=1: None
+        yield _ignore
         return
     if is_terminal(stream):
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,

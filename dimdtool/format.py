@@ -61,7 +61,7 @@ def dataset_paths(out: str | os.PathLike) -> tuple[Path, Path]:
 
 
 def crc32(data: bytes | memoryview | np.ndarray) -> int:
-    return zlib.crc32(data) & 0xFFFFFFFF
+    return zlib.crc32(data.data if isinstance(data, np.ndarray) else data) & 0xFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -494,7 +494,7 @@ class PackedDataset:
         """The encoded bytes of record ``i``, without copying."""
         row = self.records[i]
         start = int(row["offset"])
-        return memoryview(self.data[start : start + int(row["length"])])
+        return self.data[start : start + int(row["length"])].data
 
     def label(self, i: int) -> int:
         return int(self.records["label"][i])

@@ -179,8 +179,8 @@ class RegistryChoice(click.Choice):
         self._metavar = metavar
         self.case_sensitive = True
 
-    @property  # type: ignore[override]
-    def choices(self) -> tuple[str, ...]:
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]  # click.Choice's is a plain attribute
         if self._names is None:
             self._names = tuple(self._load())
         return self._names
@@ -231,8 +231,8 @@ def field_default(config_cls: type, name: str) -> Any:
     f = config_field(config_cls, name)
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     return None
 
 

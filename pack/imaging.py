@@ -201,8 +201,8 @@ def to_rgb_or_grey(image: Image.Image) -> Image.Image:
         return image.convert("L")
     elif mode in ("I;16", "I;16L", "I;16B", "I;16N"):
         return Image.fromarray((np.asarray(image, np.uint16) >> 8).astype(np.uint8), "L")
-    elif mode == "I" and image.getextrema()[1] <= 65535:  # 16-bit grey opened as 32-bit
-        shift = 8 if image.getextrema()[1] > 255 else 0
+    elif mode == "I" and _band_max(image) <= 65535:  # 16-bit grey opened as 32-bit
+        shift = 8 if _band_max(image) > 255 else 0
         return Image.fromarray((np.asarray(image, np.int64).clip(0) >> shift).astype(np.uint8), "L")
     elif mode in ("I", "F"):  # other 32-bit data: scale the range onto 0..255
         values = np.asarray(image, np.float64)
@@ -221,3 +221,9 @@ def to_rgb_or_grey(image: Image.Image) -> Image.Image:
         background.paste(base, mask=alpha)
         return background
     return image.convert("RGB")  # CMYK, YCbCr, LAB, HSV, RGBX, ...
+
+
+def _band_max(image: Image.Image) -> float:
+    """The largest value of a one-band image (``getextrema`` gives (min, max) for one band)."""
+    extrema = image.getextrema()
+    return float(extrema[1])  # type: ignore[arg-type]  # one band: a pair of numbers

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Generator, Iterable, Iterator
 
 from dimd.errors import DimdError
 from dimd.format import PackedRecord, PackWriter, dataset_paths, escape_name
@@ -120,7 +120,7 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _processed(source: Source, config: PackConfig, workers: int) -> Iterator[tuple]:
+def _processed(source: Source, config: PackConfig, workers: int) -> Generator[tuple, None, None]:
     """Results in task order, from this process or from a pool of ``workers``."""
     bound = source.label_bound
     settings = (config.short_side, config.quality, bound.limit, bound.named)
@@ -168,7 +168,7 @@ class _Throttle:
 def _preload_imaging() -> None:
     from PIL import Image
 
-    import dimd.pack.imaging  # noqa: F401
+    import dimd.pack.imaging
     import dimd.pack.lmdb_source  # noqa: F401
 
     Image.preinit()  # JPEG, PNG and the other common plugins, so workers do not each import them

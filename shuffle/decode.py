@@ -57,12 +57,10 @@ def _open(data: bytes | memoryview):
     from PIL import Image
 
     try:
-        image = Image.open(io.BytesIO(data))
+        opened = Image.open(io.BytesIO(data))
     except Exception as exc:  # PIL raises UnidentifiedImageError, OSError, ValueError...
         raise DecodeError(f"not a decodable image ({exc})") from None
-    if image.mode not in ("RGB", "L", "CMYK"):
-        image = image.convert("RGB")
-    return image
+    return opened if opened.mode in ("RGB", "L", "CMYK") else opened.convert("RGB")
 
 
 def _crop_resize(image, box: tuple[float, float, float, float], size: int) -> np.ndarray:
@@ -77,7 +75,7 @@ def _crop_resize(image, box: tuple[float, float, float, float], size: int) -> np
         sx, sy = image.size[0] / width, image.size[1] / height
         box = (left * sx, top * sy, right * sx, bottom * sy)
     try:
-        out = image.resize((size, size), Image.BILINEAR, box=box)
+        out = image.resize((size, size), Image.Resampling.BILINEAR, box=box)
         if out.mode != "RGB":
             out = out.convert("RGB")
         return np.asarray(out)
@@ -89,7 +87,8 @@ def train_hwc(data: bytes | memoryview, image_size: int, rng: np.random.Generato
               scale: tuple[float, float] = SCALE) -> tuple[np.ndarray, bool]:
     """The random-resized crop as HWC, and whether to flip it (the loader flips while copying)."""
     image = _open(data)
-    left, top, w, h = random_resized_crop_box(*image.size, rng, scale)
+    width, height = image.size
+    left, top, w, h = random_resized_crop_box(width, height, rng, scale)
     flip = bool(rng.random() < 0.5)
     return _crop_resize(image, (left, top, left + w, top + h), image_size), flip
 

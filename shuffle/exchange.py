@@ -55,7 +55,7 @@ def gather_bytes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
     run_starts = starts[run_first]
     run_lengths = block_sums(lengths, np.diff(np.concatenate((run_first, [len(lengths)]))))
     run_out = displacements(run_lengths)
-    source, target = memoryview(data), memoryview(out)
+    source, target = data.data, out.data   # the arrays' own buffers: slicing copies nothing
     for begin, length, at in zip(run_starts.tolist(), run_lengths.tolist(), run_out.tolist()):
         target[at : at + length] = source[begin : begin + length]
     return out

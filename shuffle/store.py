@@ -160,7 +160,7 @@ class DistributedStore:
     def record(self, i: int) -> memoryview:
         """The encoded bytes of local record ``i``, without copying."""
         start = int(self._starts[i])
-        return memoryview(self._data)[start : start + int(self._meta["length"][i])]
+        return self._data.data[start : start + int(self._meta["length"][i])]
 
     @property
     def lengths(self) -> np.ndarray:
@@ -244,7 +244,7 @@ class DistributedStore:
 
 def _read_range(path: Path, begin: int, out: np.ndarray, advance: Callable[[int], None] | None) -> int:
     """Fill ``out`` with the bytes of ``path`` from ``begin``, in a few large reads."""
-    view = memoryview(out)
+    view = out.data
     done = reads = 0
     with open(path, "rb", buffering=0) as f:
         f.seek(begin)

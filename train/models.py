@@ -72,7 +72,7 @@ class CifarResNet(nn.Module):
         n = (depth - 2) // 6
         self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16),
                                   nn.ReLU(inplace=True))
-        layers: list[nn.Module] = []
+        layers: list[CifarBasicBlock] = []
         inplanes = 16
         for planes, stride in ((16, 1), (32, 2), (64, 2)):
             for i in range(n):
@@ -85,7 +85,7 @@ class CifarResNet(nn.Module):
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
         if zero_init_residual:  # each block starts as the identity (Goyal et al.)
-            for block in self.layers:
+            for block in layers:
                 nn.init.zeros_(block.bn2.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -233,7 +233,8 @@ class NiN(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.normal_(m.weight, 0.0, 0.01 if m.kernel_size == (1, 1) else 0.05)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.features(x)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -75,7 +75,11 @@ def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, q
 
     config = build_config(PackConfig, src=src, **fields)
     bars = contextlib.ExitStack()
-    state = {"advance": lambda n=1: None}
+    bar: list[Callable[[int], None]] = [lambda n: None]   # the progress bar, once the source is known
+
+    def advance(n: int = 1) -> None:
+        bar[0](n)
+
     # Listing a million-file tree on a parallel file system takes a while: say so, but only then.
     scanning = threading.Timer(SCAN_NOTICE_S, lambda: click.echo(
         f"scanning {src} (listing every image before packing) ...", err=True))
@@ -86,14 +90,14 @@ def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, q
 
     def on_start(source) -> None:
         scanning.cancel()
-        state["advance"] = bars.enter_context(
+        bar[0] = bars.enter_context(
             progress(source.count, f"pack ({source.kind})", unit="img", enabled=not quiet))
 
     def on_skip(name: str, reason: str) -> None:
         click.echo(f"dimd: skipped {name}: {cli_message(reason)}", err=True)
 
     with bars:
-        result = pack(config, advance=lambda n=1: state["advance"](n), on_skip=on_skip,
+        result = pack(config, advance=advance, on_skip=on_skip,
                       on_start=on_start)
     for path in result.stale_removed:
         click.echo(f"dimd: removed {path}, left by a pack that no longer runs", err=True)
