@@ -114,7 +114,7 @@ def one_rank_fails(collective: str, failing_rank: str, dataset: str = "") -> Non
             store = DistributedStore.load(dataset, comm)
             if comm.rank == failing:
                 raise DimdError("gives up before the shuffle")
-            store.shuffle(0, 0)                  # an Alltoallv
+            store.shuffle(0, 0)                  # the others wait in its Alltoallv
         elif collective == "allreduce":
             buf = np.ones(1000)
             buf.flags.writeable = comm.rank != failing

@@ -33,6 +33,7 @@ def test_many_segments_and_colours_on_eight_ranks():
 
 @pytest.mark.mpi
 def test_tensors_average_colours_and_choose_fastest():
+    """A torch tensor averaged in place, every colour count, and one fastest algorithm that all ranks agree on."""
     proc = mpi_run("allreduce_tensors_and_options", 3, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count(" ok ") == 3

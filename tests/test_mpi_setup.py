@@ -23,6 +23,7 @@ def test_throttle_set_only_when_ranks_outnumber_cores(monkeypatch):
 
 @pytest.mark.mpi
 def test_clean_job_reports_thread_level_and_throttle():
+    """dimd starts MPI at the level asked for, and throttles progress when ranks outnumber cores."""
     proc = mpi_run("mpi_command_setup", 4, timeout=60, check=True)
     oversubscribed = 4 > available_cores()
     assert proc.stdout.count(f"level funneled throttle {oversubscribed}") == 4
@@ -59,6 +60,7 @@ def test_a_failed_assert_on_one_rank_ends_the_test_job_at_once():
 
 
 def test_mpiexec_honours_a_launcher_with_its_own_options(monkeypatch):
+    """``MPIEXEC="srun --mpi=pmi2" pytest`` runs every MPI test through the site's launcher."""
     monkeypatch.setenv("MPIEXEC", "srun --mpi=pmi2")
     assert mpiexec() == ["srun", "--mpi=pmi2"]
     monkeypatch.setenv("MPIEXEC", "'/opt/my mpi/bin/mpirun' --oversubscribe")

@@ -89,6 +89,7 @@ def test_groups_must_divide_the_job(packed_sample):
 
 @pytest.mark.parametrize("ranks,groups", [(3, 1)])
 def test_batches_decode_to_the_right_labels_on_every_rank(packed_sample, ranks, groups):
+    """After a shuffle, every rank's batches carry its own records' labels and decode as packed."""
     import zlib
 
     from dimd.shuffle import decode_eval
