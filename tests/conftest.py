@@ -40,8 +40,10 @@ def run_dimd(*args: str, check: bool = False, timeout: float = 300, **kwargs) ->
 def invoke_dimd(*args: str, check: bool = False) -> subprocess.CompletedProcess:
     """Run ``dimd ARGS`` in this process through click's CliRunner: what :func:`run_dimd` gives, faster.
 
-    For commands that change no process-wide state (MPI, torch threads, signal handlers);
-    an exception that escapes the command fails the test with its own traceback.
+    For commands that leave this process as they found it: MPI may start (the ``world``
+    fixture starts it too), but torch's threads and seed, signal handlers and worker
+    processes call for :func:`run_dimd`. An exception that escapes the command fails
+    the test with its own traceback.
     """
     from click.testing import CliRunner
 
