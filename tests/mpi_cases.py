@@ -290,7 +290,7 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
     steps = [(torch.randn(size * b, 3, 32, 32, generator=g), torch.randint(0, 10, (size * b,), generator=g))
              for _ in range(3)]
     for algorithm in algorithms:
-        model, sgd = engine(size, lambda a: allreduce(a, comm, algorithm))
+        model, sgd = engine(size, lambda a, algorithm=algorithm: allreduce(a, comm, algorithm))
         single, single_sgd = engine(1, lambda a: None)
         for images, labels in steps:
             mine = slice(rank * b, (rank + 1) * b)

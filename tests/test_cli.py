@@ -38,7 +38,8 @@ def test_usage_error_exit_code_is_2():
 
 
 def test_dimd_help_does_not_import_heavy_modules():
-    import subprocess, sys
+    import subprocess
+    import sys
 
     code = ("import sys; from dimd.cli import main\n"
             "try: main(['--help'])\nexcept SystemExit: pass\n"

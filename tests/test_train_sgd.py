@@ -13,7 +13,7 @@ def test_p_ranks_equal_one_rank_with_the_global_batch(ranks):
     proc = mpi_run("sgd_step_equals_global_batch", ranks, "mpi", "ring", "tree", timeout=120, check=True)
     lines = proc.stdout.split("\n")
     for algorithm in ("mpi", "ring", "tree"):
-        line = next(l for l in lines if l.startswith(algorithm + " "))
+        line = next(text for text in lines if text.startswith(algorithm + " "))
         _, _, diff, _, moved, _, same = line.split()
         assert float(diff) < 1e-5, line        # equal within float tolerance
         assert float(moved) > 1e-3, line       # and the steps really changed the weights
