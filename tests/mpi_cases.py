@@ -275,8 +275,11 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
     from dimd.train.models import build_model
     from dimd.train.sgd import SyncSGD, broadcast_state, make_optimizer, replicas_identical
 
+    from dimd.host import available_cores
+
     comm = world()
     rank, size = comm.Get_rank(), comm.Get_size()
+    torch.set_num_threads(max(1, available_cores() // size))   # as dimd train does: ranks share the cores
     b = 6
 
     def engine(replicas: int, reduce: Callable[[Any], Any] | None) -> tuple[Any, SyncSGD]:
