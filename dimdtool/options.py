@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -82,11 +83,140 @@ class FiniteFloat(click.ParamType):
         return number
 
 
+class OutputPath(click.ParamType):
+    """A location a command will write: checked before the command's work starts.
+
+    ``kind`` "file": the folder must exist and be writable, the path must not
+    be a folder (``--json nodir/x.json`` fails at once, in one line).
+    ``kind`` "folder": created with its parents if missing (``mkdir -p``);
+    the nearest existing ancestor must be a writable folder.
+
+    The check (:func:`output_problems`) runs as the value is parsed, except
+    in commands run under MPI (:func:`dimd.commands.mpi_job.mpi_command`),
+    where rank 0 checks every such option once MPI is up and all ranks agree,
+    so a job fails with one line, not one per rank.
+    """
+
+    def __init__(self, kind: str = "file") -> None:
+        self.kind = kind
+        self.name = "path" if kind == "file" else "folder"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        path = value if isinstance(value, Path) else Path(value)
+        if ctx is not None and not defers_output_checks(ctx) and not ctx.resilient_parsing:
+            problem = output_problem_for(path, self, param)
+            if problem:
+                raise DimdError(problem)
+        return path
+
+
+def output_problem_for(path: Path, kind: "OutputPath", param: click.Parameter | None) -> str | None:
+    from dimd.fsutil import output_problem
+
+    flag = _flag_of(param)
+    return output_problem(path, kind="folder" if kind.kind == "folder" else "file",
+                          create=kind.kind == "folder", what=flag)
+
+
+def _flag_of(param: click.Parameter | None) -> str:
+    if param is None:
+        return ""
+    if isinstance(param, click.Argument):
+        return (param.human_readable_name or "").upper()
+    longs = [o for o in param.opts if o.startswith("--")]
+    return (longs or list(param.opts) or [param.name or ""])[0]
+
+
+#: Attribute an MPI command's callback carries: its output options are checked on rank 0, collectively.
+DEFERS_OUTPUT_CHECKS = "__dimd_defers_output_checks__"
+
+
+def defer_output_checks(callback: F) -> F:
+    """Mark a command whose callback starts MPI itself: its output options are checked there, on rank 0.
+
+    :func:`dimd.commands.mpi_job.mpi_command` marks the commands it wraps; a
+    command that calls ``mpi_command`` inside (``train``) says so with this.
+    """
+    setattr(callback, DEFERS_OUTPUT_CHECKS, True)
+    return callback
+
+
+def defers_output_checks(ctx: click.Context) -> bool:
+    callback = ctx.command.callback if ctx.command is not None else None
+    return bool(getattr(callback, DEFERS_OUTPUT_CHECKS, False))
+
+
+def output_problems(ctx: click.Context | None = None) -> str | None:
+    """The first problem with the output locations the running command was given, or None.
+
+    Every parameter whose type is an :class:`OutputPath` and that has a value
+    is checked, whatever the command: wiring an option with ``OUTPUT_FILE``
+    or ``OUTPUT_DIR`` is all a command does.
+    """
+    ctx = ctx or click.get_current_context(silent=True)
+    if ctx is None or ctx.command is None:
+        return None
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if isinstance(param.type, OutputPath) and value is not None:
+            problem = output_problem_for(Path(value), param.type, param)
+            if problem:
+                return problem
+    return None
+
+
+class RegistryChoice(click.Choice):
+    """A choice among a library registry's names, loaded on first use.
+
+    ``load`` returns the names (e.g. ``lambda: MODELS``); loading waits until
+    a value is converted, so ``dimd --help`` never imports torch for the
+    model zoo. The metavar stays short; the help says where the list is.
+    """
+
+    def __init__(self, load: Callable[[], Any], metavar: str = "NAME") -> None:
+        self._load = load
+        self._names: tuple[str, ...] | None = None
+        self._metavar = metavar
+        self.case_sensitive = True
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        if self._names is None:
+            self._names = tuple(self._load())
+        return self._names
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return self._metavar
+
+
+class NameListType(click.ParamType):
+    """Comma-separated names; ``all`` expands to every name of the registry ``load`` returns.
+
+    The library checks each name (its error names the unknown one), so a
+    typo reads the same from Python and from the command line.
+    """
+
+    name = "names"
+
+    def __init__(self, load: Callable[[], Any]) -> None:
+        self._load = load
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple:
+        if isinstance(value, tuple):
+            return value
+        if str(value).strip() == "all":
+            return tuple(self._load())
+        return tuple(v.strip() for v in str(value).split(",") if v.strip())
+
+
 SIZE = SizeType()
 INT_LIST = NumberListType(int)
 FLOAT_LIST = NumberListType(float)
 FINITE_FLOAT = FiniteFloat()
-OUTPUT_FILE = click.Path(dir_okay=False, path_type=Path)
+#: An output file (``--json``, ``--skipped``, ``--metrics``): its folder must exist and be writable.
+OUTPUT_FILE = OutputPath("file")
+#: An output folder (``--save-order``, ``--checkpoint-dir``): created if missing, must be writable.
+OUTPUT_DIR = OutputPath("folder")
 
 
 # ---------------------------------------------------------------------------- options from config fields
@@ -155,7 +285,8 @@ def build_config(config_cls: type[C], callback: Callable[..., Any] | None = None
     except ConfigError as exc:
         flags = _flags(callback)
         flag = flags.get(exc.field)
-        raise click.BadParameter(exc.problem, param_hint=f"'{flag}'" if flag else exc.field) from None
+        problem = _FIELD_MENTION.sub(lambda m: flags.get(m.group(1), m.group(0)), exc.problem)
+        raise click.BadParameter(problem, param_hint=f"'{flag}'" if flag else exc.field) from None
 
 
 def _flags(callback: Callable[..., Any] | None) -> dict[str, str]:
@@ -187,3 +318,18 @@ def processes_option(help_text: str = "Worker processes") -> Callable[[F], F]:
     return click.option("--workers", type=click.IntRange(min=1), default=None,
                         help=f"{help_text} [default: the cores available]. The output is the same "
                              "for any number.")
+
+
+# ---------------------------------------------------------------------------- library messages on the CLI
+_FIELD_MENTION = re.compile(r"`([a-z][a-z0-9_]*)`")
+
+
+def cli_message(message: str, callback: Callable[..., Any] | None = None) -> str:
+    """A library message for the command line: each `field` it mentions becomes its flag.
+
+    The library names settings by their config field in backquotes ("output
+    exists (set `force` to overwrite)"), since a library caller has no flags;
+    the running command knows which flag sets each field ("--force").
+    """
+    flags = _flags(callback)
+    return _FIELD_MENTION.sub(lambda m: flags.get(m.group(1), m.group(0)), message)

@@ -18,7 +18,8 @@ from typing import Callable, Literal
 
 import numpy as np
 
-from dimd.errors import DimdError
+from dimd.checks import at_least, in_range, one_of
+from dimd.errors import ConfigError
 
 SHAPES = ("circle", "square", "triangle", "cross", "star", "ring", "diamond", "bar")
 COLOURS = {
@@ -28,6 +29,7 @@ COLOURS = {
 }
 MAX_CLASSES = len(SHAPES) * len(COLOURS)
 Layout = Literal["tree", "flat"]
+LAYOUTS: tuple[str, ...] = ("tree", "flat")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,14 @@ class SampleSpec:
     layout: Layout = "tree"
     large_share: float = 0.15
     quality: int = 92
+
+    def __post_init__(self) -> None:
+        in_range(self, "classes", 1, MAX_CLASSES)
+        at_least(self, "per_class", 1)
+        at_least(self, "seed", 0)
+        one_of(self, "layout", LAYOUTS)
+        in_range(self, "large_share", 0.0, 1.0)
+        in_range(self, "quality", 1, 100)
 
 
 @dataclass(frozen=True)
@@ -53,7 +63,7 @@ class SampleResult:
 def class_names(count: int) -> list[str]:
     """Class ``i`` is shape ``i % S`` in colour ``(i + i // S) % C``: all pairs distinct."""
     if not 1 <= count <= MAX_CLASSES:
-        raise DimdError(f"--classes must be between 1 and {MAX_CLASSES}, got {count}")
+        raise ConfigError("classes", f"must be between 1 and {MAX_CLASSES} (got {count})")
     colours = list(COLOURS)
     return [f"{colours[(i + i // len(SHAPES)) % len(colours)]}-{SHAPES[i % len(SHAPES)]}"
             for i in range(count)]
@@ -63,8 +73,6 @@ def generate(spec: SampleSpec, *, workers: int | None = None,
              advance: Callable[[int], None] | None = None) -> SampleResult:
     """Write the images of ``spec`` under ``spec.root``; see the module docstring."""
     names = class_names(spec.classes)
-    if spec.per_class < 1:
-        raise DimdError(f"--per-class must be at least 1, got {spec.per_class}")
     root = Path(spec.root)
     root.mkdir(parents=True, exist_ok=True)
     jobs = []

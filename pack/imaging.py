@@ -16,10 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-#: Lower-case extensions of the files a folder source packs; anything else is ignored.
+from dimd.pack.config import JPEG_MAX_SIDE
+
+#: Lower-case extensions of the files a folder source packs; anything else is ignored. Formats
+#: this Pillow build may lack (HEIF, AVIF, JPEG 2000, JPEG XL) are listed so that such files are
+#: skipped and named, with the reason, rather than passed over in silence.
 IMAGE_EXTENSIONS = frozenset({
     ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp",
-    ".ppm", ".pgm", ".pbm", ".pnm",
+    ".ppm", ".pgm", ".pbm", ".pnm", ".heic", ".heif", ".avif", ".jp2", ".j2k", ".jxl",
 })
 RESAMPLE = Image.Resampling.BICUBIC  # antialiased: the filter widens with the scale factor
 #: Draft decoding keeps at least this multiple of the target size, so the antialiased resize
@@ -34,6 +38,18 @@ EXIF_TRANSPOSE = {
 }
 
 
+#: Formats Pillow reads only when built with their library: (test of the first bytes, name, feature).
+OPTIONAL_FORMATS = (
+    (lambda d: d[:4] == b"RIFF" and d[8:12] == b"WEBP", "WebP", "webp"),
+    (lambda d: d[4:8] == b"ftyp" and d[8:12] in (b"avif", b"avis"), "AVIF", "avif"),
+    (lambda d: d[4:8] == b"ftyp" and d[8:12] in (b"heic", b"heix", b"hevc", b"heim", b"heis",
+                                                 b"mif1", b"msf1"), "HEIF/HEIC", None),
+    (lambda d: d[:12] == b"\x00\x00\x00\x0cjP  \r\n\x87\n" or d[:4] == b"\xff\x4f\xff\x51",
+     "JPEG 2000", "jpg_2000"),
+    (lambda d: d[:2] == b"\xff\x0a" or d[:12] == b"\x00\x00\x00\x0cJXL \r\n\x87\n", "JPEG XL", None),
+)
+
+
 class ImageSkipped(Exception):
     """An input that is not a usable image (empty, truncated, undecodable); the pack goes on."""
 
@@ -46,10 +62,22 @@ class EncodedImage:
 
 
 def target_size(width: int, height: int, short_side: int) -> tuple[int, int]:
-    """(width, height) with the shorter side equal to ``short_side``, aspect ratio kept."""
+    """(width, height) with the shorter side equal to ``short_side``, aspect ratio kept.
+
+    Raises :class:`ImageSkipped` when the longer side would exceed what a JPEG
+    holds (:data:`JPEG_MAX_SIDE`): a 1x5000 strip resized to a short side of
+    256 would be 1,280,000 px long. Checked before any pixel is decoded.
+    """
+    if width < 1 or height < 1:
+        raise ImageSkipped(f"has no pixels ({width}x{height})")
     if width <= height:
-        return short_side, max(1, round(height * short_side / width))
-    return max(1, round(width * short_side / height)), short_side
+        target = short_side, max(1, round(height * short_side / width))
+    else:
+        target = max(1, round(width * short_side / height)), short_side
+    if max(target) > JPEG_MAX_SIDE:
+        raise ImageSkipped(f"{width}x{height} resized to a short side of {short_side} would be "
+                           f"{target[0]}x{target[1]}, longer than a JPEG can be ({JPEG_MAX_SIDE} px)")
+    return target
 
 
 def open_image(data: bytes) -> Image.Image:
@@ -59,14 +87,40 @@ def open_image(data: bytes) -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "Corrupt EXIF data": the pixels are fine
+            # Large but legitimate: JPEGs are draft-decoded, and twice the limit is an error (a skip).
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             # A JPEG (nearly always) is identified without trying every other plugin first.
             return Image.open(io.BytesIO(data), formats=("JPEG",) if data[:3] == _JPEG_MAGIC else None)
     except Image.UnidentifiedImageError:
-        raise ImageSkipped("not an image Pillow can read") from None
+        raise ImageSkipped(unreadable_format(data)) from None
     except Image.DecompressionBombError as exc:
         raise ImageSkipped(f"too large ({exc})") from None
     except Exception as exc:  # corrupt headers reach Pillow's plugins in many ways
         raise ImageSkipped(f"unreadable image ({_describe(exc)})") from None
+
+
+def unreadable_format(data: bytes) -> str:
+    """Why Pillow could not identify ``data``: a format this Pillow build lacks, or none at all."""
+    from PIL import features
+
+    for test, name, feature in OPTIONAL_FORMATS:
+        if test(data):
+            if feature is None or not features.check(feature):
+                return (f"a {name} image, but this Pillow build ({_pillow_build()}) cannot read {name}"
+                        + (f" (it was built without lib{feature})" if feature else ""))
+            return f"a {name} image that Pillow cannot read (damaged?)"
+    return "not an image Pillow can read"
+
+
+def _pillow_build() -> str:
+    from importlib import metadata
+
+    for distribution in ("pillow-simd", "pillow"):
+        try:
+            return f"{distribution} {metadata.version(distribution)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return f"Pillow {Image.__version__}"
 
 
 def resize_encoded(data: bytes, short_side: int, quality: int, *,
@@ -77,9 +131,9 @@ def resize_encoded(data: bytes, short_side: int, quality: int, *,
     1/2, 1/4 or 1/8 scale, never below ``draft_oversample`` times the target.
     """
     image = open_image(data)
+    width, height = image.size
+    target = target_size(width, height, short_side)
     try:
-        width, height = image.size
-        target = target_size(width, height, short_side)
         if image.format == "JPEG" and draft_oversample > 0:
             # DCT-domain downscale (libjpeg picks the smallest scale that keeps the requested
             # size; it does nothing below 2x), then the antialiased resize does the rest.
@@ -124,7 +178,10 @@ def _finish(image: Image.Image, target: tuple[int, int], orientation: int,
     if image.mode != "RGB":
         image = image.convert("RGB")
     out = io.BytesIO()
-    image.save(out, "JPEG", quality=quality)
+    try:
+        image.save(out, "JPEG", quality=quality)
+    except (OSError, ValueError) as exc:  # the encoder refuses it: this record is lost, not the pack
+        raise ImageSkipped(f"cannot encode as JPEG ({_describe(exc)})") from None
     return EncodedImage(out.getvalue(), image.height, image.width)
 
 

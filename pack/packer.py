@@ -16,26 +16,17 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from dimd.errors import DimdError
-from dimd.format import PackedRecord, PackWriter, dataset_paths
+from dimd.format import PackedRecord, PackWriter, dataset_paths, escape_name
 from dimd.host import available_cores
+from dimd.pack.config import PackConfig
+from dimd.pack.labels import LabelBound, numbered_classes
 from dimd.pack.sources import Source, Task, open_source
+
+#: A file larger than this is not read as an image (a 1 GiB JPEG would be ~ 10^9 pixels).
+MAX_IMAGE_BYTES = 1 << 30
 
 Advance = Callable[[int], None]
 OnSkip = Callable[[str, str], None]
-
-
-@dataclass(frozen=True)
-class PackConfig:
-    src: Path
-    out: Path
-    list_file: Path | None = None
-    classes_file: Path | None = None
-    short_side: int = 256
-    quality: int = 90
-    workers: int | None = None  # None: the cores this process may use
-    strict: bool = False
-    force: bool = False
-    chunksize: int = 16  # tasks per message to and from a worker
 
 
 @dataclass
@@ -51,6 +42,8 @@ class PackResult:
     bytes_out: int = 0
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # this process and its workers: comparable on a busy machine
+    stale_removed: list[str] = field(default_factory=list)  # a dead run's temporaries, removed
+    stale_foreign: list[str] = field(default_factory=list)  # another host's temporaries, left alone
 
     @property
     def images_per_s(self) -> float:
@@ -66,15 +59,6 @@ class PackResult:
                 "skipped_images": [{"name": n, "reason": r} for n, r in self.skipped]}
 
 
-def validate(config: PackConfig) -> None:
-    if not 1 <= config.short_side <= 65535:
-        raise DimdError(f"--short-side must be between 1 and 65535, got {config.short_side}")
-    if not 1 <= config.quality <= 100:
-        raise DimdError(f"--quality must be between 1 and 100, got {config.quality}")
-    if config.workers is not None and config.workers < 1:
-        raise DimdError(f"--workers must be at least 1, got {config.workers}")
-
-
 def pack(config: PackConfig, *, advance: Advance | None = None,
          on_skip: OnSkip | None = None, on_start: Callable[[Source], None] | None = None) -> PackResult:
     """Pack ``config.src`` into ``config.out`` (``.dimd`` + ``.idx.h5``); see the module docstring.
@@ -83,37 +67,42 @@ def pack(config: PackConfig, *, advance: Advance | None = None,
     progress bar), ``advance(n)`` after each image, ``on_skip(name, reason)``
     for each image that is not packed.
     """
-    validate(config)
     start, cpu_start = time.perf_counter(), _cpu_seconds()
     data_path, index_path = dataset_paths(config.out)
-    # The writer first: an existing OUT is refused before a long scan of SRC, not after it.
+    # The writer first: a bad or existing OUT is refused before a long scan of SRC, not after it.
     with PackWriter(config.out, force=config.force) as writer:
         source = open_source(config.src, config.list_file, config.classes_file)
+        writer.expected = source.count
         if on_start:
             on_start(source)
         workers = min(config.workers or available_cores(), max(source.count, 1))
-        result = PackResult(data_path, index_path, source.kind, workers)
-        max_label = -1
+        result = PackResult(data_path, index_path, source.kind, workers,
+                            stale_removed=[str(p) for p in writer.stale.removed],
+                            stale_foreign=[str(p) for p in writer.stale.foreign])
+
+        def skip(name: str, reason: str) -> None:
+            name = escape_name(name)
+            result.skipped.append((name, reason))
+            if on_skip:
+                on_skip(name, reason)
+            if config.strict:
+                raise DimdError(f"{name}: {reason} (`strict` stops at the first bad image)")
+
+        for name, reason in source.rejected:
+            skip(name, reason)
         with contextlib.closing(_processed(source, config, workers)) as results:
             for name, label, data, height, width, size_in, reason in results:
                 result.bytes_in += size_in
                 if data is None:
-                    result.skipped.append((name, reason))
-                    if on_skip:
-                        on_skip(name, reason)
-                    if config.strict:
-                        raise DimdError(f"{name}: {reason} (--strict stops at the first bad image)")
+                    skip(name, reason)
                 else:
                     writer.add(PackedRecord(data, label, name, height, width))
-                    max_label = max(max_label, label)
                 if advance:
                     advance(1)
         if len(writer) == 0:
             raise DimdError(f"{config.src}: none of its {source.count} images could be packed")
-        classes = source.classes if source.classes is not None else [str(i) for i in range(max_label + 1)]
-        if max_label >= len(classes):
-            raise DimdError(f"{config.src}: label {max_label} but the classes file names only "
-                            f"{len(classes)} classes")
+        classes = source.classes if source.classes is not None else numbered_classes(
+            writer.labels, str(config.src), lambda i: escape_name(writer.name(i)))
         writer.commit(classes, short_side=config.short_side, quality=config.quality,
                       source=str(config.src),
                       extra_attrs={"source_kind": source.kind, "skipped": len(result.skipped)})
@@ -133,7 +122,8 @@ def _cpu_seconds() -> float:
 
 def _processed(source: Source, config: PackConfig, workers: int) -> Iterator[tuple]:
     """Results in task order, from this process or from a pool of ``workers``."""
-    settings = (config.short_side, config.quality)
+    bound = source.label_bound
+    settings = (config.short_side, config.quality, bound.limit, bound.named)
     if workers == 1:
         _init_worker(*settings)
         yield from map(process_task, source.tasks())
@@ -184,36 +174,37 @@ def _preload_imaging() -> None:
     Image.preinit()  # JPEG, PNG and the other common plugins, so workers do not each import them
 
 
-_SETTINGS: tuple[int, int] = (256, 90)
+_SETTINGS: tuple[int, int, LabelBound] = (256, 90, LabelBound.for_classes(None))
 
 
-def _init_worker(short_side: int, quality: int) -> None:
+def _init_worker(short_side: int, quality: int, label_limit: int, named: bool) -> None:
     global _SETTINGS
-    _SETTINGS = (short_side, quality)
+    _SETTINGS = (short_side, quality, LabelBound(label_limit, named))
 
 
-def _init_pool_worker(short_side: int, quality: int) -> None:
-    """Ctrl-C is the parent's to handle: it stops the pool and removes the partial outputs."""
+def _init_pool_worker(*settings) -> None:
+    """Ctrl-C and SIGTERM are the parent's to handle: it stops the pool and removes the partial outputs."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _init_worker(short_side, quality)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Pool.terminate() must end a worker at once
+    _init_worker(*settings)
 
 
 def process_task(task: Task) -> tuple:
-    """One task -> ``(name, label, jpeg | None, height, width, bytes_in, skip_reason)``."""
+    """One task -> ``(name, label, jpeg | None, height, width, bytes_in, skip_reason)``.
+
+    Whatever goes wrong with one record (including an error no one foresaw)
+    skips that record and names the reason; it never ends the pack.
+    """
     from dimd.pack.imaging import ImageSkipped, resize_encoded
 
     name, label, kind, payload = task
-    short_side, quality = _SETTINGS
+    short_side, quality, bound = _SETTINGS
     size_in = 0
     try:
         if kind == "file":
-            try:
-                with open(payload, "rb") as f:
-                    data = f.read()
-            except OSError as exc:
-                raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None
+            data = read_image_file(payload)
             size_in = len(data)
             image = resize_encoded(data, short_side, quality)
         else:
@@ -221,6 +212,39 @@ def process_task(task: Task) -> tuple:
 
             size_in = len(payload)
             label, image = datum_image(payload, short_side, quality)
+            problem = bound.problem(label)
+            if problem:
+                raise ImageSkipped(problem)
     except ImageSkipped as exc:
         return name, label, None, 0, 0, size_in, str(exc)
+    except Exception as exc:  # one record's failure, named; the pack goes on
+        return name, label, None, 0, 0, size_in, f"failed ({type(exc).__name__}: {exc})"
     return name, label, image.data, image.height, image.width, size_in, ""
+
+
+def read_image_file(path: str) -> bytes:
+    """The bytes of a regular file of at most :data:`MAX_IMAGE_BYTES`; :class:`ImageSkipped` otherwise.
+
+    Opened without blocking, so a FIFO named ``x.jpg`` never hangs the pack,
+    and checked with ``fstat`` on the open file (what was listed may have been
+    replaced since).
+    """
+    import stat
+
+    from dimd.pack.imaging import ImageSkipped
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None
+    with open(fd, "rb", closefd=True) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ImageSkipped("not a regular file")
+        if st.st_size > MAX_IMAGE_BYTES:
+            raise ImageSkipped(f"{st.st_size:,} bytes, more than an image file may have "
+                               f"({MAX_IMAGE_BYTES:,})")
+        try:
+            return f.read()  # sized from fstat; read(MAX + 1) would allocate 1 GiB per image first
+        except OSError as exc:
+            raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None

@@ -6,17 +6,32 @@ path; the worker reads it, so reading runs in parallel) or ``"datum"`` (payload:
 the serialized ``caffe.Datum``; its label comes from the datum, so ``label`` is
 -1). Tasks come in a fixed order (sorted names, list order, LMDB key order), so
 the packed output is the same for any number of workers.
+
+Names are file-system strings (undecodable bytes as surrogate escapes, as
+``os`` gives them; LMDB keys the same way), so nothing is lost before the
+index stores them (:func:`dimd.format.escape_name`).
+
+Only regular files are images. In a class tree, symlinks are followed as
+torchvision's ImageFolder follows them, but every folder is walked once and
+every file packed once: a symlink loop, or a second path to a folder or file
+already packed, is skipped and named (the real location wins over a symlink
+to it). See docs/policies.md.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+
 from dimd.errors import DimdError
 from dimd.pack.imaging import IMAGE_EXTENSIONS
+from dimd.pack.labels import LabelBound, numbered_classes, parse_label
 
 Task = tuple  # (name: str, label: int, kind: str, payload: str | bytes)
 LMDB_DATA_FILE = "data.mdb"
@@ -31,6 +46,13 @@ class Source:
     count: int
     classes: list[str] | None       # None: named after the labels found (LMDB without --classes-file)
     files: list[tuple[str, int]] = field(default_factory=list, repr=False)  # tree/list: (relative path, label)
+    #: Entries found while listing that are not packed, with the reason (not a regular file,
+    #: a symlink loop, a second path to a file already packed).
+    rejected: list[tuple[str, str]] = field(default_factory=list, repr=False)
+
+    @property
+    def label_bound(self) -> LabelBound:
+        return LabelBound.for_classes(self.classes)
 
     def tasks(self) -> Iterator[Task]:
         if self.kind == "lmdb":
@@ -50,17 +72,17 @@ def open_source(src: str | os.PathLike, list_file: str | os.PathLike | None = No
     if root.is_file() and root.name == LMDB_DATA_FILE:
         root = root.parent
     if not root.is_dir():
-        raise DimdError(f"{root}: not a folder (expected a class tree, a folder with --list, "
+        raise DimdError(f"{root}: not a folder (expected a class tree, a folder with `list_file`, "
                         f"or a Caffe LMDB folder holding {LMDB_DATA_FILE})")
     names = read_classes_file(classes_file) if classes_file is not None else None
     if (root / LMDB_DATA_FILE).is_file():
         if list_file is not None:
-            raise DimdError(f"{root}: is an LMDB; --list applies to image folders only")
+            raise DimdError(f"{root}: is an LMDB; `list_file` applies to image folders only")
         return _lmdb_source(root, names)
     if list_file is not None:
         return _list_source(root, Path(list_file), names)
     if classes_file is not None:
-        raise DimdError("--classes-file applies to --list and LMDB sources; a class tree's "
+        raise DimdError("`classes_file` applies to `list_file` and LMDB sources; a class tree's "
                         "classes are its sub-folder names")
     return _tree_source(root)
 
@@ -69,64 +91,234 @@ def is_image_file(name: str) -> bool:
     return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
+# ---------------------------------------------------------------------------- class tree
 def _tree_source(root: Path) -> Source:
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    files: list[tuple[str, int]] = []
+    classes = sorted(e.name for e in os.scandir(root) if not e.name.startswith(".") and _is_dir(e))
+    walk = _TreeWalk(root, len(classes))
+    # Real class folders claim their (device, inode) before symlinked ones: the real location wins.
+    for name in sorted(classes, key=lambda name: (root / name).is_symlink()):
+        walk.claim_class(name)
     for label, name in enumerate(classes):
-        for folder, subfolders, filenames in os.walk(root / name, followlinks=True):
-            subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
-            relative = Path(folder).relative_to(root).as_posix()
-            files.extend((f"{relative}/{f}", label) for f in sorted(filenames) if is_image_file(f))
+        walk.walk(name, label)
+    walk.follow_links()
+    files = [item for per_class in walk.files for item in per_class]
     if not files:
         loose = any(is_image_file(e.name) for e in os.scandir(root) if e.is_file())
-        hint = (" (its images are not in class sub-folders: pass --list FILE of 'path label' lines)"
+        hint = (" (its images are not in class sub-folders: give `list_file`, a file of 'path label' lines)"
                 if loose else "")
         raise DimdError(f"{root}: no images found{hint}")
-    return Source("tree", root, len(files), classes, files)
+    return Source("tree", root, len(files), classes, files, walk.rejected)
 
 
-def _list_source(root: Path, list_file: Path, classes: list[str] | None) -> Source:
+def _is_dir(entry: os.DirEntry) -> bool:
     try:
-        lines = list_file.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DimdError(f"{list_file}: cannot read list file ({_reason(exc)})") from None
+        return entry.is_dir()  # follows a symlink
+    except OSError:
+        return False
+
+
+class _TreeWalk:
+    """Walk class folders: real folders and files first, then what symlinks lead to, each once.
+
+    Folders and files are identified by (device, inode). The class folders are
+    claimed first, so a symlink from one class into another never moves the
+    other's images; a folder or file reached a second time (a loop, or a second
+    link) is named in ``rejected``. Regular files cost no ``stat``: the
+    directory entry's type and inode come with the listing.
+    """
+
+    def __init__(self, root: Path, classes: int) -> None:
+        self.root = root
+        self.seen_dirs: dict[tuple[int, int], str] = {}
+        self.seen_files: dict[tuple[int, int], str] = {}
+        self.files: list[list[tuple[str, int]]] = [[] for _ in range(classes)]
+        self.rejected: list[tuple[str, str]] = []
+        self.links: list[tuple[str, int, str]] = []  # (relative path, label, "dir" | "file"), deferred
+        root_stat = os.stat(root)
+        self.seen_dirs[(root_stat.st_dev, root_stat.st_ino)] = "."
+
+    def claim_class(self, name: str) -> None:
+        try:
+            st = os.stat(self.root / name)
+        except OSError:
+            return
+        self.seen_dirs.setdefault((st.st_dev, st.st_ino), name)
+
+    def walk(self, relative: str, label: int, *, claimed: bool = True) -> None:
+        """Files of ``relative`` and its real sub-folders; symlinks are deferred to :meth:`follow_links`."""
+        stack = [relative]
+        first = True
+        while stack:
+            folder = stack.pop()
+            path = os.path.join(self.root, folder)
+            try:
+                st = os.stat(path)
+                entries = sorted(os.scandir(path), key=lambda e: e.name)
+            except OSError as exc:
+                self.rejected.append((folder + "/", f"cannot list folder ({exc.strerror or exc})"))
+                continue
+            key = (st.st_dev, st.st_ino)
+            owner = self.seen_dirs.get(key)
+            if owner is not None and not (first and claimed and owner == folder):
+                self.rejected.append((folder + "/", _again("folder", owner + "/")))
+                first = False
+                continue
+            self.seen_dirs[key] = folder
+            first = False
+            subfolders = []
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                name = f"{folder}/{entry.name}"
+                if entry.is_symlink():
+                    self.links.append((name, label, entry.name))
+                elif entry.is_dir(follow_symlinks=False):
+                    subfolders.append(name)
+                elif is_image_file(entry.name):
+                    if entry.is_file(follow_symlinks=False):
+                        self._add_file(name, label, (st.st_dev, entry.inode()))
+                    else:
+                        self.rejected.append((name, _not_regular(_mode(entry))))
+            stack.extend(reversed(subfolders))
+
+    def follow_links(self) -> None:
+        """Symlinked folders and files, after every real one (deferring again what they hold)."""
+        while self.links:
+            pending, self.links = self.links, []
+            for name, label, base in pending:
+                try:
+                    st = os.stat(os.path.join(self.root, name))
+                except OSError:
+                    if is_image_file(base):
+                        self.rejected.append((name, "broken symlink"))
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    self.walk(name, label, claimed=False)
+                elif is_image_file(base):
+                    if stat.S_ISREG(st.st_mode):
+                        self._add_file(name, label, (st.st_dev, st.st_ino))
+                    else:
+                        self.rejected.append((name, _not_regular(st.st_mode, via_link=True)))
+
+    def _add_file(self, name: str, label: int, key: tuple[int, int]) -> None:
+        owner = self.seen_files.get(key)
+        if owner is not None:
+            self.rejected.append((name, _again("file", owner)))
+            return
+        self.seen_files[key] = name
+        self.files[label].append((name, label))
+
+
+def _mode(entry: os.DirEntry) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_mode
+    except OSError:
+        return 0
+
+
+def _again(what: str, owner: str) -> str:
+    if owner == "./":
+        return "a symlink back to the top folder (a loop); not followed"
+    if what == "folder":
+        return f"leads to folder {owner}, which is walked already (a symlink loop or a second link); not followed"
+    return f"the same file as {owner} (a symlink or hard link); packed once, as {owner}"
+
+
+def _not_regular(mode: int, via_link: bool = False) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return f"not a regular file ({'a symlink to ' if via_link else ''}{kind})"
+
+
+def file_problem(path: str | os.PathLike) -> tuple[str | None, tuple[int, int]]:
+    """(why ``path`` is not a packable file or None, its (device, inode)); follows symlinks."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "no such file", (0, 0)
+    except OSError as exc:
+        return f"cannot read ({exc.strerror or exc})", (0, 0)
+    if not stat.S_ISREG(st.st_mode):
+        return _not_regular(st.st_mode, via_link=os.path.islink(path)), (0, 0)
+    return None, (st.st_dev, st.st_ino)
+
+
+# ---------------------------------------------------------------------------- list file
+def _list_source(root: Path, list_file: Path, classes: list[str] | None) -> Source:
+    lines = _read_lines(list_file, "list file")
+    bound = LabelBound.for_classes(classes)
     files: list[tuple[str, int]] = []
+    first_seen: dict[tuple[int, int], tuple[int, str, int]] = {}  # file -> (line, path, label)
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        where = f"{list_file}:{number}"
         parts = line.strip().rsplit(None, 1)  # like convert_imageset: the label is the last field
-        if len(parts) != 2 or not parts[1].isdigit():
-            raise DimdError(f"{list_file}:{number}: expected 'relative/path label', got {line.strip()!r}")
-        relative, label = parts[0], int(parts[1])
-        if not (root / relative).is_file():
-            raise DimdError(f"{list_file}:{number}: {root / relative}: no such file")
-        if classes is not None and label >= len(classes):
-            raise DimdError(f"{list_file}:{number}: label {label} but the classes file names "
-                            f"only {len(classes)} classes")
+        label = parse_label(parts[1]) if len(parts) == 2 else None
+        if label is None:
+            raise DimdError(f"{where}: expected 'relative/path label', got {_shown(line.strip())!r}")
+        relative = parts[0]
+        problem = bound.problem(label, parts[1])
+        if problem:
+            raise DimdError(f"{where}: {problem}")
+        problem, key = file_problem(root / relative)
+        if problem:
+            raise DimdError(f"{where}: {_shown(str(root / relative))}: {problem}")
+        earlier = first_seen.setdefault(key, (number, relative, label))
+        if earlier[2] != label:
+            same = "" if earlier[1] == relative else f" (as {_shown(earlier[1])})"
+            raise DimdError(f"{where}: {_shown(relative)} has label {label}, but line {earlier[0]} "
+                            f"gave the same file{same} label {earlier[2]}")
         files.append((relative, label))
     if not files:
         raise DimdError(f"{list_file}: list file names no images")
     if classes is None:
-        classes = [str(i) for i in range(max(label for _, label in files) + 1)]
+        classes = numbered_classes(np.fromiter((label for _, label in files), np.int64, len(files)),
+                                   str(list_file))
     return Source("list", root, len(files), classes, files)
 
 
 def read_classes_file(path: str | os.PathLike) -> list[str]:
-    """One class name per line; line ``i`` names label ``i``."""
-    try:
-        names = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DimdError(f"{path}: cannot read classes file ({_reason(exc)})") from None
+    """One class name per line; line ``i`` names label ``i``; every name once."""
+    names = [line.strip() for line in _read_lines(Path(path), "classes file")]
     while names and not names[-1]:
         names.pop()
     if not names or not all(names):
         raise DimdError(f"{path}: classes file must have one non-empty class name per line")
+    first: dict[str, int] = {}
+    for number, name in enumerate(names, 1):
+        earlier = first.setdefault(name, number)
+        if earlier != number:
+            raise DimdError(f"{path}:{number}: class name {_shown(name)!r} is already the name of "
+                            f"line {earlier} (label {earlier - 1}); each class needs its own name")
     return names
 
 
+def _read_lines(path: Path, what: str) -> list[str]:
+    """A text file's lines; undecodable bytes kept as surrogate escapes (they may be file names)."""
+    try:
+        if not path.is_file():
+            raise DimdError(f"{path}: cannot read {what} (" + ("not a regular file" if path.exists()
+                                                                else "No such file or directory") + ")")
+        return path.read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+    except OSError as exc:
+        raise DimdError(f"{path}: cannot read {what} ({_reason(exc)})") from None
+
+
+def _shown(text: str) -> str:
+    from dimd.format import escape_name
+
+    return escape_name(text)
+
+
+# ---------------------------------------------------------------------------- Caffe LMDB
 def _lmdb_source(root: Path, classes: list[str] | None) -> Source:
     import lmdb
 
+    problem = lmdb_size_problem(root / LMDB_DATA_FILE)
+    if problem:
+        raise DimdError(problem)
     try:
         with lmdb.open(os.fspath(root), readonly=True, lock=False, readahead=False,
                        max_readers=4) as env:
@@ -138,6 +330,47 @@ def _lmdb_source(root: Path, classes: list[str] | None) -> Source:
     return Source("lmdb", root, count, classes)
 
 
+#: LMDB's meta page: after the 16-byte page header, magic, version, address, map size,
+#: the two database records (48 bytes each; the first one's md_pad holds the page size),
+#: the last page in use and the transaction id (mdb.c, struct MDB_meta; 64-bit builds).
+_META = struct.Struct("<II8xQ I44x 48x QQ")
+_LMDB_MAGIC = 0xBEEFC0DE
+_PAGE_HEADER = 16
+
+
+def lmdb_size_problem(data_file: Path) -> str | None:
+    """Why ``data.mdb`` cannot be read safely, or None: a file shorter than its header says.
+
+    LMDB maps the file into memory; reading a page past a truncated end
+    kills the process with SIGBUS, with no message. The newer of the two meta
+    pages names the last page in use; the file must reach the end of it.
+    """
+    try:
+        with open(data_file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            first = f.read(_PAGE_HEADER + _META.size)
+            if len(first) < _PAGE_HEADER + _META.size:
+                return f"{data_file}: {size} bytes, too short for an LMDB header (truncated?)"
+            magic, _version, _mapsize, page_size, last_page, txnid = _META.unpack_from(first, _PAGE_HEADER)
+            if magic != _LMDB_MAGIC:
+                return f"{data_file}: not an LMDB data file (no LMDB magic number; or a 32-bit or big-endian LMDB)"
+            if not 512 <= page_size <= 1 << 16 or page_size & (page_size - 1):
+                return f"{data_file}: LMDB header gives page size {page_size}; the file is damaged"
+            f.seek(page_size)
+            second = f.read(_PAGE_HEADER + _META.size)
+    except OSError as exc:
+        return f"{data_file}: cannot read ({exc.strerror or exc})"
+    if len(second) == _PAGE_HEADER + _META.size:
+        magic2, _v, _m, _p, last2, txnid2 = _META.unpack_from(second, _PAGE_HEADER)
+        if magic2 == _LMDB_MAGIC and txnid2 > txnid:
+            last_page = last2
+    needed = (last_page + 1) * page_size
+    if size < needed:
+        return (f"{data_file}: truncated: the file is {size:,} bytes but its LMDB header says its "
+                f"pages reach byte {needed:,} (an interrupted copy?)")
+    return None
+
+
 def _lmdb_tasks(root: Path) -> Iterator[Task]:
     """Key order, as Caffe reads it; opened here so the iterating thread owns the transaction."""
     import lmdb
@@ -145,7 +378,7 @@ def _lmdb_tasks(root: Path) -> Iterator[Task]:
     with lmdb.open(os.fspath(root), readonly=True, lock=False, readahead=False,
                    max_readers=4) as env, env.begin(buffers=False) as txn:
         for key, value in txn.cursor():
-            yield key.decode("utf-8", "backslashreplace"), -1, "datum", value
+            yield key.decode("utf-8", "surrogateescape"), -1, "datum", value
 
 
 def _reason(exc: BaseException) -> str:

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dimd.checks import at_least
 from dimd.errors import DimdError
 from dimd.shuffle.decode import random_resized_crop_box
 from dimd.shuffle.loader import BatchLoader
@@ -42,6 +43,13 @@ class BenchIoConfig:
     images: int | None = None  # per measurement; None: every record (whole batches)
     repeats: int = 3
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "batch_size", "repeats"):
+            at_least(self, name, 1)
+        at_least(self, "image_size", 8)
+        at_least(self, "images", 1, optional=True)
+        at_least(self, "seed", 0)
 
 
 @dataclass(frozen=True)
@@ -108,16 +116,14 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
 
     if comm.Get_size() != 1:
         raise DimdError("bench-io measures one process; run it without mpirun")
-    if config.repeats < 1 or config.workers < 1 or config.batch_size < 1:
-        raise DimdError("--repeats, --workers and --batch-size must be at least 1")
     store = DistributedStore.load(config.dataset, comm)
     from dimd.format import PackedDataset
 
-    names = PackedDataset(config.dataset).names
+    names = PackedDataset(config.dataset).source_names
     paths = [config.tree / names[int(i)] for i in store.global_index]
     missing = [p for p in paths[:50] if not p.is_file()]
     if missing:
-        raise DimdError(f"{missing[0]}: not found; --tree must be the folder {config.dataset} was packed "
+        raise DimdError(f"{missing[0]}: not found; `tree` must be the folder {config.dataset} was packed "
                         f"from (record names are paths relative to it)")
     if len(store) < config.batch_size:
         raise DimdError(f"{len(store)} records are fewer than one batch of {config.batch_size}")
@@ -217,5 +223,4 @@ def summarise(config: BenchIoConfig, measurements: list[Measurement], *, records
             "cpu_dimd_over_torch": dimd_cpu / torch_cpu if torch_cpu else None,
             "cpu_dimd_over_limit": dimd_cpu / limit_cpu if limit_cpu else None,
         },
-        "aims": {"dimd_over_torch": 1.3, "dimd_per_worker_over_limit": 0.8},
     }

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import numpy as np
 
@@ -86,7 +86,7 @@ class BatchLoader:
 
     # -- iteration ------------------------------------------------------------------------
 
-    def epoch(self, epoch: int) -> Iterator[tuple[Any, Any]]:
+    def epoch(self, epoch: int) -> Generator[tuple[Any, Any], None, None]:
         """Yield ``(images, labels)`` for ``epoch``.
 
         The loader has a position (epoch, batches consumed): asking for the
@@ -117,6 +117,23 @@ class BatchLoader:
             for _, _, futures in pending:
                 for future in futures:
                     future.cancel()
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(epoch, batches of it consumed so far)."""
+        return self._epoch, self._step
+
+    def seek(self, epoch: int, step: int = 0) -> None:
+        """Move to batch ``step`` of ``epoch``: the next ``epoch(epoch)`` starts there.
+
+        The batches are the same as a loader that got there by iterating
+        (they depend only on seed, rank, epoch and step), provided the store
+        holds the same records in the same order.
+        """
+        if epoch < 0 or not 0 <= step <= self.steps_per_epoch:
+            raise DimdError(f"cannot seek to epoch {epoch}, batch {step} (an epoch has "
+                            f"{self.steps_per_epoch} batches)")
+        self._epoch, self._step = int(epoch), int(step)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         return self.epoch(self._epoch)
@@ -205,7 +222,7 @@ class BatchLoader:
                             f"replay its last shuffle(seed, round) before resuming")
         if not 0 <= state["step"] <= self.steps_per_epoch:
             raise DimdError(f"loader state step {state['step']} is outside 0..{self.steps_per_epoch}")
-        self._epoch, self._step = int(state["epoch"]), int(state["step"])
+        self.seek(int(state["epoch"]), int(state["step"]))
 
 
 def _cuda_available() -> bool:

@@ -19,7 +19,7 @@ def split_groups(comm: Any, groups: int) -> Any:
     """The communicator of this rank's group: ``groups`` groups of consecutive ranks."""
     size = comm.Get_size()
     if groups < 1 or size % groups:
-        raise DimdError(f"--groups {groups} does not divide the {size} ranks of the job "
+        raise DimdError(f"`groups` {groups} does not divide the {size} ranks of the job "
                         f"(choose a divisor of {size})")
     per_group = size // groups
     rank = comm.Get_rank()
@@ -31,10 +31,10 @@ def memory_problem(need: int, *, budget: int, memory_limit: int | None, rank: in
     """The error text when ``need`` bytes do not fit this rank's budget, else None."""
     limits = [(budget, "available memory per rank on this node")]
     if memory_limit is not None:
-        limits.append((memory_limit, "--memory-limit"))
+        limits.append((memory_limit, "`memory_limit`"))
     for limit, what in limits:
         if need > limit:
             return (f"{path}: rank {rank}'s share ({records} records) needs {format_bytes(need)} "
                     f"but the {what} is {format_bytes(limit)}; use more ranks per group "
-                    f"(fewer --groups; a group now has {group_size} ranks) or more ranks")
+                    f"(fewer `groups`; a group now has {group_size} ranks) or more ranks")
     return None

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dimd.errors import DimdError
+from dimd.checks import at_least, positive
 from dimd.host import resident_memory
 from dimd.shuffle.store import DistributedStore
 from dimd.shuffle.verify import check_group
@@ -28,7 +28,13 @@ class ShuffleConfig:
     seed: int = 0
     verify: bool = False
     save_order: Path | None = None
-    memory_limit: int | None = None
+    memory_limit: int | None = None   # bytes per rank
+
+    def __post_init__(self) -> None:
+        at_least(self, "groups", 1)
+        at_least(self, "rounds", 0)
+        at_least(self, "seed", 0)
+        positive(self, "memory_limit", optional=True)
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,14 @@ class ShuffleRun:
     load_verified: bool
     rounds: list[RoundFigures] = field(default_factory=list)
 
+    def figures(self) -> dict[str, Any]:
+        """The ``--json`` figures (the CLI wraps them in the standard envelope)."""
+        return {"world_size": self.world_size, "groups": self.groups, "group_size": self.group_size,
+                "records": self.records, "data_bytes": self.data_bytes,
+                "load": {"seconds": self.load_seconds, "reads": self.load_reads,
+                         "resident_bytes": self.load_resident_bytes, "verified": self.load_verified},
+                "rounds": self.rounds, "summary": self.summary()}
+
     def summary(self) -> dict[str, Any]:
         seconds = [r.seconds for r in self.rounds]
         moved = [r.bytes_moved for r in self.rounds]
@@ -82,10 +96,6 @@ def run_shuffle(config: ShuffleConfig, comm: Any, *, advance_load: Callable[[int
     """Collective: load ``config.dataset`` over ``comm``, then shuffle it ``config.rounds`` times."""
     from mpi4py import MPI
 
-    if config.rounds < 0:
-        raise DimdError(f"--rounds must be non-negative (got {config.rounds})")
-    if config.seed < 0:
-        raise DimdError(f"--seed must be non-negative (got {config.seed})")
     comm.Barrier()
     store = DistributedStore.load(config.dataset, comm, config.groups, config.memory_limit,
                                   advance=advance_load)

@@ -10,6 +10,10 @@ whole set assigns each record a slot, and slots are cut into balanced
 contiguous ranges, one per rank. So every rank keeps ``total // size`` (+1)
 records, and a resumed job reproduces the placement by loading and calling
 ``shuffle`` once with the same seed and round.
+
+Lines that exist only because the program is distributed carry a ``# MPI:``
+comment (the convention of the training engine too, after Horovod's
+annotated examples): read without them, this is a plain in-memory data set.
 """
 
 from __future__ import annotations
@@ -96,25 +100,26 @@ class DistributedStore:
         :class:`DimdError`. ``advance(n)`` is called with bytes read.
         """
         start_time = time.perf_counter()
-        group_comm = split_groups(comm, groups)
+        group_comm = split_groups(comm, groups)             # MPI: the ranks that together hold the set
         dataset, problem = None, None
         try:
             dataset = PackedDataset(path)
         except DimdError as exc:
             problem = str(exc)
-        agree_or_raise(comm, problem)
+        agree_or_raise(comm, problem)                       # MPI: one rank's problem ends every rank
         assert dataset is not None
 
         total = len(dataset)
         size, rank = group_comm.Get_size(), group_comm.Get_rank()
-        bounds = balanced_bounds(total, size)
+        bounds = balanced_bounds(total, size)                # MPI: this rank's share of the records
         first, stop = int(bounds[rank]), int(bounds[rank + 1])
         begin, end = dataset.byte_range(first, stop)
         rows = dataset.records[first:stop]
         share = end - begin
         # A shuffle holds the packed send buffer and the received one at once.
         need = share * (2 if size > 1 else 1) + len(rows) * META_DTYPE.itemsize * 4
-        budget = available_memory() // node_local_ranks(comm)
+        budget = available_memory() // node_local_ranks(comm)   # MPI: the node's memory, shared by its ranks
+        # MPI: every rank refuses if one must
         agree_or_raise(comm, memory_problem(need, budget=budget, memory_limit=memory_limit,
                                             rank=comm.Get_rank(), records=len(rows),
                                             group_size=size, path=str(dataset.data_path)))
@@ -125,7 +130,7 @@ class DistributedStore:
             problem = _spot_check(dataset, first, rows, data, begin)
         except OSError as exc:
             problem = f"{dataset.data_path}: read failed ({exc})"
-        agree_or_raise(comm, problem)
+        agree_or_raise(comm, problem)                       # MPI: one rank's problem ends every rank
 
         meta = np.empty(len(rows), META_DTYPE)
         meta["index"] = np.arange(first, stop, dtype=np.int64)
@@ -213,7 +218,7 @@ class DistributedStore:
             sent_records = len(order) - len(staying)
             sent_bytes = len(sendbuf) - int(self._meta["length"][staying].sum(dtype=np.int64))
             self._data = np.empty(0, np.uint8)  # free the old share before the receive buffer exists
-            received = alltoallv_records(comm, sendbuf, send_meta, counts)
+            received = alltoallv_records(comm, sendbuf, send_meta, counts)   # MPI: the records change ranks
             del sendbuf
             position = slot_of[received.meta["index"]] - bounds[rank]
             problem = None
@@ -222,7 +227,7 @@ class DistributedStore:
                 problem = (f"shuffle round {round}: rank {comm.Get_rank()} of group {self.group} "
                            f"received {len(position)} records that do not fill its "
                            f"{bounds[rank + 1] - bounds[rank]} slots (a record was lost or duplicated)")
-            agree_or_raise(comm, problem)
+            agree_or_raise(comm, problem)                   # MPI: a lost record fails every rank
             meta = np.empty_like(received.meta)
             meta[position] = received.meta
             starts = np.empty_like(received.starts)

@@ -47,10 +47,10 @@ def test_three_ranks_odd_sizes_and_integer_dtype(tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     rows = doc["result"]["rows"]
-    assert sorted({r["bytes"] for r in rows}) == [0, 16, 64, 256, 1024]  # 4 B holds no int64
+    assert sorted({r["bytes"] for r in rows}) == [0, 8, 32, 128, 512]  # after 0: one int64, x4
     assert all(r["wrong"] == 0 and r["dtype"] == "int64" for r in rows)
     assert all(r["vs_mpi"] is None for r in rows)  # mpi not measured in this run
-    big = [r for r in rows if r["bytes"] == 1024 and r["time_us"] > 0]
+    big = [r for r in rows if r["bytes"] == 512 and r["time_us"] > 0]
     assert all(abs(r["busbw_gbs"] - r["algbw_gbs"] * 4 / 3) < 1e-9 for r in big)
 
 
@@ -76,8 +76,8 @@ def test_unknown_algorithm_is_one_clear_error():
 @pytest.mark.mpi
 def test_bad_size_range_is_refused():
     proc = run_mpi_dimd(1, "bench-allreduce", "--min-bytes", "1M", "--max-bytes", "1K", timeout=60)
-    assert proc.returncode == 1
-    assert "need 0 <= --min-bytes <= --max-bytes" in proc.stderr
+    assert proc.returncode == 2  # a usage error, named by its flag
+    assert "Invalid value for '--min-bytes': must not exceed the largest size (got 1048576 > 1024)" in proc.stderr
 
 
 def test_help_says_how_time_is_measured():
@@ -88,5 +88,6 @@ def test_help_says_how_time_is_measured():
 
 def test_message_sizes_follow_nccl_tests():
     assert message_sizes(8, 64, 2) == [8, 16, 32, 64]
-    assert message_sizes(0, 4, 2) == [0, 2, 4]
+    assert message_sizes(0, 4, 2) == [0, 1, 2, 4]
+    assert message_sizes(0, 64, 4, itemsize=8) == [0, 8, 32]  # whole elements only
     assert message_sizes(1 << 10, 1 << 20, 32) == [1 << 10, 1 << 15, 1 << 20]

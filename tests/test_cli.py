@@ -28,9 +28,17 @@ def test_every_command_has_help():
 
 
 def test_user_error_is_one_line_without_traceback(tmp_path):
-    proc = run_dimd("sample-data", tmp_path / "x", "--classes", "0")
+    proc = run_dimd("inspect", tmp_path / "nothing")
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "dimd: error: --classes must be between 1 and 80, got 0"
+    assert proc.stderr.strip() == (f"dimd: error: {tmp_path / 'nothing'}.idx.h5: index file not found "
+                                   "(is this a `dimd pack` output?)")
+
+
+def test_a_value_the_config_refuses_is_a_usage_error_naming_the_flag(tmp_path):
+    proc = run_dimd("sample-data", tmp_path / "x", "--classes", "0")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "Error: Invalid value for '--classes': must be in [1, 80] (got 0)"
+    assert not (tmp_path / "x").exists()
 
 
 def test_usage_error_exit_code_is_2():

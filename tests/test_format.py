@@ -60,7 +60,7 @@ def test_failed_write_leaves_nothing(tmp_path):
 
 def test_existing_output_needs_force(tmp_path):
     write_set(tmp_path / "set", [])
-    with pytest.raises(DimdError, match="--force"):
+    with pytest.raises(DimdError, match="output exists .set `force` to overwrite it."):
         PackWriter(tmp_path / "set")
     write_set(tmp_path / "set", [PackedRecord(jpeg((1, 2, 3)), 0, "x", 30, 40)], force=True)
     assert len(PackedDataset(tmp_path / "set")) == 1

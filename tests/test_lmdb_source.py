@@ -99,9 +99,12 @@ def test_lmdb_data_mdb_path_and_classes_file(mixed_lmdb, tmp_path):
     names.write_text("tench\ngoldfish\nshark\nray\nhen\n")
     pack(PackConfig(mixed_lmdb / "data.mdb", tmp_path / "out", classes_file=names, workers=1))
     assert PackedDataset(tmp_path / "out").classes == ["tench", "goldfish", "shark", "ray", "hen"]
-    names.write_text("tench\n")
-    with pytest.raises(DimdError, match="label 4 but the classes file names only 1 classes"):
-        pack(PackConfig(mixed_lmdb, tmp_path / "again", classes_file=names, workers=1))
+    names.write_text("tench\n")  # one bad record never loses the run: datums it cannot name are skipped
+    result = pack(PackConfig(mixed_lmdb, tmp_path / "again", classes_file=names, workers=1))
+    assert result.images == 1 and len(result.skipped) == 4
+    assert "label 4 but the classes file names only 1 classes" in dict(result.skipped).values()
+    with pytest.raises(DimdError, match="label [1-4] but the classes file names only 1 classes"):
+        pack(PackConfig(mixed_lmdb, tmp_path / "strict", classes_file=names, workers=1, strict=True))
 
 
 def test_bad_lmdb_values_are_skipped_never_unpickled(tmp_path):
@@ -133,7 +136,7 @@ def test_empty_lmdb_and_list_with_lmdb_are_errors(tmp_path):
     with pytest.raises(DimdError, match="the LMDB has no entries"):
         pack(PackConfig(tmp_path / "empty", tmp_path / "out"))
     (tmp_path / "list.txt").write_text("a 0\n")
-    with pytest.raises(DimdError, match="is an LMDB; --list applies to image folders only"):
+    with pytest.raises(DimdError, match="is an LMDB; `list_file` applies to image folders only"):
         pack(PackConfig(tmp_path / "empty", tmp_path / "out", list_file=tmp_path / "list.txt"))
 
 

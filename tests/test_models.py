@@ -27,10 +27,13 @@ def test_parameter_counts_match_the_papers():
     assert gradient_bytes(build_model("resnet20", 10)) == 4 * parameter_count(build_model("resnet20", 10))
 
 
-def test_zero_init_residual_zeroes_each_blocks_last_bn():
-    model = build_model("resnet18", 10, zero_init_residual=True)
-    assert float(model.layer1[0].bn2.weight.detach().abs().sum()) == 0
-    assert float(build_model("resnet18", 10).layer1[0].bn2.weight.detach().abs().sum()) > 0
+@pytest.mark.parametrize("name", ["resnet20", "resnet18"])
+def test_zero_init_residual_zeroes_each_blocks_last_bn(name):
+    model = build_model(name, 10, zero_init_residual=True)
+    block = model.layers[0] if name == "resnet20" else model.layer1[0]
+    assert float(block.bn2.weight.detach().abs().sum()) == 0
+    plain = build_model(name, 10)
+    assert float((plain.layers[0] if name == "resnet20" else plain.layer1[0]).bn2.weight.detach().abs().sum()) > 0
 
 
 def test_unknown_model_names_the_choices():

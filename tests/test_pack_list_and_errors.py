@@ -81,24 +81,24 @@ def test_missing_and_empty_sources_are_clear_errors(tmp_path):
         pack(PackConfig(tmp_path / "empty", tmp_path / "out"))
     (tmp_path / "loose").mkdir()
     Image.new("RGB", (10, 10)).save(tmp_path / "loose" / "a.jpg")
-    with pytest.raises(DimdError, match="not in class sub-folders: pass --list"):
+    with pytest.raises(DimdError, match="not in class sub-folders: give `list_file`"):
         pack(PackConfig(tmp_path / "loose", tmp_path / "out"))
     assert not dataset_paths(tmp_path / "out")[1].exists()
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("--short-side", "0", "--short-side must be between 1 and 65535"),
-    ("--quality", "101", "--quality must be between 1 and 100"),
-    ("--workers", "0", "--workers must be at least 1"),
+    ("--short-side", "0", "Invalid value for '--short-side': must be in [1, 65500] (got 0)"),
+    ("--quality", "101", "Invalid value for '--quality': must be in [1, 100] (got 101)"),
+    ("--workers", "0", "Invalid value for '--workers': must be at least 1 (got 0)"),
 ])
 def test_bad_options_are_clear_errors(sample_tree, tmp_path, option, value, message):
     proc = run_dimd("pack", sample_tree, "-o", tmp_path / "out", option, value)
-    assert proc.returncode == 1 and message in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr  # a usage error, named by its flag
 
 
-def test_missing_output_folder_is_a_clear_error(sample_tree, tmp_path):
-    with pytest.raises(DimdError, match="output folder does not exist"):
-        pack(PackConfig(sample_tree, tmp_path / "no" / "such" / "out"))
+def test_missing_output_folders_are_created(sample_tree, tmp_path):
+    result = pack(PackConfig(sample_tree, tmp_path / "no" / "such" / "out", workers=1))
+    assert result.images == 48 and len(PackedDataset(tmp_path / "no" / "such" / "out")) == 48
 
 
 @pytest.fixture

@@ -46,12 +46,12 @@ def test_a_group_of_one_rank_shuffles_by_reordering_only(packed_sample, world):
 
 
 def test_memory_limit_error_suggests_more_ranks_per_group(packed_sample, world):
-    with pytest.raises(DimdError, match=r"needs .* --memory-limit is 1.0 KiB; use more ranks per group"):
+    with pytest.raises(DimdError, match=r"needs .* `memory_limit` is 1.0 KiB; use more ranks per group"):
         DistributedStore.load(packed_sample, world, memory_limit=1024)
 
 
 def test_groups_must_divide_the_ranks(packed_sample, world):
-    with pytest.raises(DimdError, match="--groups 2 does not divide the 1 ranks"):
+    with pytest.raises(DimdError, match="`groups` 2 does not divide the 1 ranks"):
         DistributedStore.load(packed_sample, world, groups=2)
 
 

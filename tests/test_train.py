@@ -54,7 +54,7 @@ def test_two_ranks_train_stay_identical_and_loss_falls(straight_run):
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert history[-1]["val_loss"] < history[0]["val_loss"]
     assert all(e["images"] == STEPS_PER_EPOCH * 16 and e["images_per_s"] > 0 for e in history)
-    assert set(history[0]["time_split"]) == {"data", "compute", "allreduce", "optimizer"}
+    assert set(history[0]["time_split"]) == {"data", "compute", "allreduce", "optimizer", "sync"}
     assert 0 <= result["val_top1"] <= result["val_top5"] <= 1
     assert doc["mpi"]["world_size"] == 2 and doc["parameters"]["model"] == "resnet20"
     assert doc["commit"] and doc["date"]
@@ -88,6 +88,24 @@ def test_resume_mid_epoch_continues_exactly(straight_run, packed_sample, tmp_pat
         assert torch.allclose(straight[name].double(), resumed[name].double(), atol=1e-6), name
     history = json.loads((tmp_path / "train.json").read_text())["result"]["history"]
     assert [e["epoch"] for e in history] == [1, 2, 3, 4]   # the history travels in the checkpoint
+
+
+@pytest.mark.mpi
+def test_resume_on_another_rank_count_at_an_epoch_boundary(straight_run, packed_sample, tmp_path):
+    """Two epochs on 2 ranks, the rest on 1: the schedule continues by epochs, not by raw steps."""
+    out, _ = straight_run
+    boundary = out / "checkpoints" / "checkpoint-e0002-s00000006.pt"
+    args = train_args(packed_sample, tmp_path, "--resume-from", boundary, "--schedule", "step", "--milestones", "3")
+    proc = run_dimd(*args, timeout=180, check=True)
+    assert "differs from this run's" in proc.stdout and "continuing from the end of epoch 2" in proc.stdout
+    result = json.loads((tmp_path / "train.json").read_text())["result"]
+    assert result["world_size"] == 1 and result["steps_per_epoch"] == 2 * STEPS_PER_EPOCH
+    history = result["history"]
+    assert [e["epoch"] for e in history] == [1, 2, 3, 4]
+    assert [e["lr"] for e in history] == pytest.approx([0.01, 0.01, 0.01, 0.001])
+    assert [e["images"] for e in history] == [48, 48, 48, 48]
+    steps = [int(p.name.split("-s")[1].split(".")[0]) for p in sorted((tmp_path / "checkpoints").iterdir())]
+    assert steps == [12, 18]            # 6 + 6 steps of one rank per epoch
 
 
 @pytest.mark.mpi
@@ -136,8 +154,10 @@ def foreign_val(sample_tree, tmp_path_factory):
 
 @pytest.mark.mpi
 def test_bad_inputs_give_one_clear_error_and_write_nothing(packed_sample, foreign_val, straight_run, tmp_path):
+    unknown = invoke_dimd(*train_args(packed_sample, tmp_path), "--model", "alexnet")
+    assert unknown.returncode == 2  # a usage error: the choice comes from the model registry
+    assert "Invalid value for '--model': 'alexnet' is not one of 'lenet', 'resnet20'" in unknown.stderr
     cases = [
-        (["--model", "alexnet"], "unknown model 'alexnet'"),
         (["--val", foreign_val], "2 of its 2 classes are not classes of"),
         (["--val", tmp_path / "missing"], "missing.idx.h5: index file not found"),
         (["--batch-size", "64"], "fewer than one batch per rank"),

@@ -30,5 +30,5 @@ def test_records_come_from_the_original_files(packed_sample):
 
 def test_a_wrong_root_is_a_clear_error(packed_sample, tmp_path):
     share = LocalShare(PackedDataset(packed_sample).data_path, [0])
-    with pytest.raises(DimdError, match="original file not found.*--files-root"):
+    with pytest.raises(DimdError, match="original file not found.*`files_root`"):
         OriginalFiles(share, tmp_path)

@@ -1,12 +1,19 @@
 """Checkpoints: written by rank 0 to a temporary name and renamed, the last N kept, loaded safely.
 
-A checkpoint holds what an exact resume needs: the model (rank 0's
-parameters, and every rank's buffers, since batch-norm statistics are local),
-the optimizer (momentum), the schedule position (global step), the epoch,
-every rank's sampler state and torch RNG, the store's last shuffle round and
-the metrics so far. It is read with ``torch.load(weights_only=True)``, so
-every value is a tensor or a plain container of plain values; numpy arrays
-and tuples are encoded as tensors and tagged lists on the way in.
+A checkpoint holds what an exact resume needs: the model that is evaluated
+(S-SGD's replica, SMA's central model z), the synchronisation strategy's
+shared state (S-SGD: optimizer momentum; SMA: Delta_prev, alpha, the learner
+count and the auto-tuner), every rank's own state (batch-norm statistics;
+SMA: every learner's weights, momentum and buffers), the sampler positions and
+torch RNGs, the schedule position (epoch and batch of the loader, so it does
+not depend on the rank count), the store's last shuffle round and the metrics
+so far. It is read with ``torch.load(weights_only=True)``, so every value is a
+tensor or a plain container of plain values; numpy arrays and tuples are
+encoded as tensors and tagged lists on the way in.
+
+A checkpoint that cannot be written (a full disk) raises a one-line error and
+leaves the older checkpoints alone: they are rotated out only after the new
+one is complete.
 """
 
 from __future__ import annotations
@@ -24,13 +31,19 @@ from dimd.errors import DimdError
 from dimd.fsutil import atomic_path
 
 FORMAT = "dimd-checkpoint"
-VERSION = 1
+VERSION = 2
 _NAME = re.compile(r"^checkpoint-e(\d+)-s(\d+)\.pt$")
 
 
 def checkpoint_name(epoch: int, step: int) -> str:
     """``epoch`` is the number of finished epochs, ``step`` the number of optimizer steps taken."""
     return f"checkpoint-e{epoch:04d}-s{step:08d}.pt"
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step a checkpoint file's name records (-1 for another name)."""
+    m = _NAME.match(Path(path).name)
+    return int(m.group(2)) if m else -1
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
@@ -53,11 +66,17 @@ def save_checkpoint(directory: str | os.PathLike, state: dict[str, Any], *, keep
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / checkpoint_name(int(state["epoch"]), int(state["step"]))
     document = {"format": FORMAT, "version": VERSION, **encode(state)}
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            torch.save(document, f)
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                torch.save(document, f)
+                f.flush()
+                os.fsync(f.fileno())
+    except (OSError, RuntimeError) as exc:   # torch.save wraps a failed write in a RuntimeError
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        kept = len(list_checkpoints(folder))
+        raise DimdError(f"{path}: cannot write the checkpoint ({reason}); the {kept} older "
+                        f"checkpoint(s) in {folder} are kept") from None
     if keep > 0:
         for old in list_checkpoints(folder)[:-keep]:
             with contextlib.suppress(FileNotFoundError):
@@ -73,12 +92,23 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     except FileNotFoundError:
         raise DimdError(f"{path}: checkpoint not found") from None
     except Exception as exc:  # a truncated or foreign file: pickle/zip errors of many kinds
-        raise DimdError(f"{path}: not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+        # torch's own message suggests weights_only=False, i.e. running the file's code: never that.
+        raise DimdError(f"{path}: not a readable dimd checkpoint ({_reason(exc)}); dimd reads "
+                        f"checkpoints as plain tensors and lists only and will not load this file") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise DimdError(f"{path}: not a dimd checkpoint")
     if int(document.get("version", -1)) > VERSION:
         raise DimdError(f"{path}: checkpoint version {document['version']} is newer than this dimd reads")
     return decode(document)
+
+
+def _reason(exc: Exception) -> str:
+    """The first line of a load error, without torch's advice to unpickle the file."""
+    text = str(exc)
+    if "weights_only" in text or "Unsupported global" in text or "WeightsUnpickler" in text:
+        return "it holds Python objects other than tensors and plain values"
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first[:200]
 
 
 # weights_only=True loads tensors and plain containers only: encode the rest reversibly.

@@ -1,14 +1,25 @@
-"""The training run's configuration: click options -> this frozen dataclass -> the engine."""
+"""The training run's configuration: the only defaults, checked once, frozen.
+
+``dimd train``'s options are generated from these fields
+(:func:`dimd.options.config_option`), so a default lives here and nowhere
+else; ``__post_init__`` rejects nonsense whether the config came from the
+command line or from Python. The resolved config goes into every checkpoint
+and JSON result.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dimd.errors import DimdError
+from dimd.checks import at_least, finite, in_range, one_of, positive, require
 from dimd.train.schedule import SCHEDULES
 
 DEVICES = ("auto", "cpu", "cuda")
+READ_FROM = ("memory", "files")
+SYNCS = ("ssgd", "sma")
+LEARNER_COMPUTES = ("auto", "vmap", "loop", "threads")
 
 
 @dataclass(frozen=True)
@@ -17,7 +28,7 @@ class TrainConfig:
 
     train: str
     val: str
-    model: str
+    model: str = "resnet50"
     image_size: int = 224
     crop_scale: float = 0.08              # smallest area share of a random-resized training crop
     epochs: int = 90
@@ -38,43 +49,81 @@ class TrainConfig:
     allreduce: str | None = None          # None: the fastest measured at start-up
     bucket_mb: float = 0.0                # 0: one allreduce for all gradients
     device: str = "auto"
-    workers: int = 2
+    decode_threads: int = 2               # the loader's decoding threads per rank
     threads: int | None = None            # torch threads per rank; None: cores / ranks on the node
     seed: int = 0
-    eval_batch_size: int | None = None
+    eval_batch_size: int | None = None    # None: batch_size
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0             # steps; 0: at the end of every epoch only
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 3             # 0: keep all
     resume: bool = False                  # continue from the newest checkpoint in checkpoint_dir, if any
     resume_from: str | None = None        # continue from this checkpoint file
-    memory_limit: int | None = None
+    memory_limit: int | None = None       # bytes per rank
     read_from: str = "memory"             # "files": read each image from its original file (baseline)
     files_root: str | None = None         # the folder the set was packed from (default: the index's source)
+    # Synchronisation: S-SGD, or Crossbow's synchronous model averaging (docs/sma.md).
+    sync: str = "ssgd"                    # "ssgd" or "sma"
+    learners: int | str | None = None     # SMA learners per rank: a number or "auto"; None: 1
+    alpha: float | None = None            # SMA correction weight; None: 1/L for L learners in all
+    sma_momentum: float | None = None     # SMA's central momentum; None: 0.9 if momentum > 0, else 0
+    sync_every: int = 1                   # SMA: learner steps per synchronisation
+    autotune_threshold: float = 0.1       # SMA auto: the relative throughput rise that adds a learner
+    learner_compute: str = "auto"         # SMA: how a rank computes its learners' gradients
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.epochs >= 1, f"--epochs must be at least 1 (got {self.epochs})"),
-            (self.batch_size >= 1, f"--batch-size must be at least 1 (got {self.batch_size})"),
-            (self.image_size >= 8, f"--image-size must be at least 8 (got {self.image_size})"),
-            (0 < self.crop_scale <= 1, f"--crop-scale must be in (0, 1] (got {self.crop_scale})"),
-            (self.lr > 0, f"--lr must be positive (got {self.lr})"),
-            (0 <= self.momentum < 1, f"--momentum must be in [0, 1) (got {self.momentum})"),
-            (self.weight_decay >= 0, f"--weight-decay must be non-negative (got {self.weight_decay})"),
-            (self.schedule in SCHEDULES, f"--schedule must be one of {', '.join(SCHEDULES)}"),
-            (self.groups >= 1, f"--groups must be at least 1 (got {self.groups})"),
-            (self.shuffle_every is None or self.shuffle_every >= 0, "--shuffle-every must be >= 0"),
-            (self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}"),
-            (self.workers >= 1, f"--workers must be at least 1 (got {self.workers})"),
-            (self.checkpoint_every >= 0, "--checkpoint-every must be >= 0"),
-            (self.bucket_mb >= 0, "--bucket-mb must be >= 0"),
-            (self.read_from in ("memory", "files"), "--read-from must be memory or files"),
-            (self.warmup_epochs is None or self.warmup_epochs >= 0, "--warmup-epochs must be >= 0"),
-            (not (self.resume or self.checkpoint_every) or self.checkpoint_dir is not None,
-             "--resume and --checkpoint-every need --checkpoint-dir"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise DimdError(message)
+        for name in ("epochs", "batch_size", "groups", "decode_threads"):
+            at_least(self, name, 1)
+        for name in ("threads", "eval_batch_size"):
+            at_least(self, name, 1, optional=True)
+        at_least(self, "image_size", 8)
+        in_range(self, "crop_scale", 0.0, 1.0, low_open=True)
+        positive(self, "lr")
+        in_range(self, "momentum", 0.0, 1.0, high_open=True)
+        for name in ("weight_decay", "bucket_mb", "seed", "checkpoint_every", "keep_checkpoints"):
+            at_least(self, name, 0)
+        at_least(self, "warmup_epochs", 0, optional=True)
+        at_least(self, "shuffle_every", 0, optional=True)
+        positive(self, "power")
+        positive(self, "memory_limit", optional=True)
+        one_of(self, "schedule", SCHEDULES)
+        one_of(self, "device", DEVICES)
+        one_of(self, "read_from", READ_FROM)
+        if self.allreduce is not None:
+            from dimd.allreduce import ALGORITHMS
+
+            one_of(self, "allreduce", ALGORITHMS)
+        if self.milestones is not None:
+            require(all(m > 0 and math.isfinite(m) for m in self.milestones), "milestones",
+                    f"must be positive, finite epochs (got {self.milestones})")
+        finite(self, "lr")
+        require(not (self.resume or self.checkpoint_every) or self.checkpoint_dir is not None,
+                "checkpoint_dir", "is needed to resume or to checkpoint every N steps")
+        self._check_sync()
+
+    def _check_sync(self) -> None:
+        one_of(self, "sync", SYNCS)
+        one_of(self, "learner_compute", LEARNER_COMPUTES)
+        in_range(self, "alpha", 0.0, 1.0, low_open=True, optional=True)
+        in_range(self, "sma_momentum", 0.0, 1.0, high_open=True, optional=True)
+        at_least(self, "sync_every", 1)
+        at_least(self, "autotune_threshold", 0.0)
+        if self.learners is not None and self.learners != "auto":
+            require(isinstance(self.learners, int) and not isinstance(self.learners, bool), "learners",
+                    f"must be a number of learners per rank or auto (got {self.learners!r})")
+            at_least(self, "learners", 1)
+        if self.sync == "ssgd":
+            for name, default in (("learners", None), ("alpha", None), ("sma_momentum", None),
+                                  ("sync_every", 1)):
+                require(getattr(self, name) == default, name,
+                        "is a setting of model averaging: add `sync` sma, or leave it out for S-SGD")
+        else:
+            require(not self.nesterov, "nesterov", "is not part of SMA (its learners use Polyak "
+                    "momentum, as Crossbow's do); leave it out with `sync` sma")
+
+    @property
+    def autotune(self) -> bool:
+        """SMA with ``learners="auto"``: the auto-tuner chooses the learners per rank."""
+        return self.sync == "sma" and self.learners == "auto"
 
     @property
     def bucket_bytes(self) -> int:

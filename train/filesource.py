@@ -24,15 +24,15 @@ class OriginalFiles:
 
     def __init__(self, store: Any, root: str | os.PathLike | None = None) -> None:
         dataset = PackedDataset(store.path, check_size=False)
-        self.root = Path(root if root is not None else dataset.attrs.get("source", ""))
+        self.root = Path(root if root is not None else dataset.source)
         if dataset.attrs.get("source_kind", "tree") == "lmdb":
             raise DimdError(f"{store.path}: packed from an LMDB, there are no original files to read")
-        self.names = dataset.names
+        self.names = dataset.source_names  # file-system names: exact even where not UTF-8
         self._store = store
         missing = self.root / self.names[int(store.global_index[0])] if len(store) else None
         if missing is not None and not missing.is_file():
             raise DimdError(f"{missing}: original file not found (give the folder the set was packed "
-                            f"from with --files-root)")
+                            f"from with `files_root`)")
 
     def __len__(self) -> int:
         return len(self._store)

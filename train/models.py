@@ -65,7 +65,7 @@ class CifarBasicBlock(nn.Module):
 class CifarResNet(nn.Module):
     """ResNet-(6n+2) for 32 px images: three stages of 16/32/64 channels."""
 
-    def __init__(self, depth: int, num_classes: int = 10) -> None:
+    def __init__(self, depth: int, num_classes: int = 10, zero_init_residual: bool = False) -> None:
         super().__init__()
         if (depth - 2) % 6:
             raise ValueError("CIFAR ResNet depth must be 6n+2")
@@ -84,6 +84,9 @@ class CifarResNet(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        if zero_init_residual:  # each block starts as the identity (Goyal et al.)
+            for block in self.layers:
+                nn.init.zeros_(block.bn2.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(self.pool(self.layers(self.stem(x))), 1))
@@ -297,9 +300,12 @@ class ModelSpec:
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("lenet", lambda c, **_: LeNet(c), 32, "LeNet-5 (ReLU, max pool), no batch norm", False),
-    ModelSpec("resnet20", lambda c, **_: CifarResNet(20, c), 32, "CIFAR ResNet-20 (He et al.)"),
-    ModelSpec("resnet32", lambda c, **_: CifarResNet(32, c), 32, "CIFAR ResNet-32 (He et al.)"),
-    ModelSpec("resnet56", lambda c, **_: CifarResNet(56, c), 32, "CIFAR ResNet-56 (He et al.)"),
+    ModelSpec("resnet20", lambda c, zero_init_residual=False: CifarResNet(20, c, zero_init_residual),
+              32, "CIFAR ResNet-20 (He et al.)"),
+    ModelSpec("resnet32", lambda c, zero_init_residual=False: CifarResNet(32, c, zero_init_residual),
+              32, "CIFAR ResNet-32 (He et al.)"),
+    ModelSpec("resnet56", lambda c, zero_init_residual=False: CifarResNet(56, c, zero_init_residual),
+              32, "CIFAR ResNet-56 (He et al.)"),
     ModelSpec("resnet18", lambda c, zero_init_residual=False: ResNet(BasicBlock, (2, 2, 2, 2), c,
                                                                      zero_init_residual),
               224, "ImageNet ResNet-18"),
@@ -317,8 +323,7 @@ def build_model(name: str, num_classes: int, *, zero_init_residual: bool = False
     """A freshly initialised model from the registry; a clear error for an unknown name."""
     spec = MODELS.get(name)
     if spec is None:
-        raise DimdError(f"unknown model {name!r}; choose from {', '.join(MODELS)} "
-                        "(`dimd train --list-models` shows them)")
+        raise DimdError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     return spec.build(num_classes, zero_init_residual=zero_init_residual)
 
 

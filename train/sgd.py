@@ -10,15 +10,15 @@ without batch norm; batch-norm statistics stay local, as in the DIMD paper).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+import math
+from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dimd.train.flatgrad import FlatGradients, Reduce
+from dimd.train.steps import Batches, StepResult, StepTimes
 
 #: The tail of the flat buffer: summed across ranks with the gradients, in the same message.
 EXTRA_LOSS, EXTRA_CORRECT, EXTRA_SAMPLES, EXTRA_STOP = range(4)
@@ -62,35 +62,6 @@ class Normalize:
         return x.sub_(self.mean).mul_(self.inv_std)
 
 
-@dataclass
-class StepTimes:
-    """Seconds spent per phase, summed over steps (the time split the issue asks for)."""
-
-    data: float = 0.0
-    compute: float = 0.0      # forward + backward
-    allreduce: float = 0.0
-    optimizer: float = 0.0
-
-    def add(self, other: "StepTimes") -> None:
-        self.data += other.data
-        self.compute += other.compute
-        self.allreduce += other.allreduce
-        self.optimizer += other.optimizer
-
-    def as_dict(self) -> dict[str, float]:
-        return {"data": self.data, "compute": self.compute, "allreduce": self.allreduce,
-                "optimizer": self.optimizer}
-
-
-@dataclass
-class StepResult:
-    loss_sum: float       # summed over the global batch
-    correct: float
-    samples: float
-    stop: bool            # some rank asked to stop (a signal)
-    times: StepTimes = field(default_factory=StepTimes)
-
-
 class SyncSGD:
     """The S-SGD engine's inner step over a model whose gradients live in a :class:`FlatGradients`."""
 
@@ -128,7 +99,7 @@ class SyncSGD:
             extras[EXTRA_STOP] = 1.0 if stop else 0.0
         self._sync()
         t1 = time.perf_counter()
-        self.flat.allreduce(self.reduce, self.world_size)
+        self.flat.allreduce(self.reduce, self.world_size)   # MPI: the gradients (and extras) summed over ranks
         t2 = time.perf_counter()
         self.optimizer.step()
         self._sync()
@@ -144,13 +115,74 @@ def broadcast_state(module: nn.Module, comm, root: int = 0) -> None:
         for tensor in list(module.parameters()) + list(module.buffers()):
             on_cpu = tensor.device.type == "cpu" and tensor.is_contiguous()
             host = tensor.detach() if on_cpu else tensor.detach().cpu().contiguous()
-            comm.Bcast(host.numpy(), root=root)
+            comm.Bcast(host.numpy(), root=root)   # MPI: every replica starts from root's weights
             if not on_cpu:
                 tensor.copy_(host)
 
 
 def replicas_identical(module: nn.Module, comm) -> bool:
-    """Whether every rank holds bit-identical parameters (a cheap checksum comparison)."""
-    digest = np.array([float(p.detach().double().sum()) for p in module.parameters()], np.float64)
-    everyone = comm.allgather(digest.tobytes())
+    """Whether every rank holds bit-identical parameters (a crc32 of their bytes, compared)."""
+    return identical_across_ranks([p.detach() for p in module.parameters()], comm)
+
+
+def identical_across_ranks(tensors: list[torch.Tensor], comm) -> bool:
+    """Collective: whether every rank holds exactly the same bytes in ``tensors``."""
+    import zlib
+
+    digest = 0
+    for t in tensors:
+        digest = zlib.crc32(t.detach().cpu().contiguous().numpy().tobytes(), digest)
+    everyone = comm.allgather(digest)   # MPI: compare the ranks' checksums
     return all(d == everyone[0] for d in everyone)
+
+
+class SSGD:
+    """Synchronous data-parallel SGD as a :class:`~dimd.train.steps.Strategy`: one learner per rank,
+    the gradients averaged over the ranks every step."""
+
+    name = "ssgd"
+    learners = 1
+
+    def __init__(self, sgd: SyncSGD) -> None:
+        self.sgd = sgd
+        self.model = sgd.model
+
+    def step(self, batches: Batches, lr: float, *, sync: bool = True, stop: bool = False,
+             times: StepTimes | None = None) -> StepResult:
+        (images, labels), = batches
+        self.sgd.set_lr(lr)
+        result = self.sgd.step(images, labels, stop=stop)
+        result.times.data = times.data if times is not None else 0.0
+        result.finite = math.isfinite(result.loss_sum) and math.isfinite(float(self.sgd.flat.grads.sum()))
+        return result
+
+    def restart(self) -> bool:
+        return False
+
+    def eval_model(self) -> nn.Module:
+        return self.model
+
+    def global_state(self) -> dict[str, Any]:
+        return {"optimizer": self.sgd.optimizer.state_dict()}
+
+    def local_state(self) -> dict[str, Any]:
+        # Batch-norm statistics are per rank (each sees its own batches).
+        return {"buffers": {k: v.detach().cpu().clone() for k, v in self.model.named_buffers()}}
+
+    def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
+        self.sgd.optimizer.load_state_dict(shared["optimizer"])
+        self.sgd.flat.attach()
+        if local is not None:
+            with torch.no_grad():
+                for name, buffer in self.model.named_buffers():
+                    buffer.copy_(local["buffers"][name])
+        return []
+
+    def figures(self) -> dict[str, Any]:
+        return {}
+
+    def identical(self, comm) -> bool:
+        return replicas_identical(self.model, comm)
+
+    def close(self) -> None:
+        pass

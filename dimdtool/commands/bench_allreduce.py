@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
+from dimd.allreduce.api import ALGORITHMS
+from dimd.allreduce.bench import DTYPE_NAMES, PEERS, BenchConfig
 from dimd.commands.mpi_job import mpi_command
-
-_HELP_ALGORITHMS = ("mpi, ring, ring-root, multicolor, tree, ps, recursive-doubling, rabenseifner")
+from dimd.options import SIZE, NameListType, build_config, config_option, json_option
 
 
 def _columns() -> str:
@@ -26,33 +28,37 @@ def _line(row) -> str:
 
 
 @click.command("bench-allreduce")
-@click.option("--algorithms", "-a", default="all", show_default=True,
-              help=f"Comma list of algorithms, or 'all' ({_HELP_ALGORITHMS}).")
-@click.option("--min-bytes", "-b", default="8", show_default=True, help="Smallest message (8, 64K, 1M...).")
-@click.option("--max-bytes", "-e", default="64M", show_default=True, help="Largest message.")
-@click.option("--factor", "-f", default=2, show_default=True, help="Multiply the size by this each step.")
-@click.option("--iters", "-n", type=int, default=None,
-              help="Timed iterations per size [default: 200, fewer above 640 KiB so a row moves about 128 MiB, at least 5].")
-@click.option("--warmup", "-w", type=int, default=None,
-              help="Untimed iterations before each timing [default: iters/10, at least 2].")
-@click.option("--dtype", "-d", type=click.Choice(["float32", "float64", "int32", "int64"]),
-              default="float32", show_default=True, help="Element type.")
-@click.option("--colors", default=4, show_default=True,
-              help="multicolor: number of colours (trees); fewer when there are fewer ranks.")
-@click.option("--segment-bytes", default="auto", show_default=True,
-              help="multicolor and ring-root: pipeline segment size (auto: 1/8 of a colour's chunk for "
-                   "multicolor, at least 512 KiB; 1/16 of the message for ring-root, at least 256 KiB).")
-@click.option("--check", "-c", is_flag=True,
-              help="Before timing each row, run once on per-rank values with a known sum and count "
-                   "the wrong elements (summed over ranks) in #wrong; exit 1 if any.")
-@click.option("--peer", type=click.Choice(["gloo"]), default=None,
-              help="Also time torch.distributed all_reduce (gloo backend) in the same job.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write parameters, MPI set-up, versions and every row as JSON to PATH (rank 0).")
+@config_option(BenchConfig, "algorithms", "--algorithms", "-a", type=NameListType(lambda: ALGORITHMS),
+               default="all", show_default=True,
+               help=f"Comma list of algorithms, or 'all' ({', '.join(ALGORITHMS)}).")
+@config_option(BenchConfig, "min_bytes", "--min-bytes", "-b", type=SIZE, help="Smallest message (8, 64K, 1M...).")
+@config_option(BenchConfig, "max_bytes", "--max-bytes", "-e", type=SIZE, help="Largest message.")
+@config_option(BenchConfig, "factor", "--factor", "-f", help="Multiply the size by this each step.")
+@config_option(BenchConfig, "iters", "--iters", "-n",
+               help="Timed iterations per size [default: 200, fewer above 640 KiB so a row moves about "
+                    "128 MiB, at least 5].")
+@config_option(BenchConfig, "warmup", "--warmup", "-w",
+               help="Untimed iterations before each timing [default: iters/10, at least 2].")
+@config_option(BenchConfig, "dtype", "--dtype", "-d", type=click.Choice(DTYPE_NAMES), help="Element type.")
+@config_option(BenchConfig, "colors", help="multicolor: number of colours (trees); fewer when there are fewer ranks.")
+@config_option(BenchConfig, "segment_bytes", type=SIZE,
+               help="multicolor and ring-root: pipeline segment size [default: sized from the message: 1/8 "
+                    "of a colour's chunk for multicolor, at least 512 KiB; 1/16 of the message for "
+                    "ring-root, at least 256 KiB].")
+@config_option(BenchConfig, "check", "--check", "-c",
+               help="Before timing each row, run once on per-rank values with a known sum and count "
+                    "the wrong elements (summed over ranks) in #wrong; exit 1 if any.")
+@config_option(BenchConfig, "peer", type=click.Choice(PEERS),
+               help="Also time torch.distributed all_reduce (gloo backend) in the same job.")
+@click.option("--model", default=None,
+              help="Also time a message of this model's gradient size (float32, as `dimd train` "
+                   "allreduces it; `dimd train --list-models`).")
+@click.option("--classes", type=click.IntRange(min=2), default=None,
+              help="--model's output classes [default: 1000 for ImageNet-style models, 10 for the others].")
+@json_option("parameters, MPI set-up, versions and every row (rank 0)")
 @mpi_command("single")
-def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int, iters: int | None,
-                    warmup: int | None, dtype: str, colors: int, segment_bytes: str, check: bool,
-                    peer: str | None, json_path: Path | None, comm, mpi_setup) -> None:
+def bench_allreduce(json_path: Path | None, model: str | None, classes: int | None, comm, mpi_setup,
+                    **fields: Any) -> None:
     """Time allreduce algorithms over message sizes, like nccl-tests and osu_allreduce.
 
     For each size (min-bytes, x factor, ... up to max-bytes) every algorithm
@@ -67,19 +73,22 @@ def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int
     Examples:
       mpirun -n 4 dimd bench-allreduce --check
       mpirun -n 2 dimd bench-allreduce -a mpi,ring,multicolor -b 64K -e 64M --peer gloo --json ar.json
+      mpirun -n 3 dimd bench-allreduce -b 64K -e 16M -f 4 --model resnet20 --json ar-P3.json
     """
-    from dimd.allreduce import ALGORITHMS
-    from dimd.allreduce.bench import BenchConfig, run_bench
+    from dimd.allreduce.bench import check_memory, run_bench
     from dimd.errors import DimdError
     from dimd.report import result_document, write_json
-    from dimd.units import parse_size
 
-    names = tuple(ALGORITHMS) if algorithms.strip() == "all" else tuple(
-        a.strip() for a in algorithms.split(",") if a.strip())
-    config = BenchConfig(algorithms=names, min_bytes=parse_size(min_bytes), max_bytes=parse_size(max_bytes),
-                         factor=factor, iters=iters, warmup=warmup, dtype=dtype, colors=colors,
-                         segment_bytes=None if segment_bytes == "auto" else parse_size(segment_bytes), check=check, peer=peer)
-    config.validate()
+    if classes is not None and model is None:
+        raise click.UsageError("--classes goes with --model")
+    gradient_bytes = None
+    if model is not None:  # the allreduce package knows no models: the size comes from here
+        from dimd.train.plan.measure import model_gradient_bytes
+
+        gradient_bytes = model_gradient_bytes(model, classes)
+    config = build_config(BenchConfig, extra_sizes=(gradient_bytes,) if gradient_bytes is not None else (),
+                          **fields)
+    check_memory(config, comm)  # before the table's header: a size beyond memory is one line
     root = comm.Get_rank() == 0
     size = comm.Get_size()
     library = " ".join(mpi_setup.library_version.split())
@@ -88,7 +97,10 @@ def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int
                    f"{mpi_setup.thread_level_provided}, progress throttle "
                    f"{'on' if mpi_setup.progress_throttle else 'off'}, {mpi_setup.cores} cores")
         click.echo(f"# time: per-iteration mean of each rank's timed loop; avg/min/max over ranks. "
-                   f"busbw = algbw x 2(P-1)/P. colors {min(colors, size)}, segment {segment_bytes}")
+                   f"busbw = algbw x 2(P-1)/P. colors {min(config.colors, size)}, segment "
+                   f"{config.segment_bytes or 'auto'}")
+        if model is not None:
+            click.echo(f"# {model}'s gradients: {gradient_bytes} bytes, timed with the sweep")
         click.echo(_columns())
 
     def on_row(row) -> None:
@@ -99,10 +111,11 @@ def bench_allreduce(algorithms: str, min_bytes: str, max_bytes: str, factor: int
     rows = run_bench(config, comm, on_row)
     wrong = sum(row.wrong or 0 for row in rows)
     if root:
-        if check:
+        if config.check:
             click.echo(f"# check: {wrong} wrong elements in {len(rows)} rows")
         if json_path is not None:
-            figures = {"world_size": size, "rows": rows, "wrong_total": wrong if check else None}
+            figures = {"world_size": size, "rows": rows, "wrong_total": wrong if config.check else None,
+                       "model": model, "gradient_bytes": gradient_bytes}
             write_json(json_path, result_document("bench-allreduce", config, figures, mpi=mpi_setup.as_dict()))
     if wrong:
         raise DimdError(f"--check: {wrong} elements differ from the known sum")

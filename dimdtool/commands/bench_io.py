@@ -3,32 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from dimd.commands.mpi_job import mpi_command
-
-_FILE = click.Path(dir_okay=False, path_type=Path)
+from dimd.options import build_config, config_option, json_option
+from dimd.shuffle.bench_io import BenchIoConfig
 
 
 @click.command("bench-io")
 @click.argument("dataset", type=click.Path(path_type=Path))
-@click.option("--tree", required=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="The folder DATASET was packed from (the original image files).")
-@click.option("--workers", default=2, show_default=True,
-              help="Decoding threads (dimd) and worker processes (DataLoader).")
-@click.option("--batch-size", default=32, show_default=True)
-@click.option("--image-size", default=224, show_default=True)
-@click.option("--images", type=int,
-              help="Images per measurement, in whole batches [default: every record once]. More than "
-                   "the records cycle through further epochs; a multiple of the record count keeps "
-                   "the DataLoader's workers from being stopped mid-epoch.")
-@click.option("--repeats", default=3, show_default=True, help="Runs of each method; medians are reported.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--json", "json_path", type=_FILE, metavar="PATH", help="Write the figures as JSON to PATH.")
+@config_option(BenchIoConfig, "tree", required=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
+               help="The folder DATASET was packed from (the original image files).")
+@config_option(BenchIoConfig, "workers",
+               help="Decoders per method, the same count for a fair comparison: dimd's decoding threads "
+                    "and the DataLoader's worker processes.")
+@config_option(BenchIoConfig, "batch_size")
+@config_option(BenchIoConfig, "image_size")
+@config_option(BenchIoConfig, "images",
+               help="Images per measurement, in whole batches [default: every record once]. More than "
+                    "the records cycle through further epochs; a multiple of the record count keeps "
+                    "the DataLoader's workers from being stopped mid-epoch.")
+@config_option(BenchIoConfig, "repeats", help="Runs of each method; medians are reported.")
+@config_option(BenchIoConfig, "seed")
+@json_option()
 @mpi_command("funneled")
-def bench_io(dataset: Path, tree: Path, workers: int, batch_size: int, image_size: int,
-             images: int | None, repeats: int, seed: int, json_path: Path | None, comm, mpi_setup) -> None:
+def bench_io(dataset: Path, json_path: Path | None, comm, mpi_setup, **fields: Any) -> None:
     """Measure training-batch throughput (images/s) three ways on the same images.
 
     \b
@@ -39,9 +40,9 @@ def bench_io(dataset: Path, tree: Path, workers: int, batch_size: int, image_siz
 
     All use random-resized crop (scale 0.08-1, ratio 3/4-4/3) to --image-size
     and a random flip, with the same --workers. Prints each run, the medians
-    and the ratios dimd/torch (aim >= 1.3) and dimd per worker / limit (aim
-    >= 0.8), also per CPU-second (user + system time of all threads and
-    worker processes), which other jobs on a shared machine disturb less.
+    and the ratios dimd/torch and dimd per worker / limit, also per CPU-second
+    (user + system time of all threads and worker processes), which other
+    jobs on a shared machine disturb less.
     Runs in one process (no mpirun).
 
     \b
@@ -49,10 +50,9 @@ def bench_io(dataset: Path, tree: Path, workers: int, batch_size: int, image_siz
       dimd bench-io demo/train --tree demo/images/train --workers 2 --json bench-io.json
     """
     from dimd.report import result_document, write_json
-    from dimd.shuffle.bench_io import BenchIoConfig, run_bench_io
+    from dimd.shuffle.bench_io import run_bench_io
 
-    config = BenchIoConfig(dataset=dataset, tree=tree, workers=workers, batch_size=batch_size,
-                           image_size=image_size, images=images, repeats=repeats, seed=seed)
+    config = build_config(BenchIoConfig, dataset=dataset, **fields)
 
     def on_measurement(m) -> None:
         click.echo(f"run {m.repeat}  {m.method:<6} {m.images:>6} images {m.seconds:>8.2f} s "
@@ -64,9 +64,9 @@ def bench_io(dataset: Path, tree: Path, workers: int, batch_size: int, image_siz
         click.echo(f"{method:<7} {figures['images_per_s_median']:>13.1f} {figures['images_per_s_min']:>9.1f} "
                    f"{figures['images_per_s_max']:>9.1f} {figures['images_per_cpu_s_median']:>10.1f}")
     ratios = result["ratios"]
-    click.echo(f"dimd / torch DataLoader: {ratios['dimd_over_torch']:.2f}x (aim >= 1.3); "
-               f"dimd per worker / decode limit: {ratios['dimd_per_worker_over_limit']:.2f}x (aim >= 0.8), "
-               f"{workers} worker{'s' if workers != 1 else ''}, {mpi_setup.cores} cores")
+    click.echo(f"dimd / torch DataLoader: {ratios['dimd_over_torch']:.2f}x; "
+               f"dimd per worker / decode limit: {ratios['dimd_per_worker_over_limit']:.2f}x, "
+               f"{config.workers} worker{'s' if config.workers != 1 else ''}, {mpi_setup.cores} cores")
     click.echo(f"per CPU-second (robust to other load): dimd / torch {ratios['cpu_dimd_over_torch']:.2f}x, "
                f"dimd / decode limit {ratios['cpu_dimd_over_limit']:.2f}x")
     if json_path is not None:

@@ -1,8 +1,12 @@
 """Run a click command under MPI so that an error on any rank ends the whole job.
 
-The wrapped callback receives ``comm`` and ``mpi_setup``. A :class:`DimdError`
-becomes a one-line message, any other exception a traceback; then the job is
-aborted (``MPI_Abort``), so no rank is left waiting in a collective.
+The wrapped callback receives ``comm`` and ``mpi_setup``. Before it runs,
+rank 0 checks the command's output locations (every option of type
+:class:`dimd.options.OutputPath`) and all ranks agree on the outcome, so a
+bad ``--json`` path fails the job at start-up with one line. A
+:class:`DimdError` becomes a one-line message, any other exception a
+traceback; then the job is aborted (``MPI_Abort``), so no rank is left
+waiting in a collective.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Any, Callable
 import click
 
 from dimd.errors import DimdError
-from dimd.mpi import ThreadLevel, init_mpi
+from dimd.mpi import ThreadLevel, agree_or_raise, init_mpi
+from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, output_problems
 
 #: Ranks other than 0 wait this long before reporting, so that an error every
 #: rank hits (a bad option) is printed once, by rank 0, whose abort ends them.
@@ -35,6 +40,7 @@ def mpi_command(thread_level: ThreadLevel = "single") -> Callable[[Callable[...,
 
             comm = MPI.COMM_WORLD
             try:
+                agree_or_raise(comm, output_problems() if comm.Get_rank() == 0 else None)
                 return callback(*args, comm=comm, mpi_setup=setup, **kwargs)
             except (click.exceptions.Exit, click.Abort):
                 raise
@@ -45,15 +51,38 @@ def mpi_command(thread_level: ThreadLevel = "single") -> Callable[[Callable[...,
             except click.UsageError as exc:
                 abort_job(comm, exc.format_message(), 2)
             except DimdError as exc:
-                abort_job(comm, str(exc), 1)
-            except KeyboardInterrupt:
-                abort_job(comm, "interrupted", 130)
+                abort_job(comm, cli_message(str(exc)), 1)
+            except KeyboardInterrupt as exc:
+                from dimd.signals import interrupt_exit
+
+                message, code = interrupt_exit(exc)
+                abort_job(comm, message, code)
             except BaseException:  # a bug: show where, then end every rank
                 abort_job(comm, traceback.format_exc().rstrip(), 1)
 
+        setattr(run, DEFERS_OUTPUT_CHECKS, True)
         return run
 
     return decorate
+
+
+def check_outputs(comm: Any, *locations: tuple[str, Any, str]) -> None:
+    """Collective: rank 0 checks each ``(flag, path, kind)`` (kind "file" or "folder"), all ranks agree.
+
+    For output locations that are not options of type
+    :class:`dimd.options.OutputPath` (those :func:`mpi_command` checks by itself).
+    A folder may be missing (it is created); a file's folder must exist.
+    """
+    from dimd.fsutil import output_problem
+
+    problem = None
+    if comm.Get_rank() == 0:
+        for flag, path, kind in locations:
+            if path is not None:
+                problem = output_problem(path, kind=kind, create=kind == "folder", what=flag)  # type: ignore[arg-type]
+                if problem:
+                    break
+    agree_or_raise(comm, problem)
 
 
 def abort_job(comm: Any, message: str, code: int) -> None:

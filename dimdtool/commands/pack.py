@@ -5,13 +5,18 @@ from __future__ import annotations
 import contextlib
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
 from dimd.console import progress
 from dimd.errors import DimdError
+from dimd.options import (OUTPUT_FILE, build_config, cli_message, config_option, json_option,
+                          processes_option, quiet_option)
+from dimd.pack.config import PackConfig
 from dimd.units import format_bytes
 
+#: An input file (--list, --classes-file); outputs are OUTPUT_FILE, checked before the work.
 _FILE = click.Path(dir_okay=False, path_type=Path)
 #: A scan of SRC that takes longer than this gets a line saying what is happening.
 SCAN_NOTICE_S = 2.0
@@ -19,29 +24,27 @@ SCAN_NOTICE_S = 2.0
 
 @click.command("pack")
 @click.argument("src", type=click.Path(path_type=Path))
-@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
-              help="Output stem: writes OUT.dimd (the JPEGs) and OUT.idx.h5 (the index).")
-@click.option("--list", "--labels", "list_file", type=_FILE,
-              help="Pack the images named in FILE, one 'relative/path label' line each "
-                   "(Caffe's convert_imageset format), e.g. ImageNet's flat val folder.")
-@click.option("--classes-file", type=_FILE,
-              help="Class names, one per line, line i naming label i (for --list and LMDB "
-                   "sources; default: the label numbers).")
-@click.option("--short-side", default=256, show_default=True,
-              help="Resize so the shorter side is this many pixels (aspect ratio kept).")
-@click.option("--quality", default=90, show_default=True, help="JPEG quality of the stored images.")
-@click.option("--workers", type=int, default=None,
-              help="Worker processes [default: the cores available]. The output is the same "
-                   "for any number.")
-@click.option("--strict", is_flag=True, help="Stop at the first image that cannot be packed.")
-@click.option("--skipped", "skipped_file", type=_FILE,
+@config_option(PackConfig, "out", "-o", "--output", required=True, type=click.Path(path_type=Path),
+               help="Output stem: writes OUT.dimd (the JPEGs) and OUT.idx.h5 (the index); "
+                    "missing folders are created.")
+@config_option(PackConfig, "list_file", "--list", "--labels", type=_FILE,
+               help="Pack the images named in FILE, one 'relative/path label' line each "
+                    "(Caffe's convert_imageset format), e.g. ImageNet's flat val folder.")
+@config_option(PackConfig, "classes_file", type=_FILE,
+               help="Class names, one per line, line i naming label i (for --list and LMDB "
+                    "sources; default: the label numbers).")
+@config_option(PackConfig, "short_side", help="Resize so the shorter side is this many pixels (aspect ratio kept).")
+@config_option(PackConfig, "quality", help="JPEG quality of the stored images.")
+@config_option(PackConfig, "workers", help="Worker processes [default: the cores available]. The output "
+                                           "is the same for any number.")
+@config_option(PackConfig, "strict", help="Stop at the first image that cannot be packed.")
+@click.option("--skipped", "skipped_file", type=OUTPUT_FILE,
               help="Write the names of skipped images, with the reason, to FILE.")
-@click.option("--force", is_flag=True, help="Overwrite an existing OUT.")
-@click.option("--json", "json_path", type=_FILE, help="Write the summary as JSON to PATH.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress; only the summary and errors.")
-def pack_command(src: Path, out: Path, list_file: Path | None, classes_file: Path | None,
-                 short_side: int, quality: int, workers: int | None, strict: bool,
-                 skipped_file: Path | None, force: bool, json_path: Path | None, quiet: bool) -> None:
+@config_option(PackConfig, "force", help="Overwrite an existing OUT.")
+@json_option("the summary")
+@quiet_option()
+def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, quiet: bool,
+                 **fields: Any) -> None:
     """Resize and pack the images of SRC into one data file plus an HDF5 index.
 
     \b
@@ -54,8 +57,12 @@ def pack_command(src: Path, out: Path, list_file: Path | None, classes_file: Pat
     orientation applied), its shorter side is resized to --short-side
     (antialiased; large JPEGs are decoded at reduced scale first) and stored as
     a JPEG of --quality. Files without an image extension and hidden files are
-    ignored; empty, truncated or undecodable images are skipped and named.
-    Outputs appear only when the pack completes.
+    ignored; anything that is not a regular file, and empty, truncated or
+    undecodable images are skipped and named. Symlinks are followed, but each
+    folder is walked and each file packed once. Outputs appear only when the
+    pack completes; an interrupted pack (Ctrl-C, SIGTERM, a full disk) leaves
+    nothing, and the next pack to the same OUT removes what a killed one left
+    (docs/policies.md).
 
     \b
     Examples:
@@ -63,12 +70,10 @@ def pack_command(src: Path, out: Path, list_file: Path | None, classes_file: Pat
       dimd pack imagenet/val --list val.txt --classes-file synsets.txt -o /scratch/in1k/val
       dimd pack caffe/ilsvrc12_train_lmdb -o /scratch/in1k/train --workers 16
     """
-    from dimd.pack.packer import PackConfig, pack
+    from dimd.pack.packer import pack
     from dimd.report import result_document, write_json
 
-    config = PackConfig(src=src, out=out, list_file=list_file, classes_file=classes_file,
-                        short_side=short_side, quality=quality, workers=workers, strict=strict,
-                        force=force)
+    config = build_config(PackConfig, src=src, **fields)
     bars = contextlib.ExitStack()
     state = {"advance": lambda n=1: None}
     # Listing a million-file tree on a parallel file system takes a while: say so, but only then.
@@ -85,11 +90,16 @@ def pack_command(src: Path, out: Path, list_file: Path | None, classes_file: Pat
             progress(source.count, f"pack ({source.kind})", unit="img", enabled=not quiet))
 
     def on_skip(name: str, reason: str) -> None:
-        click.echo(f"dimd: skipped {name}: {reason}", err=True)
+        click.echo(f"dimd: skipped {name}: {cli_message(reason)}", err=True)
 
     with bars:
         result = pack(config, advance=lambda n=1: state["advance"](n), on_skip=on_skip,
                       on_start=on_start)
+    for path in result.stale_removed:
+        click.echo(f"dimd: removed {path}, left by a pack that no longer runs", err=True)
+    for path in result.stale_foreign:
+        click.echo(f"dimd: note: {path} was left by a pack on another host; remove it if that "
+                   "pack no longer runs", err=True)
     if skipped_file is not None:
         from dimd.fsutil import atomic_write_text
 
@@ -105,7 +115,7 @@ def pack_command(src: Path, out: Path, list_file: Path | None, classes_file: Pat
 
 @click.command("inspect")
 @click.argument("dataset", type=click.Path(path_type=Path))
-@click.option("--json", "json_path", type=_FILE, help="Write the description as JSON to PATH.")
+@json_option("the description")
 @click.option("--all-classes", is_flag=True, help="List every class (default: at most 20).")
 def inspect_command(dataset: Path, json_path: Path | None, all_classes: bool) -> None:
     """Describe a packed data set: count, classes, bytes, image sizes, how it was packed.
@@ -152,9 +162,9 @@ def _stats_line(label: str, stats: dict, unit: str) -> str:
 
 @click.command("verify")
 @click.argument("dataset", type=click.Path(path_type=Path))
-@click.option("--workers", type=int, default=None, help="Worker processes [default: the cores available].")
+@processes_option()
 @click.option("--crc-only", is_flag=True, help="Check the crc32s only, do not decode the images.")
-@click.option("--json", "json_path", type=_FILE, help="Write the findings as JSON to PATH.")
+@json_option("the findings")
 def verify_command(dataset: Path, workers: int | None, crc_only: bool, json_path: Path | None) -> None:
     """Check that every record of a packed data set is intact: crc32 and a full decode.
 
@@ -171,8 +181,6 @@ def verify_command(dataset: Path, workers: int | None, crc_only: bool, json_path
     from dimd.host import available_cores
     from dimd.report import result_document, write_json
 
-    if workers is not None and workers < 1:
-        raise DimdError(f"--workers must be at least 1, got {workers}")
     start = time.perf_counter()
     total = len(PackedDataset(dataset, check_size=False))
     with progress(total, "verify", unit="rec") as advance:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import click
 
 from dimd.commands.mpi_job import mpi_command
-from dimd.units import format_bytes, parse_size
-
-_FILE = click.Path(dir_okay=False, path_type=Path)
+from dimd.options import OUTPUT_DIR, SIZE, build_config, config_option, json_option, quiet_option
+from dimd.shuffle.rounds import ShuffleConfig
+from dimd.units import format_bytes
 
 
 def _memory(rss: list[int]) -> str:
@@ -19,26 +20,25 @@ def _memory(rss: list[int]) -> str:
 
 @click.command("shuffle")
 @click.argument("dataset", type=click.Path(path_type=Path))
-@click.option("--groups", "-g", default=1, show_default=True,
-              help="Split the ranks into G groups of consecutive ranks; each group holds the whole "
-                   "set, its ranks one share each. G = number of ranks: everyone holds everything.")
-@click.option("--rounds", "-r", default=5, show_default=True, help="Shuffles to run and time.")
-@click.option("--seed", default=0, show_default=True,
-              help="Placement seed: round r puts the records where shuffle(seed, r) always puts them.")
-@click.option("--verify", is_flag=True,
-              help="After the load and every round, check per group that the multiset of "
-                   "(name, crc32) is unchanged (every record once, bytes intact); fail loudly if not.")
-@click.option("--save-order", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Each rank k writes the global record indices it holds after round r to "
-                   "DIR/round{r}_rank{k}.npy.")
-@click.option("--memory-limit", metavar="SIZE", help="Refuse to load more than this per rank (e.g. 8G), "
-                                     "besides the node's available memory.")
-@click.option("--json", "json_path", type=_FILE, metavar="PATH", help="Write the figures as JSON to PATH (rank 0).")
-@click.option("-q", "--quiet", is_flag=True, help="No load progress; only the table and errors.")
+@config_option(ShuffleConfig, "groups", "--groups", "-g",
+               help="Split the ranks into G groups of consecutive ranks; each group holds the whole "
+                    "set, its ranks one share each. G = number of ranks: everyone holds everything.")
+@config_option(ShuffleConfig, "rounds", "--rounds", "-r", help="Shuffles to run and time.")
+@config_option(ShuffleConfig, "seed",
+               help="Placement seed: round r puts the records where shuffle(seed, r) always puts them.")
+@config_option(ShuffleConfig, "verify",
+               help="After the load and every round, check per group that the multiset of "
+                    "(name, crc32) is unchanged (every record once, bytes intact); fail loudly if not.")
+@config_option(ShuffleConfig, "save_order", type=OUTPUT_DIR, metavar="DIR",
+               help="Each rank k writes the global record indices it holds after round r to "
+                    "DIR/round{r}_rank{k}.npy.")
+@config_option(ShuffleConfig, "memory_limit", type=SIZE, metavar="SIZE",
+               help="Refuse to load more than this per rank (e.g. 8G), besides the node's available memory.")
+@json_option("the figures (rank 0)")
+@quiet_option()
 @mpi_command("single")
-def shuffle_command(dataset: Path, groups: int, rounds: int, seed: int, verify: bool,
-                    save_order: Path | None, memory_limit: str | None, json_path: Path | None,
-                    quiet: bool, comm, mpi_setup) -> None:
+def shuffle_command(dataset: Path, json_path: Path | None, quiet: bool, comm, mpi_setup,
+                    **fields: Any) -> None:
     """Load a packed DATASET into the memory of the MPI ranks and shuffle it between them.
 
     Each rank reads its contiguous share of DATASET (the stem given to `dimd
@@ -55,13 +55,11 @@ def shuffle_command(dataset: Path, groups: int, rounds: int, seed: int, verify: 
     """
     from dimd.console import progress
     from dimd.report import result_document, write_json
-    from dimd.shuffle.rounds import ShuffleConfig, run_shuffle
+    from dimd.shuffle.rounds import run_shuffle
 
     root = comm.Get_rank() == 0
-    config = ShuffleConfig(dataset=dataset, groups=groups, rounds=rounds, seed=seed, verify=verify,
-                           save_order=save_order,
-                           memory_limit=parse_size(memory_limit) if memory_limit else None)
-    share = _share_estimate(dataset, comm.Get_size() // groups if groups > 0 else 1) if root else None
+    config = build_config(ShuffleConfig, dataset=dataset, **fields)
+    share = _share_estimate(dataset, comm.Get_size() // config.groups) if root else None
 
     bar = contextlib.ExitStack()
     advance = bar.enter_context(progress(share, "load", unit="B", enabled=root and not quiet))
@@ -71,7 +69,7 @@ def shuffle_command(dataset: Path, groups: int, rounds: int, seed: int, verify: 
         if root:
             click.echo(f"shuffle {dataset}: {run.records} records, {format_bytes(run.data_bytes)}, "
                        f"{run.world_size} ranks in {run.groups} group(s) of {run.group_size}, "
-                       f"seed {seed}" + (", verifying" if verify else ""))
+                       f"seed {config.seed}" + (", verifying" if config.verify else ""))
             click.echo(f"{'round':>5} {'seconds':>9} {'records moved':>14} {'bytes moved':>12} "
                        f"{'GB/s':>7} {'verified':>8}  resident memory per rank")
 
@@ -93,15 +91,9 @@ def shuffle_command(dataset: Path, groups: int, rounds: int, seed: int, verify: 
                        f"(min {summary['seconds_min']:.4f}, max {summary['seconds_max']:.4f}), "
                        f"median {format_bytes(summary['bytes_moved_median'])} moved at "
                        f"{summary['gb_per_s_median']:.3f} GB/s"
-                       + ("; every round verified" if verify else ""))
+                       + ("; every round verified" if config.verify else ""))
         if json_path is not None:
-            figures = {"world_size": run.world_size, "groups": run.groups, "group_size": run.group_size,
-                       "records": run.records, "data_bytes": run.data_bytes,
-                       "load": {"seconds": run.load_seconds, "reads": run.load_reads,
-                                "resident_bytes": run.load_resident_bytes,
-                                "verified": run.load_verified},
-                       "rounds": run.rounds, "summary": summary}
-            write_json(json_path, result_document("shuffle", config, figures, mpi=mpi_setup.as_dict()))
+            write_json(json_path, result_document("shuffle", config, run.figures(), mpi=mpi_setup.as_dict()))
 
 
 def _share_estimate(dataset: Path, group_size: int) -> int | None:

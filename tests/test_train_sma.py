@@ -1,0 +1,219 @@
+"""SMA on real ranks: distribution does not change the algorithm; `dimd train --sync sma` end to end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import mpi_run, run_dimd, run_mpi_dimd
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks, per_rank, compute", [(2, 2, "vmap"), (3, 1, "loop")])
+def test_p_ranks_of_k_learners_equal_one_process_of_p_times_k(ranks, per_rank, compute):
+    """2 ranks x 2 learners against 1 x 4, and 3 x 1 against 1 x 3, fed the same batches."""
+    proc = mpi_run("sma_distribution", ranks, per_rank, compute, check=True)
+    line = next(text for text in proc.stdout.splitlines() if text.startswith("z diff"))
+    _, _, z_diff, _, _, buffers_diff, _, moved, _, identical = line.split()
+    assert float(z_diff) < 1e-6, line           # the same z within float tolerance
+    assert float(buffers_diff) < 1e-5, line     # and the same averaged batch-norm statistics
+    assert float(moved) > 1e-3, line            # after synchronisations that really moved it
+    assert identical == "True", line            # bit-identical on every rank
+
+
+# -- `dimd train --sync sma` end to end ------------------------------------------------------
+
+EPOCHS = 4
+BATCHES = 6                  # 48 records // (2 ranks x batch 4): batches per rank per epoch
+
+
+def sma_args(data: Path, out: Path, *extra: str, model: str = "resnet20") -> list:
+    return ["train", data, "--val", data, "--model", model, "--image-size", "32", "--epochs", str(EPOCHS),
+            "--batch-size", "4", "--lr", "0.02", "--no-lr-scaling", "--schedule", "step",
+            "--milestones", "2", "--decode-threads", "1", "--threads", "1", "--allreduce", "ring",
+            "--shuffle-every", "5", "--sync", "sma", "--learners", "2",
+            "--checkpoint-dir", out / "checkpoints", "--json", out / "train.json", *extra]
+
+
+def checkpoints(out: Path) -> list[Path]:
+    return sorted((out / "checkpoints").glob("checkpoint-*.pt"))
+
+
+@pytest.fixture(scope="module")
+def sma_run(packed_sample, tmp_path_factory):
+    """2 ranks x 2 learners x batch 4, four epochs of 3 steps, a checkpoint every 2 steps, all kept."""
+    out = tmp_path_factory.mktemp("sma")
+    proc = run_mpi_dimd(2, *sma_args(packed_sample, out, "--checkpoint-every", "2", "--keep-checkpoints", "0",
+                                     "--metrics", out / "metrics.jsonl"), timeout=240, check=True)
+    return out, proc
+
+
+@pytest.mark.mpi
+def test_sma_trains_with_an_identical_central_model_and_reports_its_figures(sma_run):
+    out, proc = sma_run
+    result = json.loads((out / "train.json").read_text())["result"]
+    assert result["sync"] == "sma" and result["replicas_identical"] is True
+    assert result["learners_per_rank"] == [2] * EPOCHS and result["alpha"] == pytest.approx(1 / 4)
+    assert result["central_momentum"] == 0.9 and result["compute"] == "loop"
+    assert result["synchronisations"] == EPOCHS * BATCHES // 2 and result["restarts"] == 1
+    history = result["history"]
+    assert [e["epoch"] for e in history] == [1, 2, 3, 4]
+    assert all(e["images"] == 2 * BATCHES * 4 and e["synchronisations"] == 3 for e in history)
+    assert set(history[0]["time_split"]) == {"data", "compute", "allreduce", "optimizer", "sync"}
+    assert history[0]["time_split"]["sync"] > 0 and history[0]["sync"] == "sma"
+    assert [e["lr"] for e in history] == pytest.approx([0.02, 0.02, 0.002, 0.002])
+    assert proc.stdout.count("restart at step 6 (epoch 2)") == 1     # at the milestone, once
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["learners_per_rank"] for line in lines] == [2] * EPOCHS and lines[0]["alpha"] == 0.25
+    assert "SMA: 2 ranks x 2 learner(s) x batch 4" in proc.stdout and "learners/rank" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_an_sma_checkpoint_holds_z_and_every_learner(sma_run):
+    out, _ = sma_run
+    steps = [int(p.name.split("-s")[1].split(".")[0]) for p in checkpoints(out)]
+    assert steps == [2, 3, 4, 6, 8, 9, 10, 12]
+    state = torch.load(checkpoints(out)[-1], weights_only=True)
+    assert state["sync"] == "sma" and state["version"] == 2
+    assert state["strategy"]["learners"] == 2 and state["strategy"]["delta_prev"].abs().sum() > 0
+    learners = state["ranks"][1]["strategy"]["learners"]
+    assert learners["weights"].shape[0] == 2 and learners["momentum"].shape == learners["weights"].shape
+    assert learners["buffers"].shape[0] == 2
+    # the checkpointed model is z: the mean of the learners' batch-norm statistics over both ranks
+    rows = torch.cat([r["strategy"]["learners"]["buffers"] for r in state["ranks"]])
+    stem = state["model"]["stem.1.running_mean"]
+    torch.testing.assert_close(rows.mean(dim=0)[: stem.numel()], stem)
+
+
+@pytest.mark.mpi
+def test_sma_resume_mid_epoch_continues_exactly(sma_run, packed_sample, tmp_path):
+    """From step 4 (epoch 2, before the reshuffle at step 5 and the restart at step 6): the same z."""
+    out, _ = sma_run
+    start = out / "checkpoints" / "checkpoint-e0001-s00000004.pt"
+    run_mpi_dimd(2, *sma_args(packed_sample, tmp_path, "--resume-from", start), timeout=240, check=True)
+    straight = torch.load(checkpoints(out)[-1], weights_only=True)
+    resumed = torch.load(checkpoints(tmp_path)[-1], weights_only=True)
+    for name, value in straight["model"].items():
+        assert torch.equal(value, resumed["model"][name]), name
+    for mine, theirs in zip(straight["ranks"], resumed["ranks"]):
+        assert torch.equal(mine["strategy"]["learners"]["weights"], theirs["strategy"]["learners"]["weights"])
+    history = json.loads((tmp_path / "train.json").read_text())["result"]["history"]
+    assert [e["epoch"] for e in history] == [1, 2, 3, 4]
+
+
+@pytest.mark.mpi
+def test_sma_resume_on_another_rank_count_at_an_epoch_boundary_recreates_the_learners(sma_run, packed_sample,
+                                                                                       tmp_path):
+    out, _ = sma_run
+    boundary = out / "checkpoints" / "checkpoint-e0002-s00000006.pt"
+    proc = run_dimd(*sma_args(packed_sample, tmp_path, "--resume-from", boundary, "--learners", "3"),
+                    timeout=240, check=True)
+    assert "differs from this run's" in proc.stdout and "continuing from the end of epoch 2" in proc.stdout
+    assert "re-created as 3 per rank from the central model z" in proc.stdout
+    result = json.loads((tmp_path / "train.json").read_text())["result"]
+    assert [e["learners_per_rank"] for e in result["history"]] == [2, 2, 3, 3]
+    assert [e["lr"] for e in result["history"]] == pytest.approx([0.02, 0.02, 0.002, 0.002])
+
+
+def with_options(args: list, **changes) -> list:
+    """``args`` with ``--flag value`` pairs set (a value of None removes the pair)."""
+    args = list(args)
+    for name, value in changes.items():
+        flag = "--" + name.replace("_", "-")
+        if flag in args:
+            i = args.index(flag)
+            if value is None:
+                del args[i:i + 2]
+            else:
+                args[i + 1] = value
+        elif value is not None:
+            args += [flag, value]
+    return args
+
+
+def ssgd_args(data: Path, out: Path, *extra: str) -> list:
+    return with_options(sma_args(data, out, *extra), sync="ssgd", learners=None)
+
+
+@pytest.mark.parametrize("changes, field, problem", [
+    ({"learners": 0}, "learners", "must be at least 1"),
+    ({"learners": "many"}, "learners", "must be a number of learners per rank or auto"),
+    ({"alpha": 0.0}, "alpha", "must be in (0.0, 1.0]"),
+    ({"alpha": 1.5}, "alpha", "must be in (0.0, 1.0]"),
+    ({"sync_every": 0}, "sync_every", "must be at least 1"),
+    ({"sma_momentum": 1.0}, "sma_momentum", "must be in [0.0, 1.0)"),
+    ({"autotune_threshold": -0.1}, "autotune_threshold", "must be at least 0"),
+    ({"nesterov": True}, "nesterov", "is not part of SMA"),
+    ({"sync": "ssgd"}, "learners", "is a setting of model averaging: add `sync` sma"),
+    ({"sync": "ssgd", "learners": None, "sync_every": 2}, "sync_every", "is a setting of model averaging"),
+    ({"sync": "average"}, "sync", "must be one of ssgd, sma"),
+])
+def test_the_config_refuses_bad_sma_settings_naming_the_field(changes, field, problem):
+    from dimd.errors import ConfigError
+    from dimd.train.config import TrainConfig
+
+    settings = {"train": "t", "val": "v", "sync": "sma", "learners": 2, **changes}
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(**settings)
+    assert caught.value.field == field and problem in caught.value.problem
+
+
+@pytest.mark.mpi
+def test_bad_sma_options_are_one_clear_line_and_write_nothing(packed_sample, tmp_path):
+    for extra, message in [(["--alpha", "1.5"], "Invalid value for '--alpha': must be in (0.0, 1.0]"),
+                           (["--learners", "many"], "expected a number of learners per rank or 'auto'")]:
+        proc = run_dimd(*sma_args(packed_sample, tmp_path, *extra), timeout=120)
+        assert proc.returncode == 2, (extra, proc.stderr)
+        assert message in proc.stderr and proc.stderr.lower().count("error") == 1, (extra, proc.stderr)
+    # on every rank of an MPI job: one line, exit 2, the other flag named
+    proc = run_mpi_dimd(2, *with_options(sma_args(packed_sample, tmp_path), sync="ssgd"), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("'--learners': is a setting of model averaging: add --sync sma") == 1, proc.stderr
+    assert not (tmp_path / "train.json").exists() and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.mpi
+def test_checkpoints_of_the_other_sync_or_mid_epoch_on_another_layout_are_refused(sma_run, packed_sample,
+                                                                                  tmp_path):
+    out, _ = sma_run
+    ssgd = tmp_path / "ssgd"
+    run_mpi_dimd(2, *ssgd_args(packed_sample, ssgd, "--epochs", "1", "--model", "lenet"), timeout=120, check=True)
+    fresh = tmp_path / "fresh"
+    cases = [
+        (ssgd_args(packed_sample, fresh, "--resume-from", checkpoints(out)[-1]),
+         "a checkpoint of a --sync sma run, this run is --sync ssgd; resume it with --sync sma"),
+        (sma_args(packed_sample, fresh, "--resume-from", checkpoints(ssgd)[-1], "--model", "lenet"),
+         "a checkpoint of a --sync ssgd run, this run is --sync sma; resume it with --sync ssgd"),
+        (sma_args(packed_sample, fresh, "--batch-size", "3", "--resume-from",
+                  out / "checkpoints" / "checkpoint-e0001-s00000004.pt"),
+         "written mid-epoch (epoch 2, step 4) with 2 ranks, 2 learners per rank, groups 1, batch 4, shuffle "
+         "every 5; this run has 2 ranks, 2 learners per rank, groups 1, batch 3, shuffle every 5: resume it "
+         "with that layout, or resume from "),
+    ]
+    for args, message in cases:
+        proc = run_mpi_dimd(2, *args, timeout=120)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert message in proc.stderr and proc.stderr.count("dimd: error:") == 1, proc.stderr
+        assert not fresh.exists()
+    assert "checkpoint-e0001-s00000003.pt (an epoch boundary) on any layout" in proc.stderr
+
+
+@pytest.mark.mpi
+def test_a_diverged_run_exits_non_zero_and_keeps_the_last_good_checkpoint(sma_run, packed_sample, tmp_path):
+    out, _ = sma_run
+    shutil.copytree(out / "checkpoints", tmp_path / "checkpoints")
+    before = {p.name: p.read_bytes() for p in checkpoints(tmp_path)}
+    start = tmp_path / "checkpoints" / "checkpoint-e0002-s00000006.pt"
+    for args in (sma_args(packed_sample, tmp_path, "--resume-from", start, "--lr", "1e12", "--keep-checkpoints", "1"),
+                 ssgd_args(packed_sample, tmp_path, "--lr", "1e12", "--keep-checkpoints", "1",
+                           "--checkpoint-dir", tmp_path / "ssgd")):
+        proc = run_mpi_dimd(2, *args, timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.count("dimd: error:") == 1 and "training diverged at step" in proc.stderr, proc.stderr
+        assert "lower --lr" in proc.stderr
+    assert {p.name: p.read_bytes() for p in checkpoints(tmp_path)} == before   # nothing rotated out
+    assert "the last good checkpoint is" in proc.stderr and not (tmp_path / "train.json").exists()

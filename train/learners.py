@@ -1,0 +1,311 @@
+"""K learners on one rank: K replicas of one model whose state lives in a few flat buffers.
+
+Crossbow (section 3.3) trains several small-batch learners per GPU so that
+small batches still use the hardware. Here every learner's weights are one
+row of ``W`` (K x N), its gradient one row of ``G`` and its momentum one row of
+``V``, so the learner step and SMA's corrections are a handful of vectorised
+operations over all K learners at once, whatever computes the gradients.
+Batch-norm running statistics live in ``B``, one contiguous K x ... block per
+buffer (vmap updates a batched buffer in place only if the block is contiguous).
+
+Three ways to compute the K gradients (``compute``):
+
+* ``vmap``: one vectorised forward/backward over the K stacked replicas
+  (``torch.func.functional_call`` under ``vmap``; a convolution with batched
+  weights becomes one grouped convolution). Fewer, larger kernels: it pays
+  where a small batch leaves the hardware idle between kernel launches.
+* ``loop``: one ordinary module per learner (parameters are views into ``W``,
+  gradients into ``G``), run one after the other; on CUDA each learner issues
+  its work on its own stream, so the GPU overlaps them (Crossbow's way).
+* ``threads``: the ``loop`` replicas run in K threads at once, each with an
+  equal share of torch's threads.
+
+``bench/sma_learners.py`` measures them; see docs/sma.md for the choice.
+"""
+
+from __future__ import annotations
+
+import copy
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+COMPUTES = ("vmap", "loop", "threads")
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+
+
+def slots(named: Sequence[tuple[str, torch.Tensor]]) -> list[Slot]:
+    out, offset = [], 0
+    for name, tensor in named:
+        out.append(Slot(name, tuple(tensor.shape), offset, tensor.numel()))
+        offset += tensor.numel()
+    return out
+
+
+class Layout:
+    """Where each parameter and buffer of the model lives in the flat buffers."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.params = slots([(n, p) for n, p in model.named_parameters()])
+        buffers = list(model.named_buffers())
+        self.floats = slots([(n, t) for n, t in buffers if t.is_floating_point()])
+        self.counts = slots([(n, t) for n, t in buffers if not t.is_floating_point()])
+        self.numel = sum(s.numel for s in self.params)
+        self.float_numel = sum(s.numel for s in self.floats)
+        self.count_numel = sum(s.numel for s in self.counts)
+
+    # -- one model <-> flat vectors ---------------------------------------------------------
+
+    def flat_params(self, model: nn.Module) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    def flat_floats(self, model: nn.Module) -> torch.Tensor:
+        ref = next(model.parameters())
+        found = [t.detach().reshape(-1) for t in model.buffers() if t.is_floating_point()]
+        return torch.cat(found) if found else ref.new_zeros(0)
+
+    def flat_counts(self, model: nn.Module) -> torch.Tensor:
+        found = [t.detach().reshape(-1) for t in model.buffers() if not t.is_floating_point()]
+        return torch.cat(found) if found else torch.zeros(0, dtype=torch.int64)
+
+    def bind(self, model: nn.Module, params: torch.Tensor, floats: torch.Tensor,
+             counts: torch.Tensor) -> None:
+        """Make ``model``'s parameters views of ``params`` (N) and its buffers views of the others."""
+        for slot, p in zip(self.params, model.parameters()):
+            p.data = params[slot.offset: slot.offset + slot.numel].view(slot.shape)
+        set_buffers(model, {s.name: floats[s.offset: s.offset + s.numel].view(s.shape) for s in self.floats})
+        set_buffers(model, {s.name: counts[s.offset: s.offset + s.numel].view(s.shape) for s in self.counts})
+
+    # -- K stacked models -----------------------------------------------------------------
+
+    def param_views(self, W: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``W`` (K x N) as a dict of K x shape views, one per parameter."""
+        k = W.shape[0]
+        return {s.name: W[:, s.offset: s.offset + s.numel].view(k, *s.shape) for s in self.params}
+
+    def block_views(self, flat: torch.Tensor, spec: list[Slot], k: int) -> dict[str, torch.Tensor]:
+        """A block-major flat buffer (K x numel per buffer, one after the other) as K x shape views."""
+        return {s.name: flat[s.offset * k: (s.offset + s.numel) * k].view(k, *s.shape) for s in spec}
+
+    def to_blocks(self, rows: torch.Tensor, spec: list[Slot]) -> torch.Tensor:
+        """K rows of concatenated buffers -> block-major layout."""
+        k = rows.shape[0]
+        parts = [rows[:, s.offset: s.offset + s.numel].reshape(-1) for s in spec]
+        return torch.cat(parts) if parts else rows.new_zeros(0).reshape(-1)[: 0 * k]
+
+    def from_blocks(self, flat: torch.Tensor, spec: list[Slot], k: int) -> torch.Tensor:
+        """Block-major layout -> K rows of concatenated buffers."""
+        parts = [v.reshape(k, -1) for v in self.block_views(flat, spec, k).values()]
+        return torch.cat(parts, dim=1) if parts else flat.new_zeros(k, 0)
+
+
+def set_buffers(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    for name, tensor in tensors.items():
+        owner_name, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(owner_name) if owner_name else model
+        owner._buffers[leaf] = tensor
+
+
+@dataclass
+class Batch:
+    """K learners' batches: uint8 images K x b x 3 x H x W (normalised later) and labels K x b."""
+
+    images: list[torch.Tensor]
+    labels: list[torch.Tensor]
+
+
+class Learners:
+    """K learners' state (flat buffers) and the gradient computation chosen by ``compute``."""
+
+    def __init__(self, template: nn.Module, k: int, *, compute: str = "loop",
+                 normalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 threads: int = 1) -> None:
+        if compute not in COMPUTES:
+            raise ValueError(f"unknown learner compute {compute!r}; choose from {', '.join(COMPUTES)}")
+        if k < 1:
+            raise ValueError(f"need at least one learner (got {k})")
+        self.template = template
+        self.layout = Layout(template)
+        self.compute = compute
+        self.normalize = normalize or (lambda x: x.float())
+        self.threads = threads
+        self.device = next(template.parameters()).device
+        params = self.layout.flat_params(template)
+        floats = self.layout.flat_floats(template)
+        counts = self.layout.flat_counts(template)
+        self._allocate(params.repeat(k, 1), torch.zeros(k, params.numel(), device=self.device),
+                       floats.repeat(k, 1), counts.repeat(k, 1))
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def k(self) -> int:
+        return self.W.shape[0]
+
+    def _allocate(self, W: torch.Tensor, V: torch.Tensor, float_rows: torch.Tensor,
+                  count_rows: torch.Tensor) -> None:
+        """(Re)build the flat buffers from K rows of each, and the replicas that view them."""
+        k = W.shape[0]
+        self.W = W.detach().clone().contiguous()
+        self.V = V.detach().clone().contiguous()
+        self.G = torch.zeros_like(self.W)
+        self.W_pre = torch.zeros_like(self.W)          # w~: the weights before the last learner step
+        self.B = self.layout.to_blocks(float_rows.detach().clone(), self.layout.floats).contiguous()
+        self.C = self.layout.to_blocks(count_rows.detach().clone(), self.layout.counts).contiguous()
+        self.replicas: list[nn.Module] = []
+        self.streams: list | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        if self.compute == "vmap":
+            from torch.func import functional_call, vmap
+
+            self.W.requires_grad_(True)
+            self.W.grad = self.G
+            template = self.template
+
+            def forward(params, buffers, x):
+                return functional_call(template, (params, buffers), (x,))
+
+            self._vmapped = vmap(forward, randomness="different")
+        else:
+            floats = self.layout.block_views(self.B, self.layout.floats, k)
+            counts = self.layout.block_views(self.C, self.layout.counts, k)
+            for j in range(k):
+                replica = copy.deepcopy(self.template)
+                for slot, p in zip(self.layout.params, replica.parameters()):
+                    p.data = self.W[j, slot.offset: slot.offset + slot.numel].view(slot.shape)
+                    p.grad = self.G[j, slot.offset: slot.offset + slot.numel].view(slot.shape)
+                set_buffers(replica, {n: v[j] for n, v in floats.items()})
+                set_buffers(replica, {n: v[j] for n, v in counts.items()})
+                self.replicas.append(replica)
+            if self.device.type == "cuda":
+                self.streams = [torch.cuda.Stream(device=self.device) for _ in range(k)]
+            if self.compute == "threads" and k > 1:
+                self._pool = ThreadPoolExecutor(k, thread_name_prefix="dimd-learner")
+
+    def float_rows(self) -> torch.Tensor:
+        """K x M: each learner's floating-point buffers (batch-norm running statistics)."""
+        return self.layout.from_blocks(self.B, self.layout.floats, self.k)
+
+    def count_rows(self) -> torch.Tensor:
+        return self.layout.from_blocks(self.C, self.layout.counts, self.k)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"weights": self.W.detach().cpu().clone(), "momentum": self.V.cpu().clone(),
+                "buffers": self.float_rows().cpu(), "counts": self.count_rows().cpu()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        device = self.device
+        self.close()
+        self._allocate(state["weights"].to(device), state["momentum"].to(device),
+                       state["buffers"].to(device), state["counts"].to(device))
+
+    def resize(self, k: int) -> None:
+        """Add learners (copies of learner 0: weights, momentum, buffers) or drop the last ones."""
+        if k < 1:
+            raise ValueError(f"need at least one learner (got {k})")
+        index = torch.tensor([j if j < self.k else 0 for j in range(k)], device=self.device)
+        with torch.no_grad():
+            state = (self.W.detach()[index], self.V[index], self.float_rows()[index], self.count_rows()[index])
+        self.close()
+        self._allocate(*state)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # -- the gradients --------------------------------------------------------------------
+
+    def forward_backward(self, images: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Each learner's gradient on its own batch into ``G``; returns K x 2 (loss sum, correct)."""
+        if len(images) != self.k:
+            raise ValueError(f"{self.k} learners need {self.k} batches, got {len(images)}")
+        self.G.zero_()
+        if self.compute == "vmap":
+            return self._vmap_step(images, labels)
+        if self.streams is not None:
+            return self._stream_step(images, labels)
+        if self._pool is not None:
+            per_learner = max(1, self.threads // self.k)
+            before = torch.get_num_threads()
+            torch.set_num_threads(per_learner)
+            try:
+                futures = [self._pool.submit(self._one, j, images[j], labels[j]) for j in range(self.k)]
+                return torch.stack([f.result() for f in futures])
+            finally:
+                torch.set_num_threads(before)
+        return torch.stack([self._one(j, images[j], labels[j]) for j in range(self.k)])
+
+    def _vmap_step(self, images: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> torch.Tensor:
+        k = self.k
+        x = self.normalize(torch.cat(list(images)))
+        x = x.view(k, -1, *x.shape[1:])
+        y = torch.stack(list(labels)).to(x.device, non_blocking=True)
+        self.template.train()
+        buffers = {**self.layout.block_views(self.B, self.layout.floats, k),
+                   **self.layout.block_views(self.C, self.layout.counts, k)}
+        logits = self._vmapped(self.layout.param_views(self.W), buffers, x)
+        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(k, -1)
+        losses.mean(dim=1).sum().backward()
+        with torch.no_grad():
+            return torch.stack([losses.detach().sum(dim=1), (logits.argmax(-1) == y).sum(dim=1).float()], dim=1)
+
+    def _one(self, j: int, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        replica = self.replicas[j]
+        replica.train()
+        x = self.normalize(images)
+        y = labels.to(x.device, non_blocking=True)
+        logits = replica(x)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        with torch.no_grad():
+            return torch.stack([loss.detach() * y.numel(), (logits.argmax(1) == y).sum().float()])
+
+    def _stream_step(self, images: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> torch.Tensor:
+        """CUDA: learner j's forward and backward on stream j, so the GPU runs them concurrently.
+
+        Each stream first waits for the current stream (the previous step's
+        update and synchronisation wrote W); the current stream then waits for
+        every learner stream before the vectorised update reads G.
+        """
+        main = torch.cuda.current_stream(self.device)
+        out = []
+        for j, stream in enumerate(self.streams or []):
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                out.append(self._one(j, images[j], labels[j]))
+        for stream in self.streams or []:
+            main.wait_stream(stream)
+        return torch.stack(out)
+
+    # -- SMA's learner step ------------------------------------------------------------------
+
+    @torch.no_grad()
+    def sgd_step(self, lr: float, momentum: float, decay: torch.Tensor | None, *, keep_pre: bool) -> None:
+        """Crossbow's learner step: ``g += wd*w``; ``v = mu*v - lr*g``; ``w~ = w``; ``w += v``.
+
+        ``decay`` is a length-N vector of weight-decay factors (0 where a
+        parameter is exempt) or None; ``keep_pre`` keeps the pre-step weights
+        for the next synchronisation.
+        """
+        W = self.W.detach()
+        if decay is not None:
+            self.G.addcmul_(W, decay)
+        if momentum > 0:
+            self.V.mul_(momentum).add_(self.G, alpha=-lr)
+        else:
+            torch.mul(self.G, -lr, out=self.V)
+        if keep_pre:
+            self.W_pre.copy_(W)
+        W.add_(self.V)

@@ -1,0 +1,144 @@
+"""Time Gamma(m): forward, backward and optimizer step of a real model at each per-rank batch.
+
+The step is ``dimd train``'s without its allreduce: the same model zoo,
+optimizer (:func:`dimd.train.sgd.make_optimizer` with ``dimd train``'s
+momentum and weight decay), input normalisation, gradients held in one flat
+buffer, and the same torch threads per rank (cores / ranks on the node,
+unless ``--threads`` or OMP_NUM_THREADS says otherwise). The inputs are
+synthetic: random uint8 images and labels, made once per batch size, so the
+time is compute only (data loading overlaps with it in training).
+
+Under MPI every rank runs the same steps at once, after a barrier each, so
+ranks that share a node share its cores and memory bandwidth as they do in
+training; a step's time is its slowest rank's (synchronous SGD waits for it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from dimd.errors import DimdError
+from dimd.train.plan.config import StepTimeConfig, default_classes
+
+
+def model_gradient_bytes(model: str, classes: int | None = None) -> int:
+    """Bytes one allreduce of ``model``'s gradients moves (float32), built on torch's meta device."""
+    import torch
+
+    from dimd.train.models import MODELS, build_model, gradient_bytes
+
+    if model not in MODELS:
+        raise DimdError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
+    with torch.device("meta"):
+        return gradient_bytes(build_model(model, classes if classes is not None else default_classes(model)))
+
+
+def set_threads(threads: int | None, comm: Any) -> int:
+    """Torch threads as ``dimd train`` sets them: ``threads``, else cores / ranks on the node
+    (left alone when OMP_NUM_THREADS is set and ``threads`` is not)."""
+    import torch
+
+    if threads or "OMP_NUM_THREADS" not in os.environ:
+        from dimd.host import available_cores
+        from dimd.mpi import node_local_ranks
+
+        torch.set_num_threads(threads or max(1, available_cores() // node_local_ranks(comm)))
+    return torch.get_num_threads()
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Per batch size: every timed step's seconds (slowest rank) and each rank's median."""
+
+    batches: tuple[int, ...]
+    step_seconds: tuple[tuple[float, ...], ...]
+    rank_medians: tuple[tuple[float, ...], ...]
+    world_size: int
+    threads: int
+    device: str
+    num_classes: int
+    parameters: int
+    gradient_bytes: int
+
+
+def measure_step_times(config: StepTimeConfig, comm: Any,
+                       on_step: Callable[[int], None] | None = None) -> StepTimes:
+    """Collective: time ``config.steps`` steps at every batch size, on every rank at once."""
+    import torch
+    import torch.nn.functional as F
+    from mpi4py import MPI
+
+    from dimd.train.config import TrainConfig
+    from dimd.train.engine import pick_device
+    from dimd.train.flatgrad import FlatGradients
+    from dimd.train.models import build_model, gradient_bytes, parameter_count
+    from dimd.train.sgd import Normalize, make_optimizer
+
+    advance = on_step or (lambda n: None)
+    threads = set_threads(config.threads, comm)
+    device = pick_device(config.device, comm)
+    torch.manual_seed(config.seed + comm.Get_rank())
+    model = build_model(config.model, config.num_classes).to(device)
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    momentum, weight_decay = float(defaults["momentum"]), float(defaults["weight_decay"])  # type: ignore[arg-type]
+    # A small rate: the same synthetic batch is seen again and again, and a
+    # diverging model (inf/nan, denormals) would time differently.
+    optimizer = make_optimizer(model, lr=0.01, momentum=momentum, weight_decay=weight_decay)
+    flat = FlatGradients(model.parameters())
+    normalize = Normalize(device)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    model.train()
+
+    per_step, medians = [], []
+    for batch in config.batch_sizes:
+        images = torch.randint(0, 256, (batch, 3, config.image_size, config.image_size), dtype=torch.uint8)
+        labels = torch.randint(0, config.num_classes, (batch,))
+        if device.type == "cuda":
+            images, labels = images.pin_memory(), labels.pin_memory()
+        times = np.empty(config.steps)
+        try:
+            for i in range(config.warmup + config.steps):
+                comm.Barrier()
+                start = time.perf_counter()
+                x = normalize(images)
+                y = labels.to(device, non_blocking=True)
+                flat.zero()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+                synchronize()
+                if i >= config.warmup:
+                    times[i - config.warmup] = time.perf_counter() - start
+                advance(1)
+        except RuntimeError as exc:   # out of memory at a large batch, most often
+            raise DimdError(f"step-time: {config.model} at {batch} images per rank failed: "
+                            f"{str(exc).splitlines()[0]}") from None
+        slowest = np.empty_like(times)
+        comm.Allreduce(times, slowest, op=MPI.MAX)
+        per_step.append(tuple(slowest.tolist()))
+        medians.append(tuple(float(m) for m in comm.allgather(float(np.median(times)))))
+    return StepTimes(tuple(config.batch_sizes), tuple(per_step), tuple(medians), comm.Get_size(), threads,
+                     str(device), config.num_classes, parameter_count(model), gradient_bytes(model))
+
+
+def step_time_figures(measured: StepTimes, fit: Any) -> dict[str, Any]:
+    """The ``plan-batch step-time`` figures: the fit, then every batch's medians, spread and residual."""
+    from dimd.report import spread
+
+    rows = []
+    fitted = dict(zip(fit.batches, zip(fit.fitted, fit.residuals)))
+    for batch, steps, ranks in zip(measured.batches, measured.step_seconds, measured.rank_medians):
+        model_s, residual = fitted[batch]
+        rows.append({"batch": batch, "seconds": spread(steps), "rank_medians": list(ranks),
+                     "images_per_s": batch * measured.world_size / float(np.median(steps)),
+                     "fit_s": model_s, "residual": residual})
+    return {**fit.figures(), "batches": rows, "world_size": measured.world_size, "threads": measured.threads,
+            "device": measured.device, "classes": measured.num_classes, "parameters": measured.parameters,
+            "gradient_bytes": measured.gradient_bytes, "inputs": "synthetic (random uint8 images and labels)",
+            "step": "forward + backward + optimizer step, no allreduce; the slowest rank's time per step"}

@@ -1,0 +1,275 @@
+"""Crossbow's synchronous model averaging (SMA) over MPI, as its authors coded it.
+
+K learners per rank (:class:`~dimd.train.learners.Learners`), L = P x K in all.
+Each learner steps on its own batch with weight decay and local Polyak
+momentum, keeping its pre-step weights w~::
+
+    g = grad + wd * w;   v = mu_l * v - lr * g;   w~ = w;   w = w + v
+
+Every ``sync_every`` steps all learners synchronise with the central model z,
+which every rank holds (there is no parameter server)::
+
+    d_j = w~_j - z;   w_j = w_j - alpha * d_j;   Delta = sum over all L learners of alpha * d_j
+    Delta = Delta + mu_c * Delta_prev;   Delta_prev = Delta;   z = z + Delta
+
+``Delta`` is summed over the ranks by ONE allreduce of a flat vector (with a
+few scalars in its tail: loss, hits, samples, the stop flag and the
+auto-tuner's window figures), and every rank applies the same arithmetic to
+the same bits, so z stays bit-identical on every rank. z is the model that is
+evaluated and checkpointed; its batch-norm statistics are the learners'
+running statistics averaged over all L learners.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from dimd.train.autotune import AutoTuner
+from dimd.train.learners import Learners
+from dimd.train.steps import Batches, StepResult, StepTimes
+
+Reduce = Callable[[np.ndarray], None]
+
+#: The message's tail after Delta: summed over ranks in the same allreduce.
+LOSS, CORRECT, SAMPLES, STOP, NOT_FINITE, WINDOW_DONE, WINDOW_IMAGES, WINDOW_SECONDS = range(8)
+EXTRAS = 8
+
+
+def decay_vector(model: nn.Module, weight_decay: float, *, decay_bn_and_bias: bool = False) -> torch.Tensor | None:
+    """Per-element weight decay: ``weight_decay`` on weights, 0 on batch-norm and bias (as S-SGD's groups)."""
+    if weight_decay <= 0:
+        return None
+    parts = [torch.full((p.numel(),), weight_decay if decay_bn_and_bias or p.ndim > 1 else 0.0,
+                        device=p.device) for p in model.parameters()]
+    return torch.cat(parts)
+
+
+class SMA:
+    """SMA as a :class:`~dimd.train.steps.Strategy`; ``model`` becomes the central model z."""
+
+    name = "sma"
+
+    def __init__(self, model: nn.Module, reduce: Reduce, world_size: int, *, learners: int | None,
+                 alpha: float | None, momentum: float, central_momentum: float | None,
+                 weight_decay: float, decay_bn_and_bias: bool = False, compute: str = "loop",
+                 normalize: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int = 1,
+                 autotune_threshold: float = 0.1, autotune_window: float = 2.0, max_learners: int = 64,
+                 synchronize: Callable[[], None] | None = None) -> None:
+        """``learners`` None: the auto-tuner chooses; ``alpha`` None: 1/L (L = all learners, the
+        paper's suggestion); ``central_momentum`` None: 0.9 when ``momentum`` > 0, else 0 (as the
+        authors hard-coded it)."""
+        self.model = model
+        self.reduce = reduce
+        self.world_size = world_size
+        self.alpha_given = alpha
+        self.momentum = momentum
+        self.central_momentum = (0.9 if momentum > 0 else 0.0) if central_momentum is None else central_momentum
+        self.decay = decay_vector(model, weight_decay, decay_bn_and_bias=decay_bn_and_bias)
+        self.tuner = AutoTuner(threshold=autotune_threshold, max_learners=max_learners) if learners is None else None
+        self.autotune_window = autotune_window
+        self._sync = synchronize or (lambda: None)
+        self.learner_group = Learners(model, 1 if learners is None else learners, compute=compute,
+                                      normalize=normalize, threads=threads)
+        layout = self.learner_group.layout
+        device = next(model.parameters()).device
+        # z: the model's own parameters become views of one flat vector.
+        self.z = layout.flat_params(model).clone()
+        self.z_floats = layout.flat_floats(model).clone()
+        self.z_counts = layout.flat_counts(model).clone()
+        layout.bind(model, self.z, self.z_floats, self.z_counts)
+        n = layout.numel
+        self.message = torch.zeros(n + EXTRAS, device=device)
+        self.delta = self.message[:n]
+        self.extras = self.message[n:]
+        self.delta_prev = torch.zeros(n, device=device)
+        # On a GPU the allreduce runs on a pinned host copy (dimd.allreduce sums CPU buffers).
+        self._host = self.message if device.type == "cpu" else torch.empty(n + EXTRAS, pin_memory=True)
+        self._host_array = self._host.numpy()
+        self.pending = np.zeros(3)            # this rank's loss sum, hits, samples since the last sync
+        self.syncs = 0
+        self.restarts = 0
+        self._window_open = False             # the auto-tuner's measurement window
+        self._window_images = 0
+        self._window_seconds = 0.0
+
+    # -- the strategy interface ----------------------------------------------------------------
+
+    @property
+    def learners(self) -> int:
+        return self.learner_group.k
+
+    @property
+    def total_learners(self) -> int:
+        return self.learners * self.world_size
+
+    @property
+    def alpha(self) -> float:
+        return self.alpha_given if self.alpha_given is not None else 1.0 / self.total_learners
+
+    def step(self, batches: Batches, lr: float, *, sync: bool, stop: bool = False,
+             times: StepTimes | None = None) -> StepResult:
+        """Every learner steps on its batch; with ``sync``, all learners synchronise with z (collective).
+
+        ``times`` holds what the step cost before this call (the wait for data).
+        """
+        times = times or StepTimes()
+        t0 = time.perf_counter()
+        group = self.learner_group
+        stats = group.forward_backward([b[0] for b in batches], [b[1] for b in batches])
+        self._sync()
+        t1 = time.perf_counter()
+        group.sgd_step(lr, self.momentum, self.decay, keep_pre=sync)
+        figures = stats.sum(dim=0).tolist()
+        self.pending += (figures[0], figures[1], sum(int(b[1].numel()) for b in batches))
+        self._sync()
+        t2 = time.perf_counter()
+        times.compute, times.optimizer = t1 - t0, t2 - t1
+        if not sync:
+            self._measure(batches, times)
+            return StepResult(0.0, 0.0, 0.0, False, times, synced=False)
+        return self.synchronize(stop, times, batches)
+
+    def _measure(self, batches: Batches, times: StepTimes) -> None:
+        """The auto-tuner's window: images and seconds of whole steps (data wait included), skipping the
+        first step after a change (a warm-up); evaluation and checkpoints between steps do not count."""
+        if self.tuner is None or self.tuner.frozen:
+            return
+        if not self._window_open:
+            self._window_open = True
+            return
+        self._window_images += sum(int(b[1].numel()) for b in batches)
+        self._window_seconds += sum(times.as_dict().values())
+
+    @torch.no_grad()
+    def synchronize(self, stop: bool, times: StepTimes | None = None, batches: Batches = ()) -> StepResult:
+        """Corrections, one allreduce of Delta (and the extras), central momentum, z += Delta."""
+        times = times or StepTimes()
+        t0 = time.perf_counter()
+        group = self.learner_group
+        W, D = group.W.detach(), group.W_pre
+        D.sub_(self.z)                                   # d_j = w~_j - z (pre-step weights)
+        W.sub_(D, alpha=self.alpha)                      # w_j = w_j - alpha d_j
+        torch.sum(D, dim=0, out=self.delta)
+        self.delta.mul_(self.alpha)                      # this rank's share of Delta
+        extras = np.zeros(EXTRAS)
+        extras[[LOSS, CORRECT, SAMPLES]] = self.pending
+        extras[STOP] = 1.0 if stop else 0.0
+        extras[NOT_FINITE] = 0.0 if math.isfinite(float(W.sum())) else 1.0   # a learner diverged
+        self._measure(batches, times)
+        if self._window_images:
+            seconds = self._window_seconds + (time.perf_counter() - t0)
+            extras[WINDOW_DONE] = 1.0 if seconds >= self.autotune_window else 0.0
+            extras[[WINDOW_IMAGES, WINDOW_SECONDS]] = self._window_images, seconds
+        self.extras.copy_(torch.from_numpy(extras))
+        self._sync()
+        t1 = time.perf_counter()
+        if self._host is not self.message:
+            self._host.copy_(self.message)
+        self.reduce(self._host_array)                    # MPI: Delta summed over every learner of every rank
+        if self._host is not self.message:
+            self.message.copy_(self._host)
+        t2 = time.perf_counter()
+        if self.central_momentum > 0:
+            self.delta.add_(self.delta_prev, alpha=self.central_momentum)
+        self.delta_prev.copy_(self.delta)
+        self.z.add_(self.delta)                          # the same bits on every rank
+        summed = self.extras.tolist()
+        finite = (math.isfinite(summed[LOSS]) and summed[NOT_FINITE] == 0
+                  and math.isfinite(float(self.delta.sum())))
+        self.pending[:] = 0
+        self.syncs += 1
+        events = []
+        if summed[WINDOW_DONE] > 0:
+            events += self._tune(summed[WINDOW_IMAGES] / (summed[WINDOW_SECONDS] / self.world_size))
+        self._sync()
+        t3 = time.perf_counter()
+        if self._window_images:
+            self._window_seconds += t3 - t0              # the synchronisation belongs to the window too
+        times.sync += (t1 - t0) + (t3 - t2)
+        times.allreduce += t2 - t1
+        return StepResult(summed[LOSS], summed[CORRECT], summed[SAMPLES], summed[STOP] > 0, times,
+                          synced=True, finite=finite, events=events)
+
+    def _tune(self, throughput: float) -> list[str]:
+        assert self.tuner is not None
+        decision = self.tuner.observe(throughput)
+        self._window_open, self._window_images, self._window_seconds = False, 0, 0.0
+        if decision is None:
+            return []
+        if decision.change:
+            self.learner_group.resize(self.tuner.learners)
+        return [decision.describe()]
+
+    @torch.no_grad()
+    def restart(self) -> bool:
+        """Every learner's weights <- z (momentum and batch-norm statistics are kept, as Crossbow does)."""
+        self.learner_group.W.detach().copy_(self.z.expand_as(self.learner_group.W))
+        self.restarts += 1
+        return True
+
+    @torch.no_grad()
+    def eval_model(self) -> nn.Module:
+        """Collective: z, with batch-norm statistics averaged over all learners of all ranks."""
+        group = self.learner_group
+        if self.z_floats.numel():
+            total = group.float_rows().sum(dim=0).cpu().contiguous()
+            self.reduce(total.numpy())                       # MPI: sum over the ranks' learners
+            self.z_floats.copy_(total.div_(self.total_learners))
+        if self.z_counts.numel():
+            self.z_counts.copy_(group.count_rows()[0])
+        return self.model
+
+    def global_state(self) -> dict[str, Any]:
+        return {"delta_prev": self.delta_prev.cpu().clone(), "alpha": self.alpha,
+                "alpha_given": self.alpha_given, "central_momentum": self.central_momentum,
+                "learners": self.learners, "syncs": self.syncs, "restarts": self.restarts,
+                "tuner": self.tuner.state_dict() if self.tuner is not None else None}
+
+    def local_state(self) -> dict[str, Any]:
+        return {"learners": self.learner_group.state_dict(), "pending": self.pending.copy()}
+
+    @torch.no_grad()
+    def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
+        """z comes with the model's weights; here Delta_prev, the learners and the tuner."""
+        notes: list[str] = []
+        self.delta_prev.copy_(shared["delta_prev"])
+        self.syncs, self.restarts = int(shared["syncs"]), int(shared["restarts"])
+        if local is not None:
+            self.learner_group.load_state_dict(local["learners"])
+            self.pending[:] = local["pending"]
+            if self.tuner is not None and shared["tuner"] is not None:
+                self.tuner = AutoTuner.from_state(shared["tuner"])
+            return notes
+        # Another layout: every learner starts from z (and z's averaged batch-norm statistics).
+        k = self.tuner.learners if self.tuner is not None else self.learners
+        group = self.learner_group
+        group.load_state_dict({"weights": self.z.expand(k, -1).cpu(),
+                               "momentum": torch.zeros(k, self.z.numel()),
+                               "buffers": self.z_floats.expand(k, -1).cpu(),
+                               "counts": self.z_counts.expand(k, -1).cpu()})
+        notes.append(f"the {shared['learners']} learner(s) per rank of the checkpoint are re-created as "
+                     f"{k} per rank from the central model z (momentum zero)")
+        return notes
+
+    def figures(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "central_momentum": self.central_momentum,
+                "learner_momentum": self.momentum, "synchronisations": self.syncs,
+                "restarts": self.restarts, "learners_per_rank": self.learners,
+                "learners_total": self.total_learners, "compute": self.learner_group.compute,
+                "autotune": None if self.tuner is None else self.tuner.state_dict()}
+
+    def identical(self, comm) -> bool:
+        """Whether z is bit-identical on every rank (a crc32 of its bytes, compared)."""
+        digest = zlib.crc32(self.z.detach().cpu().numpy().tobytes())
+        everyone = comm.allgather(digest)                    # MPI: compare the ranks' checksums
+        return all(d == everyone[0] for d in everyone)
+
+    def close(self) -> None:
+        self.learner_group.close()

@@ -1,0 +1,98 @@
+"""What one training step reports, and the interface every synchronisation strategy has.
+
+The engine's loop is the same for S-SGD and SMA: it fetches this rank's
+batches (one per learner), asks the schedule for the rate, and hands both to
+the strategy, which computes, synchronises and updates. A strategy is a small
+object with the methods of :class:`Strategy`; ``dimd.train.sgd.SSGD`` and
+``dimd.train.sma.SMA`` are the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import torch
+from torch import nn
+
+#: The time split of every epoch (``--metrics``, ``--json``), declared once: seconds per rank in
+#: waiting for data, forward + backward, the allreduce, the optimizer / learner update, and
+#: SMA's synchronisation arithmetic (corrections, central momentum, restarts).
+TIME_SPLIT = ("data", "compute", "allreduce", "optimizer", "sync")
+
+
+@dataclass
+class StepTimes:
+    """Seconds spent per phase, summed over steps."""
+
+    data: float = 0.0
+    compute: float = 0.0
+    allreduce: float = 0.0
+    optimizer: float = 0.0
+    sync: float = 0.0
+
+    def add(self, other: "StepTimes") -> None:
+        for key in TIME_SPLIT:
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+
+    def as_dict(self) -> dict[str, float]:
+        return {key: getattr(self, key) for key in TIME_SPLIT}
+
+
+@dataclass
+class StepResult:
+    """One step, as every rank sees it after the step's synchronisation (if it had one)."""
+
+    loss_sum: float       # summed over every image every learner of every rank processed since the last sync
+    correct: float
+    samples: float
+    stop: bool            # some rank asked to stop (a signal)
+    times: StepTimes = field(default_factory=StepTimes)
+    synced: bool = True   # False: learners stepped locally, the figures come with the next sync
+    finite: bool = True   # loss and the synchronised update are finite (the same answer on every rank)
+    events: list[str] = field(default_factory=list)   # things worth a log line (the auto-tuner's decisions)
+
+
+Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+class Strategy(Protocol):
+    """The per-step synchronisation: S-SGD's gradient allreduce or SMA's model averaging."""
+
+    name: str                      # "ssgd" or "sma", as ``--sync`` names it
+
+    @property
+    def learners(self) -> int:
+        """Batches this rank consumes per step (one per learner)."""
+
+    def step(self, batches: Batches, lr: float, *, sync: bool, stop: bool,
+             times: StepTimes | None = None) -> StepResult:
+        """Collective when ``sync``: compute, synchronise, update. ``times`` arrives with the
+        step's wait for data filled in; the result's times add the strategy's phases."""
+
+    def restart(self) -> bool:
+        """A learning-rate milestone: SMA sets every learner to z; whether anything changed."""
+
+    def eval_model(self) -> nn.Module:
+        """Collective: the model to evaluate and checkpoint (the replica, or z with averaged batch-norm statistics)."""
+
+    def global_state(self) -> dict[str, Any]:
+        """What every rank holds alike (optimizer momentum, z's momentum, the tuner)."""
+
+    def local_state(self) -> dict[str, Any]:
+        """What only this rank holds (batch-norm statistics, its learners)."""
+
+    def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
+        """Continue from a checkpoint; ``local`` None: another layout (start the local part afresh).
+
+        Returns what it had to change, as log lines.
+        """
+
+    def figures(self) -> dict[str, Any]:
+        """Strategy-specific ``--json`` figures."""
+
+    def identical(self, comm: Any) -> bool:
+        """Collective: whether every rank holds bit-identical model weights."""
+
+    def close(self) -> None:
+        ...
