@@ -127,6 +127,32 @@ def one_rank_fails(collective: str, failing_rank: str, dataset: str = "") -> Non
 
 
 @case
+def dimd_warned_right_after_mpi_starts(*args: str) -> None:
+    """``dimd ARGS``, with a SIGUSR1 (a scheduler's time-limit warning) sent to each rank just after MPI_Init.
+
+    MPI_Init puts its own handler on SIGUSR1; dimd's must already be there, so the run stops cleanly::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py dimd_warned_right_after_mpi_starts train data --val data ...
+        -> stopped by SIGUSR1 after step 1; checkpoint ...
+    """
+    import os
+    import signal
+
+    from dimd.cli import main
+    from dimd.commands import mpi_job
+
+    started = mpi_job.init_mpi
+
+    def init_then_warn(level: Any) -> Any:
+        setup = started(level)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return setup
+
+    mpi_job.init_mpi = init_then_warn
+    main(list(args), prog_name="dimd")
+
+
+@case
 def assert_fails_on_one_rank(failing_rank: str) -> None:
     """A plain ``assert`` fails on one rank while the others wait in a barrier; the harness ends the job.
 
