@@ -1,8 +1,20 @@
-"""Shared fixtures: the sample tree, packed sets, and running real MPI ranks."""
+"""Shared fixtures: the sample tree, packed sets, this process's MPI world, and real MPI jobs.
+
+Tests that start ranks go through :func:`run_mpi` (any program), :func:`run_mpi_dimd`
+(``dimd CMD`` as a user runs it) or :func:`mpi_run` (a case of ``mpi_cases.py``), and
+carry ``@pytest.mark.mpi``, so ``pytest -m "not mpi"`` runs without launching MPI::
+
+    MPIEXEC="srun --mpi=pmi2" pytest             # a site's launcher, with its own options
+    MPIEXEC="mpirun --oversubscribe" pytest      # Open MPI, more ranks than cores
+    pytest -m "not mpi"                          # no MPI jobs at all
+
+Tests that need no separate process call the CLI in this one through :func:`invoke_dimd`.
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +22,9 @@ from pathlib import Path
 import pytest
 
 BIN = Path(sys.executable).parent
-MPIEXEC = str(BIN / "mpiexec")
 DIMD = [sys.executable, "-m", "dimd"]
+#: The MPI test cases, one function each, run by :func:`mpi_run`.
+MPI_CASES = Path(__file__).with_name("mpi_cases.py")
 
 
 def run_dimd(*args: str, check: bool = False, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -24,23 +37,81 @@ def run_dimd(*args: str, check: bool = False, timeout: float = 300, **kwargs) ->
     return proc
 
 
+def invoke_dimd(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    """Run ``dimd ARGS`` in this process through click's CliRunner: what :func:`run_dimd` gives, faster.
+
+    For commands that leave this process as they found it: MPI may start (the ``world``
+    fixture starts it too), but torch's threads and seed, signal handlers and worker
+    processes call for :func:`run_dimd`. An exception that escapes the command fails
+    the test with its own traceback.
+    """
+    from click.testing import CliRunner
+
+    from dimd.cli import main
+
+    result = CliRunner().invoke(main, list(map(str, args)), prog_name="dimd", catch_exceptions=False)
+    proc = subprocess.CompletedProcess(["dimd", *map(str, args)], result.exit_code,
+                                       result.stdout, result.stderr)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dimd {' '.join(map(str, args))} failed ({proc.returncode}):\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def mpiexec() -> list[str]:
+    """The launcher: ``$MPIEXEC`` split like a shell would (``srun --mpi=pmi2``), else the venv's ``mpiexec``."""
+    return shlex.split(os.environ.get("MPIEXEC", "")) or [str(BIN / "mpiexec")]
+
+
+_current_test: pytest.Item | None = None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Remember the test being set up, so that :func:`launcher` can check its ``mpi`` mark."""
+    global _current_test
+    _current_test = item
+
+
+def launcher(n: int) -> list[str]:
+    """``$MPIEXEC -n N``, for the test now running, which must be marked ``@pytest.mark.mpi``."""
+    if _current_test is not None and _current_test.get_closest_marker("mpi") is None:
+        pytest.fail(f"{_current_test.nodeid} starts MPI ranks: mark it @pytest.mark.mpi "
+                    "so that `pytest -m \"not mpi\"` leaves it out", pytrace=False)
+    return [*mpiexec(), "-n", str(n)]
+
+
 def run_mpi(n: int, *args: str, timeout: float = 240, check: bool = False,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``mpiexec -n N ARGS`` (e.g. a dimd command or a Python script) on real ranks.
+    """Run ``$MPIEXEC -n N ARGS`` (e.g. a dimd command or a Python script) on real ranks.
 
     A job that hangs fails the test through ``timeout`` instead of blocking it.
     """
     full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([MPIEXEC, "-n", str(n), *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=full_env)
+    command = [*launcher(n), *map(str, args)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
-        raise AssertionError(f"mpiexec -n {n} {' '.join(map(str, args))} failed "
-                             f"({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(f"{shlex.join(command)} failed ({proc.returncode}):\n"
+                             f"{proc.stdout}\n{proc.stderr}")
     return proc
 
 
 def run_mpi_dimd(n: int, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``$MPIEXEC -n N dimd ARGS``, as a user starts a dimd command on N ranks."""
     return run_mpi(n, *DIMD, *args, **kwargs)
+
+
+def mpi_run(case: str, n: int, *args: str, timeout: float = 120, check: bool = False,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run one case of ``mpi_cases.py`` on N ranks: ``$MPIEXEC -n N python -m mpi4py mpi_cases.py CASE ARGS``.
+
+    ``python -m mpi4py`` aborts the job when any rank raises, so a failed assert
+    on one rank ends every rank at once, its traceback in ``stderr``::
+
+        proc = mpi_run("allreduce_sweep", 3, "ring,tree")
+        assert proc.returncode == 0, proc.stderr
+    """
+    return run_mpi(n, sys.executable, "-m", "mpi4py", MPI_CASES, case, *args,
+                   timeout=timeout, check=check, env=env)
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +150,22 @@ def pack_tree_as_is(root: Path, out: Path) -> Path:
 def packed_sample(sample_tree, tmp_path_factory) -> Path:
     """The sample tree as a packed data set stem (48 records, 4 classes)."""
     return pack_tree_as_is(sample_tree, tmp_path_factory.mktemp("packed") / "sample")
+
+
+@pytest.fixture(scope="session")
+def world():
+    """This process's ``MPI.COMM_WORLD``: one rank, started the way dimd starts MPI (no launcher)."""
+    from dimd.mpi import init_mpi
+
+    init_mpi("funneled")
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="module")
+def store(packed_sample, world):
+    """The packed sample loaded into a one-rank in-memory store."""
+    from dimd.shuffle import DistributedStore
+
+    return DistributedStore.load(packed_sample, world)

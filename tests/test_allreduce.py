@@ -1,146 +1,45 @@
 """dimd.allreduce on real ranks: every algorithm sums like numpy, for any P, size and dtype."""
 
-import sys
-import textwrap
-
 import numpy as np
 import pytest
-from conftest import run_mpi
+from conftest import mpi_run
+from mpi_cases import sweep_sizes
 
 from dimd.allreduce import ALGORITHMS, AllreduceError, allreduce, color_trees
 from dimd.allreduce.multicolor import internal_count
 
-# Every algorithm, on sizes around P and a few MiB, each dtype, against numpy's
-# sum of every rank's input; every rank must also end with the same bits.
-SWEEP = textwrap.dedent("""
-    import sys
-    import numpy as np
-    from dimd.mpi import init_mpi
-    init_mpi("single")
-    from mpi4py import MPI
-    from dimd.allreduce import ALGORITHMS, allreduce
 
-    comm = MPI.COMM_WORLD
-    P, rank = comm.Get_size(), comm.Get_rank()
-    algorithms = sys.argv[1].split(",") if len(sys.argv) > 1 else list(ALGORITHMS)
-    sizes = sorted({0, 1, 7, max(P - 1, 0), P + 1, 1000, (3 << 20) // 8 + 5})
-    checked = failed = 0
-    for name in algorithms:
-        # small segments so that the pipelined algorithms run many segments
-        options = {"segment_bytes": 40000} if "segment_bytes" in ALGORITHMS[name].options else {}
-        for count in sizes:
-            for dtype in ("float32", "float64", "int32", "int64"):
-                rng = np.random.default_rng([rank, count, len(name)])
-                if dtype.startswith("int"):
-                    mine = rng.integers(-1000, 1000, count).astype(dtype)
-                else:
-                    mine = rng.standard_normal(count).astype(dtype)
-                every = np.empty((P, count), dtype)
-                comm.Allgather(mine, every)
-                expected = every.sum(axis=0, dtype=np.float64 if dtype.startswith("f") else dtype)
-                allreduce(mine, comm, name, **options)
-                same = np.empty((P, count), dtype)
-                comm.Allgather(mine, same)
-                ok = (np.allclose(mine, expected, rtol=1e-5, atol=1e-4) if dtype.startswith("f")
-                      else np.array_equal(mine, expected))
-                ok = ok and bool((same == same[0]).all())
-                checked += 1
-                if not ok:
-                    failed += 1
-                    sys.stdout.write(f"FAIL rank {rank} {name} count {count} {dtype}\\n")
-    sys.stdout.write(f"rank {rank} checked {checked} failed {failed}\\n")
-    sys.stdout.flush()
-""")
-
-
-@pytest.fixture(scope="module")
-def sweep_script(tmp_path_factory):
-    path = tmp_path_factory.mktemp("allreduce") / "sweep.py"
-    path.write_text(SWEEP)
-    return path
-
-
+@pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5])
-def test_every_algorithm_sums_like_numpy(sweep_script, ranks):
-    proc = run_mpi(ranks, sys.executable, sweep_script, timeout=240)
+def test_every_algorithm_sums_like_numpy(ranks):
+    """Every algorithm, on sizes around P and a few MiB, each dtype, against numpy's
+    sum of every rank's input; every rank must also end with the same bits."""
+    proc = mpi_run("allreduce_sweep", ranks, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert "FAIL" not in proc.stdout, proc.stdout
-    per_rank = len(ALGORITHMS) * len({0, 1, 7, max(ranks - 1, 0), ranks + 1, 1000, (3 << 20) // 8 + 5}) * 4
+    per_rank = len(ALGORITHMS) * len(sweep_sizes(ranks)) * 4
     for rank in range(ranks):
         assert f"rank {rank} checked {per_rank} failed 0" in proc.stdout
 
 
-def test_many_segments_and_colours_on_eight_ranks(sweep_script):
+@pytest.mark.mpi
+def test_many_segments_and_colours_on_eight_ranks():
     """Deeper trees (two levels), overlapping colours and many pipelined segments."""
-    proc = run_mpi(8, sys.executable, sweep_script, "multicolor,ring-root,rabenseifner", timeout=240)
+    proc = mpi_run("allreduce_sweep", 8, "multicolor,ring-root,rabenseifner", timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert "FAIL" not in proc.stdout, proc.stdout
     assert proc.stdout.count("failed 0") == 8
 
 
-OPTIONS_AND_TENSORS = textwrap.dedent("""
-    import sys
-    import numpy as np
-    import torch
-    from dimd.mpi import init_mpi
-    init_mpi("single")
-    from mpi4py import MPI
-    from dimd.allreduce import allreduce, choose_fastest, ALGORITHMS
-
-    comm = MPI.COMM_WORLD
-    P, rank = comm.Get_size(), comm.Get_rank()
-    # a CPU tensor, summed in place and averaged (what data-parallel training does)
-    grads = torch.full((3, 5), float(rank + 1))
-    out = allreduce(grads, comm, "multicolor", colors=2, average=True)
-    assert out is grads
-    assert torch.allclose(grads, torch.full((3, 5), (P + 1) / 2)), grads
-    # a 2-D array and every colour count, including more colours than ranks
-    for colors in (1, 2, 3, 7):
-        grid = np.full((4, 33), rank, dtype=np.float64)
-        allreduce(grid, comm, "multicolor", colors=colors, segment_bytes=8)
-        assert (grid == P * (P - 1) / 2).all(), (colors, grid)
-    best = choose_fastest(1 << 16, comm, np.float32, ["mpi", "ring", "tree"], iters=3)
-    everyone = comm.allgather(best)
-    assert len(set(everyone)) == 1 and best in ALGORITHMS, everyone
-    sys.stdout.write(f"rank {rank} ok {best}\\n")
-""")
-
-
-def test_tensors_average_colours_and_choose_fastest(tmp_path):
-    script = tmp_path / "options.py"
-    script.write_text(OPTIONS_AND_TENSORS)
-    proc = run_mpi(3, sys.executable, script, timeout=120)
+@pytest.mark.mpi
+def test_tensors_average_colours_and_choose_fastest():
+    """A torch tensor averaged in place, every colour count, and one fastest algorithm that all ranks agree on."""
+    proc = mpi_run("allreduce_tensors_and_options", 3, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count(" ok ") == 3
 
 
-ONE_BAD_RANK = textwrap.dedent("""
-    import click
-    import numpy as np
-    from dimd.commands.mpi_job import mpi_command
-    from dimd.allreduce import allreduce
-
-    @click.command()
-    @mpi_command("single")
-    def job(comm, mpi_setup):
-        buf = np.ones(1000)
-        if comm.rank == 2:
-            buf.flags.writeable = False
-        allreduce(buf, comm, "ring")  # ranks 0 and 1 wait in here for rank 2
-        print("finished", flush=True)
-
-    job()
-""")
-
-
-def test_error_on_one_rank_aborts_the_job(tmp_path):
-    script = tmp_path / "bad_rank.py"
-    script.write_text(ONE_BAD_RANK)
-    proc = run_mpi(3, sys.executable, script, timeout=60)
-    assert proc.returncode != 0
-    assert "dimd: error: rank 2: allreduce needs a writeable buffer" in proc.stderr
-    assert "finished" not in proc.stdout
-
+# One rank's error inside an allreduce ends the job: test_mpi_setup.py.
 
 # Bad inputs are refused before any communication, so no communicator is needed.
 @pytest.mark.parametrize("buf, algorithm, options, message", [

@@ -86,6 +86,7 @@ def undecodable_names(tmp_path):
     return root
 
 
+@pytest.mark.mpi
 def test_names_that_are_not_utf8_are_stored_losslessly(undecodable_names, tmp_path):
     root = undecodable_names
     proc = run_dimd("pack", root, "-o", tmp_path / "x", "--json", tmp_path / "x.json")

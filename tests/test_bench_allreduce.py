@@ -2,12 +2,14 @@
 
 import json
 
-from conftest import run_dimd, run_mpi_dimd
+import pytest
+from conftest import invoke_dimd, run_mpi_dimd
 
 from dimd.allreduce import ALGORITHMS
 from dimd.allreduce.bench import message_sizes
 
 
+@pytest.mark.mpi
 def test_checked_sweep_of_every_algorithm_writes_table_and_json(tmp_path):
     out = tmp_path / "allreduce.json"
     proc = run_mpi_dimd(2, "bench-allreduce", "--check", "--min-bytes", "8", "--max-bytes", "64K",
@@ -36,6 +38,7 @@ def test_checked_sweep_of_every_algorithm_writes_table_and_json(tmp_path):
         assert f"{row['bytes']:>10} {row['count']:>10} float32 {row['algorithm']:>18}" in proc.stdout
 
 
+@pytest.mark.mpi
 def test_three_ranks_odd_sizes_and_integer_dtype(tmp_path):
     out = tmp_path / "ar.json"
     proc = run_mpi_dimd(3, "bench-allreduce", "--check", "-a", "ring,multicolor,rabenseifner",
@@ -51,6 +54,7 @@ def test_three_ranks_odd_sizes_and_integer_dtype(tmp_path):
     assert all(abs(r["busbw_gbs"] - r["algbw_gbs"] * 4 / 3) < 1e-9 for r in big)
 
 
+@pytest.mark.mpi
 def test_gloo_peer_in_the_same_job(tmp_path):
     out = tmp_path / "gloo.json"
     proc = run_mpi_dimd(2, "bench-allreduce", "--check", "-a", "mpi,ring", "--peer", "gloo",
@@ -61,6 +65,7 @@ def test_gloo_peer_in_the_same_job(tmp_path):
     assert len(gloo) == 3 and all(r["wrong"] == 0 and r["vs_mpi"] > 0 for r in gloo)
 
 
+@pytest.mark.mpi
 def test_unknown_algorithm_is_one_clear_error():
     proc = run_mpi_dimd(2, "bench-allreduce", "--algorithms", "mpi,nope", timeout=60)
     assert proc.returncode == 1
@@ -68,6 +73,7 @@ def test_unknown_algorithm_is_one_clear_error():
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.mpi
 def test_bad_size_range_is_refused():
     proc = run_mpi_dimd(1, "bench-allreduce", "--min-bytes", "1M", "--max-bytes", "1K", timeout=60)
     assert proc.returncode == 2  # a usage error, named by its flag
@@ -75,7 +81,7 @@ def test_bad_size_range_is_refused():
 
 
 def test_help_says_how_time_is_measured():
-    text = " ".join(run_dimd("bench-allreduce", "--help", check=True).stdout.split())
+    text = " ".join(invoke_dimd("bench-allreduce", "--help", check=True).stdout.split())
     assert "busbw = algbw x 2(P-1)/P" in text
     assert "the average over ranks with the minimum and maximum" in text
 

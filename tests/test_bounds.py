@@ -168,6 +168,7 @@ def test_symlinks_are_followed_once_never_packing_a_file_twice(tmp_path):
     ]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("size, message", [
     ("1T", "a largest message of 1.0 TiB (--max-bytes) needs about 2.0 TiB per rank, but a rank has "),
     # the largest size the sweep reaches: 8 B doubled up to at most 100000 TiB

@@ -1,24 +1,28 @@
-"""The command line as a user meets it: help, version, errors without tracebacks."""
+"""The command line as a user meets it: help, version, errors without tracebacks.
 
-from conftest import run_dimd
+Most run in this process through click's CliRunner; what only a real process
+shows (the entry point, no traceback, no heavy imports) runs in one.
+"""
+
+from conftest import invoke_dimd, run_dimd
 
 from dimd import __version__
 from dimd.cli import COMMANDS
 
 
 def test_help_lists_every_command_with_a_summary():
-    proc = run_dimd("--help", check=True)
+    proc = invoke_dimd("--help", check=True)
     for name in COMMANDS:
         assert name in proc.stdout
 
 
 def test_version():
-    assert __version__ in run_dimd("--version", check=True).stdout
+    assert __version__ in invoke_dimd("--version", check=True).stdout
 
 
 def test_every_command_has_help():
     for name in COMMANDS:
-        proc = run_dimd(name, "--help")
+        proc = invoke_dimd(name, "--help")
         assert proc.returncode == 0, proc.stderr
         assert "Usage:" in proc.stdout
 
@@ -38,11 +42,12 @@ def test_a_value_the_config_refuses_is_a_usage_error_naming_the_flag(tmp_path):
 
 
 def test_usage_error_exit_code_is_2():
-    assert run_dimd("no-such-command").returncode == 2
+    assert invoke_dimd("no-such-command").returncode == 2
 
 
 def test_dimd_help_does_not_import_heavy_modules():
-    import subprocess, sys
+    import subprocess
+    import sys
 
     code = ("import sys; from dimd.cli import main\n"
             "try: main(['--help'])\nexcept SystemExit: pass\n"

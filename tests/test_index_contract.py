@@ -138,6 +138,7 @@ def test_inspect_and_verify_name_the_problem(good_set, tmp_path, case):
     assert one_error_line(run_dimd("verify", copy, "--workers", "2")) == want
 
 
+@pytest.mark.mpi
 def test_shuffle_verify_and_train_refuse_it_too(good_set, tmp_path):
     copy, index = damaged(good_set, tmp_path, drop("name"))
     proc = run_mpi_dimd(2, "shuffle", copy, "--verify", timeout=120)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_dimd
+from conftest import invoke_dimd
 
 from dimd.errors import DimdError
 from dimd.format import dataset_paths
@@ -33,12 +33,12 @@ def test_describe_counts_classes_bytes_and_sizes(packed):
 
 
 def test_cli_inspect_prints_and_writes_json(packed, tmp_path):
-    proc = run_dimd("inspect", packed, "--json", tmp_path / "info.json", check=True)
+    proc = invoke_dimd("inspect", packed, "--json", tmp_path / "info.json", check=True)
     assert "records     48" in proc.stdout and "classes     4" in proc.stdout
     doc = json.loads((tmp_path / "info.json").read_text())
     assert doc["result"]["count"] == 48 and doc["command"] == "inspect"
     # either file of the pair names the data set too
-    assert "records     48" in run_dimd("inspect", f"{packed}.idx.h5", check=True).stdout
+    assert "records     48" in invoke_dimd("inspect", f"{packed}.idx.h5", check=True).stdout
 
 
 def test_truncated_data_file_fails_clearly(packed, tmp_path):
@@ -49,7 +49,7 @@ def test_truncated_data_file_fails_clearly(packed, tmp_path):
     copy_index.write_bytes(index.read_bytes())
     with pytest.raises(DimdError, match="truncated, or not the pair"):
         describe(copy)
-    proc = run_dimd("inspect", copy)
+    proc = invoke_dimd("inspect", copy)
     assert proc.returncode == 1
     assert proc.stderr.startswith("dimd: error: ") and "Traceback" not in proc.stderr
 

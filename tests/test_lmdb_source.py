@@ -9,7 +9,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-from conftest import run_dimd
+from conftest import invoke_dimd
 from PIL import Image
 
 from dimd.errors import DimdError
@@ -141,6 +141,6 @@ def test_empty_lmdb_and_list_with_lmdb_are_errors(tmp_path):
 
 
 def test_cli_packs_an_lmdb(mixed_lmdb, tmp_path):
-    proc = run_dimd("pack", mixed_lmdb, "-o", tmp_path / "out", check=True)
+    proc = invoke_dimd("pack", mixed_lmdb, "-o", tmp_path / "out", check=True)
     assert "packed 5 images in 5 classes" in proc.stdout
     assert "pack (lmdb): 5/5" in proc.stderr

@@ -9,16 +9,6 @@ from dimd.format import PackedDataset
 from dimd.shuffle import BatchLoader, DistributedStore, decode_eval
 
 
-@pytest.fixture(scope="module")
-def store(packed_sample):
-    from dimd.mpi import init_mpi
-
-    init_mpi("funneled")
-    from mpi4py import MPI
-
-    return DistributedStore.load(packed_sample, MPI.COMM_WORLD)
-
-
 def collect(loader, epoch):
     return [(images.clone(), labels.clone()) for images, labels in loader.epoch(epoch)]
 
@@ -77,10 +67,8 @@ def test_state_dict_resumes_exactly_mid_epoch(store):
     assert len(collect(resumed, 2)) == resumed.steps_per_epoch  # later epochs start at 0
 
 
-def test_resume_refuses_a_store_that_holds_other_records(packed_sample):
-    from mpi4py import MPI
-
-    store = DistributedStore.load(packed_sample, MPI.COMM_WORLD)
+def test_resume_refuses_a_store_that_holds_other_records(packed_sample, world):
+    store = DistributedStore.load(packed_sample, world)
     state = BatchLoader(store, batch_size=4, seed=0).state_dict()
     store.shuffle(seed=0, round=0)
     with pytest.raises(DimdError, match="replay its last shuffle"):
@@ -112,9 +100,7 @@ def test_a_crop_scale_outside_zero_to_one_is_refused(store, crop_scale):
         BatchLoader(store, batch_size=8, crop_scale=crop_scale)
 
 
-def test_a_corrupt_record_names_itself(tmp_path, packed_sample):
-    from mpi4py import MPI
-
+def test_a_corrupt_record_names_itself(tmp_path, packed_sample, world):
     from dimd.format import PackedRecord, PackWriter
 
     packed = PackedDataset(packed_sample)
@@ -122,7 +108,7 @@ def test_a_corrupt_record_names_itself(tmp_path, packed_sample):
         writer.add(PackedRecord(bytes(packed.record(0)), 0, "good.jpg", 1, 1))
         writer.add(PackedRecord(b"\xff\xd8not a jpeg at all", 1, "bad.jpg", 1, 1))
         writer.commit(["a", "b"], short_side=0, quality=0, source="test")
-    bad = DistributedStore.load(tmp_path / "bad", MPI.COMM_WORLD)
+    bad = DistributedStore.load(tmp_path / "bad", world)
     with pytest.raises(DimdError, match=r"bad.dimd: record 1: not a decodable image"):
         collect(BatchLoader(bad, batch_size=2, train=False), 0)
 

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import textwrap
 
 import pytest
 import torch
 
-from conftest import DIMD, run_dimd, run_mpi
+from conftest import DIMD, mpi_run, run_dimd, run_mpi
 from dimd.mpi import launch_mismatch
 
 MPICH = "MPICH Version:      5.0.2"
@@ -74,6 +72,7 @@ def test_every_mpi_command_stops_at_start_under_plain_srun(tmp_path):
     assert proc.returncode == 1 and proc.stderr == "" and proc.stdout == ""
 
 
+@pytest.mark.mpi
 def test_mpiexec_inside_an_allocation_runs():
     env = {**PLAIN_SRUN, "SLURM_STEP_NUM_TASKS": "1"}   # one Hydra proxy per node, started by srun
     proc = run_mpi(2, *DIMD, "bench-allreduce", "--max-bytes", "64", "--algorithms", "mpi",
@@ -81,28 +80,10 @@ def test_mpiexec_inside_an_allocation_runs():
     assert "mpi" in proc.stdout
 
 
-EARLY_WARNING = textwrap.dedent("""
-    import os, signal, sys
-    from dimd.commands import mpi_job
-    from dimd.cli import main
-
-    started = mpi_job.init_mpi
-
-    def init_then_warn(level):
-        setup = started(level)
-        os.kill(os.getpid(), signal.SIGUSR1)  # the scheduler's warning, just after MPI_Init
-        return setup
-
-    mpi_job.init_mpi = init_then_warn
-    main(sys.argv[1:])
-""")
-
-
+@pytest.mark.mpi
 def test_a_warning_right_after_mpi_starts_is_not_lost(packed_sample, tmp_path):
     """MPI_Init puts its own handler on SIGUSR1; dimd's must already be there (and after it)."""
-    script = tmp_path / "warned.py"
-    script.write_text(EARLY_WARNING)
-    proc = run_mpi(2, sys.executable, script, "train", packed_sample, "--val", packed_sample,
+    proc = mpi_run("dimd_warned_right_after_mpi_starts", 2, "train", packed_sample, "--val", packed_sample,
                    "--model", "lenet", "--image-size", "32", "--epochs", "50", "--batch-size", "8",
                    "--decode-threads", "1", "--threads", "1", "--checkpoint-dir", tmp_path / "ck",
                    "--json", tmp_path / "train.json", timeout=180)

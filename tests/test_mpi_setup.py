@@ -1,9 +1,9 @@
-"""MPI start-up: the throttle decision, the thread level, and ending a job on any rank's error."""
+"""MPI start-up (the throttle decision, the thread level), ending a job on any rank's error, and the test harness."""
 
-import textwrap
+import time
 
-from conftest import run_mpi
-import sys
+import pytest
+from conftest import launcher, mpi_run, mpiexec
 
 from dimd.host import available_cores
 from dimd.mpi import prepare_environment
@@ -21,42 +21,55 @@ def test_throttle_set_only_when_ranks_outnumber_cores(monkeypatch):
     assert not prepare_environment(env)  # the user's choice wins
 
 
-JOB = textwrap.dedent("""
-    import sys, click
-    from dimd.commands.mpi_job import mpi_command
-    from dimd.errors import DimdError
-
-    def say(line):  # one write per line: ranks share stdout
-        sys.stdout.write(line + "\\n")
-        sys.stdout.flush()
-
-    @click.command()
-    @click.option("--fail-on", type=int)
-    @mpi_command("funneled")
-    def job(fail_on, comm, mpi_setup):
-        say(f"level {mpi_setup.thread_level_provided} throttle {mpi_setup.progress_throttle}")
-        if comm.rank == fail_on:
-            raise DimdError("bad input on this rank")
-        comm.Barrier()  # the other ranks wait here: they must not hang
-        say(f"done {comm.rank}")
-
-    job()
-""")
-
-
-def test_error_on_one_rank_ends_the_job(tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(JOB)
-    proc = run_mpi(3, sys.executable, script, "--fail-on", "2", timeout=60)
-    assert proc.returncode != 0
-    assert "dimd: error: rank 2: bad input on this rank" in proc.stderr
-    assert "done" not in proc.stdout
-
-
-def test_clean_job_reports_thread_level_and_throttle(tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(JOB)
-    proc = run_mpi(4, sys.executable, script, timeout=60, check=True)
+@pytest.mark.mpi
+def test_clean_job_reports_thread_level_and_throttle():
+    """dimd starts MPI at the level asked for, and throttles progress when ranks outnumber cores."""
+    proc = mpi_run("mpi_command_setup", 4, timeout=60, check=True)
     oversubscribed = 4 > available_cores()
     assert proc.stdout.count(f"level funneled throttle {oversubscribed}") == 4
     assert proc.stdout.count("done") == 4
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective, rank, message", [
+    ("barrier", 2, "dimd: error: rank 2: gives up before the barrier"),
+    ("shuffle", 1, "dimd: error: rank 1: gives up before the shuffle"),
+    ("allreduce", 2, "dimd: error: rank 2: allreduce needs a writeable buffer"),
+])
+def test_an_error_on_one_rank_ends_the_job(packed_sample, collective, rank, message):
+    """The other ranks wait in the collective: dimd must end them, not leave them hanging."""
+    proc = mpi_run("one_rank_fails", 3, collective, rank, packed_sample, timeout=60)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "done" not in proc.stdout
+
+
+@pytest.mark.mpi
+def test_a_failed_assert_on_one_rank_ends_the_test_job_at_once():
+    """The harness itself: ``python -m mpi4py`` aborts every rank, with the assertion on stderr.
+
+    Without it the two other ranks would wait in their barrier until the timeout.
+    """
+    start = time.perf_counter()
+    proc = mpi_run("assert_fails_on_one_rank", 3, 1, timeout=60)
+    seconds = time.perf_counter() - start
+    assert proc.returncode != 0
+    assert "AssertionError: rank 1 of 3 disagrees" in proc.stderr, proc.stderr
+    assert "done" not in proc.stdout
+    print(f"the job ended {seconds:.1f} s after it started")  # shown with -s; no wall-clock assert
+
+
+def test_mpiexec_honours_a_launcher_with_its_own_options(monkeypatch):
+    """``MPIEXEC="srun --mpi=pmi2" pytest`` runs every MPI test through the site's launcher."""
+    monkeypatch.setenv("MPIEXEC", "srun --mpi=pmi2")
+    assert mpiexec() == ["srun", "--mpi=pmi2"]
+    monkeypatch.setenv("MPIEXEC", "'/opt/my mpi/bin/mpirun' --oversubscribe")
+    assert mpiexec() == ["/opt/my mpi/bin/mpirun", "--oversubscribe"]
+    monkeypatch.delenv("MPIEXEC")
+    assert mpiexec()[0].endswith("mpiexec")
+
+
+def test_a_test_that_starts_ranks_must_be_marked_mpi():
+    """This test is not marked, so it may not start ranks: ``pytest -m "not mpi"`` must mean it."""
+    with pytest.raises(pytest.fail.Exception, match="mark it @pytest.mark.mpi"):
+        launcher(2)

@@ -107,6 +107,7 @@ def mpi_error(proc) -> str:
     return messages.pop()
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("args, message", [
     (["shuffle", "{data}", "--json", "{tmp}/nodir/s.json"],
      "--json {tmp}/nodir/s.json: folder {tmp}/nodir does not exist"),
@@ -121,6 +122,7 @@ def test_mpi_commands_check_outputs_on_rank_0_for_all(packed_sample, tmp_path, a
     assert "round" not in proc.stdout and "busbw" not in proc.stdout  # before the work
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("extra, message", [
     (["--checkpoint-dir", "{tmp}/afile/ckpt"], "--checkpoint-dir {tmp}/afile/ckpt: cannot create folders under "
                                                 "{tmp}/afile, which is not a folder"),

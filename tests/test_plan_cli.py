@@ -34,6 +34,7 @@ def chain(tmp_path_factory):
     return {"dir": out, "step": step, "bench": bench, "conv": conv}
 
 
+@pytest.mark.mpi
 def test_step_time_writes_gamma_knee_and_medians(chain):
     doc = json.loads(chain["step"].read_text())
     assert doc["command"] == "plan-batch step-time" and doc["mpi"]["world_size"] == 2
@@ -49,6 +50,7 @@ def test_step_time_writes_gamma_knee_and_medians(chain):
     assert doc["parameters"]["batch_sizes"] == [1, 4, 16]
 
 
+@pytest.mark.mpi
 def test_bench_allreduce_times_the_models_gradient_size(chain):
     doc = json.loads(chain["bench"][0].read_text())
     nbytes = doc["result"]["gradient_bytes"]
@@ -62,6 +64,7 @@ def test_bench_allreduce_times_the_models_gradient_size(chain):
 ANY_FIT = ("--max-holdout-error", "1000")
 
 
+@pytest.mark.mpi
 def test_comm_then_solve_make_the_plan(chain):
     out = chain["dir"]
     comm = out / "comm.json"
@@ -92,6 +95,7 @@ def test_comm_then_solve_make_the_plan(chain):
     assert rows[0]["algorithm"] is None and rows[1]["algorithm"] in ("ring", "ps", "tree")
 
 
+@pytest.mark.mpi
 def test_solve_draws_the_plot_or_says_what_is_missing(chain, tmp_path):
     png = tmp_path / "plan.png"
     comm = chain["dir"] / "comm-plot.json"
@@ -115,6 +119,7 @@ def one_line_error(proc, text):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.mpi
 def test_a_json_from_another_command_is_refused(chain):
     proc = run_dimd("plan-batch", "solve", "--step", chain["step"], "--comm", chain["step"],
                     "--convergence", chain["conv"])
@@ -123,6 +128,7 @@ def test_a_json_from_another_command_is_refused(chain):
     one_line_error(proc, "a result of `plan-batch step-time`, expected one of `bench-allreduce`")
 
 
+@pytest.mark.mpi
 def test_ranks_that_are_not_positive_integers_are_refused(chain):
     common = ["plan-batch", "solve", "--step", chain["step"], "--comm", chain["step"], "--convergence", chain["conv"]]
     one_line_error(run_dimd(*common, "--ranks", "0,2"), "'--ranks': must be positive integers, got 0")
@@ -146,6 +152,7 @@ def test_a_target_no_run_reached_is_refused():
         convergence_figures([Run(32, 0, None, budget=100), Run(64, 0, None, budget=100)])
 
 
+@pytest.mark.mpi
 def test_comm_says_which_size_it_lacks(chain):
     old = []
     for i, path in enumerate(chain["bench"]):   # results taken without --model
@@ -159,6 +166,7 @@ def test_comm_says_which_size_it_lacks(chain):
     one_line_error(proc, "give --model or --bytes, not both")
 
 
+@pytest.mark.mpi
 def test_solve_refuses_a_convergence_result_without_n_inf(tmp_path, chain):
     comm = chain["dir"] / "comm-check.json"
     run_dimd("plan-batch", "comm", *chain["bench"], "--bytes", "1M", "--json", comm, check=True)

@@ -1,11 +1,10 @@
 """The allreduce cost models: they count what dimd's algorithms send, and their fits predict held-out P."""
 
 import json
-import textwrap
 
 import numpy as np
 import pytest
-from conftest import run_mpi
+from conftest import mpi_run
 
 from dimd.errors import DimdError
 from dimd.report import result_document
@@ -14,61 +13,22 @@ from dimd.train.plan.commfit import (Sample, default_holdout, fit_algorithms, fi
 from dimd.train.plan.commmodel import COST_MODELS, features, multicolor_plan, ring_root_segments
 from dimd.train.plan.config import CommFitConfig
 
-# Count every message each rank sends and receives, per algorithm, on real ranks.
-COUNT = textwrap.dedent("""
-    import json, sys
-    import numpy as np
-    from dimd.mpi import init_mpi
-    init_mpi("single")
-    from mpi4py import MPI
-    from dimd.allreduce import ALGORITHMS
-
-    class Counting:
-        def __init__(self, comm):
-            self.comm, self.messages, self.moved = comm, 0, 0
-        def Get_size(self): return self.comm.Get_size()
-        def Get_rank(self): return self.comm.Get_rank()
-        def _count(self, buf):
-            self.messages += 1
-            self.moved += np.asarray(buf).nbytes
-        def Send(self, buf, *a): self._count(buf); return self.comm.Send(buf, *a)
-        def Recv(self, buf, *a): self._count(buf); return self.comm.Recv(buf, *a)
-        def Isend(self, buf, *a): self._count(buf); return self.comm.Isend(buf, *a)
-        def Irecv(self, buf, *a): self._count(buf); return self.comm.Irecv(buf, *a)
-        def Sendrecv(self, send, dest, stag, recv, source, rtag):
-            self._count(send); self._count(recv)
-            return self.comm.Sendrecv(send, dest, stag, recv, source, rtag)
-
-    comm = MPI.COMM_WORLD
-    count = int(sys.argv[1])
-    out = {}
-    for name in sys.argv[2].split(","):
-        counting = Counting(comm.Dup())
-        buf = np.ones(count, np.float32)
-        ALGORITHMS[name].function(buf, counting, **ALGORITHMS[name].options)
-        assert np.all(buf == comm.Get_size()), name
-        out[name] = comm.gather([counting.messages, counting.moved])
-    if comm.Get_rank() == 0:
-        print(json.dumps(out))
-""")
-
+# Every message each rank sends and receives, per algorithm, on real ranks: mpi_cases.allreduce_message_counts.
 COUNTED = ["ring", "recursive-doubling", "rabenseifner", "tree", "ps", "ring-root", "multicolor"]
 #: Divisible by 2..5 and by 4 colours, so blocks are equal and the counts exact.
 ELEMENTS = 60 * 4096
 
 
 @pytest.fixture(scope="module")
-def message_counts(tmp_path_factory):
-    script = tmp_path_factory.mktemp("count") / "count.py"
-    script.write_text(COUNT)
+def message_counts():
     counts = {}
     for ranks in (2, 3, 4, 5):
-        proc = run_mpi(ranks, __import__("sys").executable, script, ELEMENTS, ",".join(COUNTED), timeout=120,
-                       check=True)
+        proc = mpi_run("allreduce_message_counts", ranks, ELEMENTS, ",".join(COUNTED), timeout=120, check=True)
         counts[ranks] = json.loads(proc.stdout.strip().splitlines()[-1])
     return counts
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3, 4, 5])
 @pytest.mark.parametrize("algorithm", COUNTED)
 def test_the_model_counts_what_the_algorithm_sends(message_counts, algorithm, ranks):

@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import run_dimd
+from conftest import invoke_dimd, run_dimd
 
 
 def test_bench_io_measures_the_three_methods(packed_sample, sample_tree, tmp_path):
@@ -20,7 +20,7 @@ def test_bench_io_measures_the_three_methods(packed_sample, sample_tree, tmp_pat
 
 
 def test_bench_io_needs_the_source_tree(packed_sample, tmp_path):
-    proc = run_dimd("bench-io", packed_sample, "--tree", tmp_path, timeout=60)
+    proc = invoke_dimd("bench-io", packed_sample, "--tree", tmp_path)
     assert proc.returncode != 0 and "--tree must be the folder" in proc.stderr
 
 

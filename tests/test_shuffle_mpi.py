@@ -1,14 +1,17 @@
-"""The group shuffle on real MPI ranks: conservation, balance, fresh orders, labels, errors that end the job."""
+"""The group shuffle on real MPI ranks: conservation, balance, fresh orders, labels, errors that end the job.
+
+(One rank failing before the shuffle's Alltoallv: ``test_mpi_setup.py``.)
+"""
 
 import json
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
-from conftest import run_mpi, run_mpi_dimd
+from conftest import mpi_run, run_mpi_dimd
 from dimd.format import PackedDataset, PackedRecord, PackWriter
+
+pytestmark = pytest.mark.mpi
 
 
 def saved_orders(folder, rounds, ranks):
@@ -84,69 +87,14 @@ def test_groups_must_divide_the_job(packed_sample):
     assert proc.returncode != 0 and "--groups 2 does not divide the 3 ranks" in proc.stderr
 
 
-ONE_RANK_FAILS = textwrap.dedent("""
-    import sys, click
-    from dimd.commands.mpi_job import mpi_command
-    from dimd.errors import DimdError
-    from dimd.shuffle import DistributedStore
-
-    @click.command()
-    @click.argument("dataset")
-    @mpi_command("single")
-    def job(dataset, comm, mpi_setup):
-        store = DistributedStore.load(dataset, comm)
-        if comm.rank == 1:
-            raise DimdError("rank 1 gives up before the shuffle")
-        store.shuffle(0, 0)  # the others wait in the Alltoall: they must be ended, not hang
-        print("finished", comm.rank, flush=True)
-
-    job()
-""")
-
-
-def test_an_error_on_one_rank_ends_the_shuffle_job(packed_sample, tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(ONE_RANK_FAILS)
-    proc = run_mpi(3, sys.executable, script, packed_sample, timeout=60)
-    assert proc.returncode != 0
-    assert "rank 1: rank 1 gives up before the shuffle" in proc.stderr
-    assert "finished" not in proc.stdout
-
-
-LOADER_JOB = textwrap.dedent("""
-    import json, sys, zlib
-    import numpy as np
-    from dimd.mpi import init_mpi
-    init_mpi("funneled")
-    from mpi4py import MPI
-    from dimd.shuffle import BatchLoader, DistributedStore
-
-    comm = MPI.COMM_WORLD
-    store = DistributedStore.load(sys.argv[1], comm, groups=int(sys.argv[2]))
-    store.shuffle(seed=4, round=0)
-    train = BatchLoader(store, batch_size=4, image_size=32, workers=2, seed=1)
-    steps = comm.allgather(train.steps_per_epoch)
-    seen = sum(len(labels) for _, labels in train.epoch(0))
-    evaluation = BatchLoader(store, batch_size=5, image_size=32, train=False, workers=2)
-    pairs = []
-    for images, labels in evaluation.epoch(0):
-        pairs += [(int(store.global_index[len(pairs) + j]), int(labels[j]),
-                   zlib.crc32(images[j].numpy().tobytes())) for j in range(len(labels))]
-    everything = comm.gather(pairs)
-    if comm.rank == 0:
-        print(json.dumps({"steps": steps, "seen": seen, "pairs": everything}))
-""")
-
-
 @pytest.mark.parametrize("ranks,groups", [(3, 1)])
-def test_batches_decode_to_the_right_labels_on_every_rank(packed_sample, tmp_path, ranks, groups):
+def test_batches_decode_to_the_right_labels_on_every_rank(packed_sample, ranks, groups):
+    """After a shuffle, every rank's batches carry its own records' labels and decode as packed."""
     import zlib
 
     from dimd.shuffle import decode_eval
 
-    script = tmp_path / "loader.py"
-    script.write_text(LOADER_JOB)
-    proc = run_mpi(ranks, sys.executable, script, packed_sample, groups, timeout=120)
+    proc = mpi_run("loader_batches", ranks, packed_sample, groups, timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] == [48 // (ranks * 4)] * ranks  # the same on every rank

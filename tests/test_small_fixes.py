@@ -62,6 +62,7 @@ def test_format_sniffing_names_the_format(data, name):
     assert unreadable_format(data).startswith(f"a {name} image")
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("args, dtype, size, got", [
     (["-b", "7", "-e", "64"], "float32", 4, 7),
     (["-b", "12", "-e", "64", "-d", "float64"], "float64", 8, 12),
@@ -74,6 +75,7 @@ def test_bench_allreduce_sizes_are_whole_elements(args, dtype, size, got):
         f"{size} bytes (got {got}): a row is labelled with the bytes it reduces")
 
 
+@pytest.mark.mpi
 def test_bench_allreduce_rows_are_labelled_with_the_size_asked_for(tmp_path):
     proc = run_mpi_dimd(1, "bench-allreduce", "-a", "mpi", "-b", "0", "-e", "40", "-f", "5", "-n", "2",
                         "--json", tmp_path / "ar.json", timeout=120)

@@ -10,16 +10,6 @@ from dimd.format import PackedDataset, crc32
 from dimd.shuffle import DistributedStore
 
 
-@pytest.fixture(scope="module")
-def world():
-    from dimd.mpi import init_mpi
-
-    init_mpi("funneled")
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
 def test_load_holds_every_record_with_its_index_row(packed_sample, world):
     store = DistributedStore.load(packed_sample, world)
     packed = PackedDataset(packed_sample)

@@ -6,12 +6,13 @@ import json
 import os
 import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import DIMD, MPIEXEC, pack_tree_as_is, run_dimd, run_mpi_dimd
+from conftest import DIMD, invoke_dimd, launcher, pack_tree_as_is, run_dimd, run_mpi_dimd
 
 EPOCHS = 4
 STEPS_PER_EPOCH = 3          # 48 records // (2 ranks x 8)
@@ -40,6 +41,7 @@ def final_weights(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(newest, weights_only=True)["model"]
 
 
+@pytest.mark.mpi
 def test_two_ranks_train_stay_identical_and_loss_falls(straight_run):
     out, proc = straight_run
     doc = json.loads((out / "train.json").read_text())
@@ -61,6 +63,7 @@ def test_two_ranks_train_stay_identical_and_loss_falls(straight_run):
     assert proc.stdout.count("epoch ") >= EPOCHS and "done: val top1" in proc.stdout
 
 
+@pytest.mark.mpi
 def test_checkpoints_are_complete_and_named_by_epoch_and_step(straight_run):
     out, _ = straight_run
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
@@ -72,6 +75,7 @@ def test_checkpoints_are_complete_and_named_by_epoch_and_step(straight_run):
     assert len(state["ranks"]) == 2 and "loader" in state["ranks"][1]
 
 
+@pytest.mark.mpi
 def test_resume_mid_epoch_continues_exactly(straight_run, packed_sample, tmp_path):
     """Resume from step 4 (epoch 2, step 1 of 3, just before a reshuffle): the same final weights."""
     out, _ = straight_run
@@ -86,6 +90,7 @@ def test_resume_mid_epoch_continues_exactly(straight_run, packed_sample, tmp_pat
     assert [e["epoch"] for e in history] == [1, 2, 3, 4]   # the history travels in the checkpoint
 
 
+@pytest.mark.mpi
 def test_resume_on_another_rank_count_at_an_epoch_boundary(straight_run, packed_sample, tmp_path):
     """Two epochs on 2 ranks, the rest on 1: the schedule continues by epochs, not by raw steps."""
     out, _ = straight_run
@@ -103,13 +108,14 @@ def test_resume_on_another_rank_count_at_an_epoch_boundary(straight_run, packed_
     assert steps == [12, 18]            # 6 + 6 steps of one rank per epoch
 
 
+@pytest.mark.mpi
 def test_sigusr1_finishes_the_step_checkpoints_and_exits_cleanly(packed_sample, tmp_path):
     args = train_args(packed_sample, tmp_path)
     args[args.index("--epochs") + 1] = "1000"
     args[args.index("--shuffle-every") + 1] = "epoch"
     args += ["--groups", "2"]      # two shuffle groups of one rank, each holding the whole set
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    job = subprocess.Popen([MPIEXEC, "-n", "2", *DIMD, *map(str, args)], stdout=subprocess.PIPE,
+    job = subprocess.Popen([*launcher(2), *DIMD, *map(str, args)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=env)
     seen = []
     try:
@@ -146,8 +152,9 @@ def foreign_val(sample_tree, tmp_path_factory):
     return pack_tree_as_is(root, root.parent / "packed")
 
 
+@pytest.mark.mpi
 def test_bad_inputs_give_one_clear_error_and_write_nothing(packed_sample, foreign_val, straight_run, tmp_path):
-    unknown = run_dimd(*train_args(packed_sample, tmp_path), "--model", "alexnet", timeout=120)
+    unknown = invoke_dimd(*train_args(packed_sample, tmp_path), "--model", "alexnet")
     assert unknown.returncode == 2  # a usage error: the choice comes from the model registry
     assert "Invalid value for '--model': 'alexnet' is not one of 'lenet', 'resnet20'" in unknown.stderr
     cases = [
@@ -157,13 +164,17 @@ def test_bad_inputs_give_one_clear_error_and_write_nothing(packed_sample, foreig
         (["--model", "lenet", "--resume-from", final_checkpoint(straight_run[0])],
          "checkpoint of model 'resnet20', not 'lenet'"),
     ]
-    for extra, message in cases:
-        proc = run_dimd(*train_args(packed_sample, tmp_path), *extra, timeout=120)
+    # Each case is a process of its own (train sets torch's threads and seed); start them together.
+    with ThreadPoolExecutor(len(cases)) as pool:
+        procs = list(pool.map(lambda case: run_dimd(*train_args(packed_sample, tmp_path), *case[0], timeout=120),
+                              cases))
+    for (extra, message), proc in zip(cases, procs):
         assert proc.returncode == 1, (extra, proc.stderr)
         assert message in proc.stderr and proc.stderr.count("dimd: error:") == 1, (extra, proc.stderr)
         assert not (tmp_path / "train.json").exists() and not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.mpi
 def test_an_error_on_every_rank_ends_the_mpi_job_once(packed_sample, tmp_path):
     proc = run_mpi_dimd(2, *train_args(packed_sample, tmp_path), "--batch-size", "64", timeout=120)
     assert proc.returncode != 0
@@ -172,7 +183,7 @@ def test_an_error_on_every_rank_ends_the_mpi_job_once(packed_sample, tmp_path):
 
 
 def test_list_models_shows_counts_and_gradient_bytes():
-    proc = run_dimd("train", "--list-models", check=True)
+    proc = invoke_dimd("train", "--list-models", check=True)
     for name in ("lenet", "resnet20", "resnet56", "resnet18", "resnet50", "vgg16", "nin", "googlenet-bn"):
         assert f"\n{name} " in "\n" + proc.stdout
     assert "25,557,032" in proc.stdout      # resnet50 for 1000 classes

@@ -4,25 +4,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import run_dimd, run_mpi, run_mpi_dimd
-
-CASES = Path(__file__).with_name("sma_cases.py")
+from conftest import mpi_run, run_dimd, run_mpi_dimd
 
 
-def sma_case(ranks: int, *args: str, timeout: float = 120):
-    return run_mpi(ranks, sys.executable, "-m", "mpi4py", CASES, *args, timeout=timeout, check=True)
-
-
+@pytest.mark.mpi
 @pytest.mark.parametrize("ranks, per_rank, compute", [(2, 2, "vmap"), (3, 1, "loop")])
 def test_p_ranks_of_k_learners_equal_one_process_of_p_times_k(ranks, per_rank, compute):
     """2 ranks x 2 learners against 1 x 4, and 3 x 1 against 1 x 3, fed the same batches."""
-    proc = sma_case(ranks, "sma_distribution", str(per_rank), compute)
+    proc = mpi_run("sma_distribution", ranks, per_rank, compute, check=True)
     line = next(text for text in proc.stdout.splitlines() if text.startswith("z diff"))
     _, _, z_diff, _, _, buffers_diff, _, moved, _, identical = line.split()
     assert float(z_diff) < 1e-6, line           # the same z within float tolerance
@@ -58,6 +52,7 @@ def sma_run(packed_sample, tmp_path_factory):
     return out, proc
 
 
+@pytest.mark.mpi
 def test_sma_trains_with_an_identical_central_model_and_reports_its_figures(sma_run):
     out, proc = sma_run
     result = json.loads((out / "train.json").read_text())["result"]
@@ -77,6 +72,7 @@ def test_sma_trains_with_an_identical_central_model_and_reports_its_figures(sma_
     assert "SMA: 2 ranks x 2 learner(s) x batch 4" in proc.stdout and "learners/rank" in proc.stdout
 
 
+@pytest.mark.mpi
 def test_an_sma_checkpoint_holds_z_and_every_learner(sma_run):
     out, _ = sma_run
     steps = [int(p.name.split("-s")[1].split(".")[0]) for p in checkpoints(out)]
@@ -93,6 +89,7 @@ def test_an_sma_checkpoint_holds_z_and_every_learner(sma_run):
     torch.testing.assert_close(rows.mean(dim=0)[: stem.numel()], stem)
 
 
+@pytest.mark.mpi
 def test_sma_resume_mid_epoch_continues_exactly(sma_run, packed_sample, tmp_path):
     """From step 4 (epoch 2, before the reshuffle at step 5 and the restart at step 6): the same z."""
     out, _ = sma_run
@@ -108,6 +105,7 @@ def test_sma_resume_mid_epoch_continues_exactly(sma_run, packed_sample, tmp_path
     assert [e["epoch"] for e in history] == [1, 2, 3, 4]
 
 
+@pytest.mark.mpi
 def test_sma_resume_on_another_rank_count_at_an_epoch_boundary_recreates_the_learners(sma_run, packed_sample,
                                                                                        tmp_path):
     out, _ = sma_run
@@ -164,6 +162,7 @@ def test_the_config_refuses_bad_sma_settings_naming_the_field(changes, field, pr
     assert caught.value.field == field and problem in caught.value.problem
 
 
+@pytest.mark.mpi
 def test_bad_sma_options_are_one_clear_line_and_write_nothing(packed_sample, tmp_path):
     for extra, message in [(["--alpha", "1.5"], "Invalid value for '--alpha': must be in (0.0, 1.0]"),
                            (["--learners", "many"], "expected a number of learners per rank or 'auto'")]:
@@ -177,6 +176,7 @@ def test_bad_sma_options_are_one_clear_line_and_write_nothing(packed_sample, tmp
     assert not (tmp_path / "train.json").exists() and not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.mpi
 def test_checkpoints_of_the_other_sync_or_mid_epoch_on_another_layout_are_refused(sma_run, packed_sample,
                                                                                   tmp_path):
     out, _ = sma_run
@@ -203,6 +203,7 @@ def test_checkpoints_of_the_other_sync_or_mid_epoch_on_another_layout_are_refuse
     assert "checkpoint-e0001-s00000003.pt (an epoch boundary) on any layout" in proc.stderr
 
 
+@pytest.mark.mpi
 def test_a_diverged_run_exits_non_zero_and_keeps_the_last_good_checkpoint(sma_run, packed_sample, tmp_path):
     out, _ = sma_run
     shutil.copytree(out / "checkpoints", tmp_path / "checkpoints")

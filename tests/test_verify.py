@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import run_dimd
+from conftest import invoke_dimd
 
 from dimd.format import PackedDataset, PackedRecord, PackWriter, dataset_paths
 from dimd.pack.inspection import verify
@@ -31,7 +31,7 @@ def test_sound_dataset_verifies(packed):
     for workers in (1, 2):
         result = verify(packed, workers=workers)
         assert result.ok and result.count == 48 and result.bad == []
-    proc = run_dimd("verify", packed, check=True)
+    proc = invoke_dimd("verify", packed, check=True)
     assert "ok: 48 records" in proc.stdout
 
 
@@ -48,7 +48,7 @@ def test_flipped_byte_is_named_with_its_record(packed, tmp_path):
         result = verify(copy, workers=workers)
         assert [(i, problem) for i, _, problem in result.bad] == [(victim, "crc32 mismatch")]
         assert result.bad[0][1] == ds.names[victim]
-    proc = run_dimd("verify", copy, "--json", tmp_path / "v.json")
+    proc = invoke_dimd("verify", copy, "--json", tmp_path / "v.json")
     assert proc.returncode == 1
     assert f"bad record {victim} ({ds.names[victim]}): crc32 mismatch" in proc.stderr
     assert "1 of 48 records are bad" in proc.stderr
@@ -81,5 +81,5 @@ def test_truncated_data_file_names_the_cut_records(packed, tmp_path):
     result = verify(copy)
     assert not result.ok and "index expects" in result.file_problem
     assert [i for i, _, _ in result.bad] == [47]
-    proc = run_dimd("verify", copy)
+    proc = invoke_dimd("verify", copy)
     assert proc.returncode == 1 and "bad record 47" in proc.stderr

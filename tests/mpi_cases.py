@@ -1,0 +1,466 @@
+"""MPI test cases: one function per case, run on real ranks under ``python -m mpi4py``.
+
+Each case is a small MPI program that a test starts on N ranks and then checks
+by its output and exit status; from the repository root::
+
+    mpiexec -n 3 python -m mpi4py tests/mpi_cases.py allreduce_sweep ring,tree
+    mpiexec -n 2 python -m mpi4py tests/mpi_cases.py sgd_step_equals_global_batch mpi ring
+    python tests/mpi_cases.py --list
+
+and from a test, through ``conftest.mpi_run`` (which honours ``$MPIEXEC``)::
+
+    @pytest.mark.mpi
+    def test_ring_sums():
+        proc = mpi_run("allreduce_sweep", 3, "ring")
+        assert proc.returncode == 0, proc.stderr
+
+``python -m mpi4py`` calls ``MPI_Abort`` when a rank ends with an uncaught
+exception, so a failed ``assert`` on any rank ends the whole job at once, its
+traceback on stderr, instead of leaving the other ranks waiting in a collective
+until the test's timeout.
+
+A new case is a function decorated with :func:`case`: its positional
+arguments arrive as strings from the command line, it starts MPI through
+:func:`world` (as dimd does, before ``mpi4py.MPI`` is imported), asserts what it
+can on every rank, and prints with :func:`say` what the test should check.
+Keep cases in the section of their stage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import zlib
+from typing import Any, Callable
+
+#: name -> case function, in the order they are defined.
+CASES: dict[str, Callable[..., None]] = {}
+
+
+def case(function: Callable[..., None]) -> Callable[..., None]:
+    """Register ``function`` as a case, named as the function is."""
+    CASES[function.__name__] = function
+    return function
+
+
+def world(thread_level: str = "single") -> Any:
+    """``MPI.COMM_WORLD``, with MPI started the way dimd starts it (thread level, progress throttle)."""
+    from dimd.mpi import init_mpi
+
+    init_mpi(thread_level)
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def say(line: str) -> None:
+    """Print ``line`` in one write and flush it: ranks share the launcher's stdout."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+# -- starting and ending jobs -------------------------------------------------------------
+
+@case
+def mpi_command_setup() -> None:
+    """Under dimd's ``mpi_command``, every rank says its thread level and throttle, then ``done``.
+
+        mpiexec -n 4 python -m mpi4py tests/mpi_cases.py mpi_command_setup
+        -> level funneled throttle True   (x4, when 4 ranks outnumber the cores)
+           done 0 ... done 3
+    """
+    from dimd.commands.mpi_job import mpi_command
+
+    @mpi_command("funneled")
+    def job(comm: Any, mpi_setup: Any) -> None:
+        say(f"level {mpi_setup.thread_level_provided} throttle {mpi_setup.progress_throttle}")
+        comm.Barrier()
+        say(f"done {comm.rank}")
+
+    job()
+
+
+@case
+def one_rank_fails(collective: str, failing_rank: str, dataset: str = "") -> None:
+    """Under dimd's ``mpi_command``, one rank fails while the others wait in a collective.
+
+    The collective is ``barrier`` or ``shuffle`` (the failing rank raises a
+    DimdError first; the shuffle needs a packed DATASET) or ``allreduce`` (the
+    failing rank hands the ring a read-only buffer, and the library refuses it).
+    dimd must end the whole job with that rank's one-line error, no rank says ``done``::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py one_rank_fails barrier 2
+        -> stderr: dimd: error: rank 2: gives up before the barrier
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py one_rank_fails shuffle 1 packed/sample
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py one_rank_fails allreduce 2
+        -> stderr: dimd: error: rank 2: allreduce needs a writeable buffer
+    """
+    import numpy as np
+
+    from dimd.allreduce import allreduce
+    from dimd.commands.mpi_job import mpi_command
+    from dimd.errors import DimdError
+    from dimd.shuffle import DistributedStore
+
+    failing = int(failing_rank)
+
+    @mpi_command("funneled")
+    def job(comm: Any, mpi_setup: Any) -> None:
+        if collective == "barrier":
+            if comm.rank == failing:
+                raise DimdError("gives up before the barrier")
+            comm.Barrier()
+        elif collective == "shuffle":
+            store = DistributedStore.load(dataset, comm)
+            if comm.rank == failing:
+                raise DimdError("gives up before the shuffle")
+            store.shuffle(0, 0)                  # the others wait in its Alltoallv
+        elif collective == "allreduce":
+            buf = np.ones(1000)
+            buf.flags.writeable = comm.rank != failing
+            allreduce(buf, comm, "ring")
+        else:
+            raise ValueError(f"no collective {collective!r}: barrier, shuffle or allreduce")
+        say(f"done {comm.rank}")
+
+    job()
+
+
+@case
+def dimd_warned_right_after_mpi_starts(*args: str) -> None:
+    """``dimd ARGS``, with a SIGUSR1 (a scheduler's time-limit warning) sent to each rank just after MPI_Init.
+
+    MPI_Init puts its own handler on SIGUSR1; dimd's must already be there, so the run stops cleanly::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py dimd_warned_right_after_mpi_starts train data --val data ...
+        -> stopped by SIGUSR1 after step 1; checkpoint ...
+    """
+    import os
+    import signal
+
+    from dimd.cli import main
+    from dimd.commands import mpi_job
+
+    started = mpi_job.init_mpi
+
+    def init_then_warn(level: Any) -> Any:
+        setup = started(level)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return setup
+
+    mpi_job.init_mpi = init_then_warn
+    main(list(args), prog_name="dimd")
+
+
+@case
+def assert_fails_on_one_rank(failing_rank: str) -> None:
+    """A plain ``assert`` fails on one rank while the others wait in a barrier; the harness ends the job.
+
+    No dimd error handling is involved: ``python -m mpi4py`` aborts the job::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py assert_fails_on_one_rank 1
+        -> stderr: AssertionError: rank 1 of 3 disagrees
+    """
+    comm = world()
+    assert comm.rank != int(failing_rank), f"rank {comm.rank} of {comm.size} disagrees"
+    comm.Barrier()
+    say(f"done {comm.rank}")
+
+
+# -- shuffle and loader ----------------------------------------------------------------
+
+@case
+def loader_batches(dataset: str, groups: str) -> None:
+    """Shuffle DATASET in GROUPS groups, then load one training and one evaluation epoch.
+
+    Rank 0 prints one JSON line: every rank's steps per epoch, how many training
+    images rank 0 saw, and each rank's evaluation (global index, label, crc32 of
+    the decoded image), for the test to check against the packed set::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py loader_batches packed/sample 1
+        -> {"steps": [4, 4, 4], "seen": 16, "pairs": [[[0, 2, 123...], ...], ...]}
+    """
+    from dimd.shuffle import BatchLoader, DistributedStore
+
+    comm = world("funneled")
+    store = DistributedStore.load(dataset, comm, groups=int(groups))
+    store.shuffle(seed=4, round=0)
+    train = BatchLoader(store, batch_size=4, image_size=32, workers=2, seed=1)
+    steps = comm.allgather(train.steps_per_epoch)
+    seen = sum(len(labels) for _, labels in train.epoch(0))
+    evaluation = BatchLoader(store, batch_size=5, image_size=32, train=False, workers=2)
+    pairs: list[tuple[int, int, int]] = []
+    for images, labels in evaluation.epoch(0):
+        pairs += [(int(store.global_index[len(pairs) + j]), int(labels[j]),
+                   zlib.crc32(images[j].numpy().tobytes())) for j in range(len(labels))]
+    everything = comm.gather(pairs)
+    if comm.rank == 0:
+        say(json.dumps({"steps": steps, "seen": seen, "pairs": everything}))
+
+
+# -- allreduce -------------------------------------------------------------------------
+
+def sweep_sizes(ranks: int) -> list[int]:
+    """Element counts around P and a few MiB, for :func:`allreduce_sweep` and its test."""
+    return sorted({0, 1, 7, max(ranks - 1, 0), ranks + 1, 1000, (3 << 20) // 8 + 5})
+
+
+@case
+def allreduce_sweep(algorithms: str = "") -> None:
+    """Every algorithm (or the comma-separated ALGORITHMS), on sizes around P and a few MiB, each dtype.
+
+    Each result is checked against numpy's sum of every rank's input, and every
+    rank must end with the same bits. Each rank prints a ``FAIL`` line per
+    mismatch and then its count::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py allreduce_sweep ring,tree
+        -> rank 0 checked 56 failed 0
+           rank 1 checked 56 failed 0 ...
+    """
+    import numpy as np
+
+    from dimd.allreduce import ALGORITHMS, allreduce
+
+    comm = world()
+    P, rank = comm.Get_size(), comm.Get_rank()
+    names = algorithms.split(",") if algorithms else list(ALGORITHMS)
+    checked = failed = 0
+    for name in names:
+        # small segments so that the pipelined algorithms run many segments
+        options = {"segment_bytes": 40000} if "segment_bytes" in ALGORITHMS[name].options else {}
+        for count in sweep_sizes(P):
+            for dtype in ("float32", "float64", "int32", "int64"):
+                rng = np.random.default_rng([rank, count, len(name)])
+                if dtype.startswith("int"):
+                    mine = rng.integers(-1000, 1000, count).astype(dtype)
+                else:
+                    mine = rng.standard_normal(count).astype(dtype)
+                every = np.empty((P, count), dtype)
+                comm.Allgather(mine, every)
+                expected = every.sum(axis=0, dtype=np.float64 if dtype.startswith("f") else dtype)
+                allreduce(mine, comm, name, **options)
+                same = np.empty((P, count), dtype)
+                comm.Allgather(mine, same)
+                ok = (np.allclose(mine, expected, rtol=1e-5, atol=1e-4) if dtype.startswith("f")
+                      else np.array_equal(mine, expected))
+                ok = ok and bool((same == same[0]).all())
+                checked += 1
+                if not ok:
+                    failed += 1
+                    say(f"FAIL rank {rank} {name} count {count} {dtype}")
+    say(f"rank {rank} checked {checked} failed {failed}")
+
+
+@case
+def allreduce_tensors_and_options() -> None:
+    """A CPU tensor averaged in place, every colour count on a 2-D array, and one agreed fastest algorithm.
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py allreduce_tensors_and_options
+        -> rank 0 ok ring   (one line per rank, the same algorithm on each)
+    """
+    import numpy as np
+    import torch
+
+    from dimd.allreduce import ALGORITHMS, allreduce, choose_fastest
+
+    comm = world()
+    P, rank = comm.Get_size(), comm.Get_rank()
+    # a CPU tensor, summed in place and averaged (what data-parallel training does)
+    grads = torch.full((3, 5), float(rank + 1))
+    out = allreduce(grads, comm, "multicolor", colors=2, average=True)
+    assert out is grads
+    assert torch.allclose(grads, torch.full((3, 5), (P + 1) / 2)), grads
+    # a 2-D array and every colour count, including more colours than ranks
+    for colors in (1, 2, 3, 7):
+        grid = np.full((4, 33), rank, dtype=np.float64)
+        allreduce(grid, comm, "multicolor", colors=colors, segment_bytes=8)
+        assert (grid == P * (P - 1) / 2).all(), (colors, grid)
+    best = choose_fastest(1 << 16, comm, np.float32, ["mpi", "ring", "tree"], iters=3)
+    everyone = comm.allgather(best)
+    assert len(set(everyone)) == 1 and best in ALGORITHMS, everyone
+    say(f"rank {rank} ok {best}")
+
+
+@case
+def allreduce_message_counts(count: str, algorithms: str) -> None:
+    """Count every message each rank sends and receives, per algorithm, on COUNT float32 ones.
+
+    Each algorithm runs on a communicator that counts its point-to-point calls;
+    rank 0 prints one JSON line: per algorithm, every rank's [messages, bytes]::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py allreduce_message_counts 245760 ring,tree
+        -> {"ring": [[4, 655360], ...], "tree": [...]}
+    """
+    import numpy as np
+
+    from dimd.allreduce import ALGORITHMS
+
+    class Counting:
+        def __init__(self, comm: Any) -> None:
+            self.comm, self.messages, self.moved = comm, 0, 0
+
+        def Get_size(self) -> int:
+            return self.comm.Get_size()
+
+        def Get_rank(self) -> int:
+            return self.comm.Get_rank()
+
+        def _count(self, buf: Any) -> None:
+            self.messages += 1
+            self.moved += np.asarray(buf).nbytes
+
+        def Send(self, buf: Any, *a: Any) -> Any:
+            self._count(buf)
+            return self.comm.Send(buf, *a)
+
+        def Recv(self, buf: Any, *a: Any) -> Any:
+            self._count(buf)
+            return self.comm.Recv(buf, *a)
+
+        def Isend(self, buf: Any, *a: Any) -> Any:
+            self._count(buf)
+            return self.comm.Isend(buf, *a)
+
+        def Irecv(self, buf: Any, *a: Any) -> Any:
+            self._count(buf)
+            return self.comm.Irecv(buf, *a)
+
+        def Sendrecv(self, send: Any, dest: int, stag: int, recv: Any, source: int, rtag: int) -> Any:
+            self._count(send)
+            self._count(recv)
+            return self.comm.Sendrecv(send, dest, stag, recv, source, rtag)
+
+    comm = world()
+    out = {}
+    for name in algorithms.split(","):
+        counting = Counting(comm.Dup())
+        buf = np.ones(int(count), np.float32)
+        ALGORITHMS[name].function(buf, counting, **ALGORITHMS[name].options)
+        assert np.all(buf == comm.Get_size()), name
+        out[name] = comm.gather([counting.messages, counting.moved])
+    if comm.Get_rank() == 0:
+        say(json.dumps(out))
+
+
+# -- training --------------------------------------------------------------------------
+
+@case
+def sgd_step_equals_global_batch(*algorithms: str) -> None:
+    """Three S-SGD steps on P ranks with batch b each, against one rank stepping on batch P*b.
+
+    For each allreduce algorithm named, rank 0 prints how far the P-rank model is
+    from the one-rank model (``diff``), how far the steps moved the weights
+    (``moved``), and whether every replica holds the same weights::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py sgd_step_equals_global_batch mpi ring tree
+        -> mpi diff 2.98e-08 moved 0.0113 identical True
+           ring diff ...
+    """
+    import torch
+
+    from dimd.allreduce import allreduce
+    from dimd.train.models import build_model
+    from dimd.train.sgd import SyncSGD, broadcast_state, make_optimizer, replicas_identical
+
+    from dimd.host import available_cores
+
+    comm = world()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    torch.set_num_threads(max(1, available_cores() // size))   # as dimd train does: ranks share the cores
+    b = 6
+
+    def engine(replicas: int, reduce: Callable[[Any], Any] | None) -> tuple[Any, SyncSGD]:
+        torch.manual_seed(rank)           # different on purpose: the broadcast must fix it
+        model = build_model("lenet", 10)
+        broadcast_state(model, comm)
+        opt = make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True)
+        return model, SyncSGD(model, opt, reduce, replicas)
+
+    g = torch.Generator().manual_seed(42)
+    steps = [(torch.randn(size * b, 3, 32, 32, generator=g), torch.randint(0, 10, (size * b,), generator=g))
+             for _ in range(3)]
+    for algorithm in algorithms:
+        model, sgd = engine(size, lambda a, algorithm=algorithm: allreduce(a, comm, algorithm))
+        single, single_sgd = engine(1, lambda a: None)
+        for images, labels in steps:
+            mine = slice(rank * b, (rank + 1) * b)
+            out = sgd.step(images[mine], labels[mine])
+            ref = single_sgd.step(images, labels)
+            assert out.samples == size * b and abs(out.loss_sum - ref.loss_sum) < 1e-3 * ref.loss_sum
+        diff = max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), single.parameters()))
+        moved = max(float((p - q).detach().abs().max())
+                    for p, q in zip(model.parameters(), engine(1, None)[0].parameters()))
+        same = replicas_identical(model, comm)
+        if rank == 0:
+            say(f"{algorithm} diff {diff:.3g} moved {moved:.3g} identical {same}")
+
+
+def small_bn_model(classes: int = 5) -> Any:
+    """A convolution, batch norm and a linear layer: quick, and it has running statistics."""
+    from torch import nn
+
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, classes))
+
+
+@case
+def sma_distribution(learners_per_rank: str, compute: str = "vmap", algorithm: str = "ring") -> None:
+    """P ranks x K learners against one process with P*K learners fed the same batches.
+
+    Rank 0 prints how far the distributed z (and, relatively, its averaged batch-norm
+    statistics) is from the single-process one, how far three synchronisations moved z, and
+    whether z is bit-identical on every rank::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py sma_distribution 2
+        -> z diff 1.2e-08 buffers diff 3e-09 moved 0.03 identical True
+    """
+    import torch
+
+    from dimd.allreduce import allreduce
+    from dimd.train.sma import SMA
+
+    comm = world()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    k = int(learners_per_rank)
+    total, b = size * k, 3
+
+    def sma(learners: int, world_size: int, reduce) -> SMA:
+        torch.manual_seed(0)
+        return SMA(small_bn_model(), reduce, world_size, learners=learners, alpha=None, momentum=0.9,
+                   central_momentum=None, weight_decay=1e-3, compute=compute)
+
+    g = torch.Generator().manual_seed(42)
+    steps = [[(torch.randint(0, 255, (b, 3, 16, 16), dtype=torch.uint8, generator=g),
+               torch.randint(0, 5, (b,), generator=g)) for _ in range(total)] for _ in range(3)]
+    mine = sma(k, size, lambda a: allreduce(a, comm, algorithm))
+    start = mine.z.clone()
+    for batches in steps:
+        result = mine.step(batches[rank * k:(rank + 1) * k], 0.05, sync=True)
+        assert result.synced and result.samples == total * b, result
+    mine.eval_model()
+    identical = mine.identical(comm)
+    if rank == 0:
+        single = sma(total, 1, lambda a: None)
+        for batches in steps:
+            single.step(batches, 0.05, sync=True)
+        single.eval_model()
+        z_diff = float((mine.z - single.z).abs().max())
+        buffers_diff = float(((mine.z_floats - single.z_floats).abs() / single.z_floats.abs().clamp(min=1)).max())
+        moved = float((mine.z - start).abs().max())
+        say(f"z diff {z_diff:.3g} buffers diff {buffers_diff:.3g} moved {moved:.3g} identical {identical}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the case named by the first argument with the rest as its arguments (``--list``: the names)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--list"]:
+        print("\n".join(CASES))
+        return
+    if not argv or argv[0] not in CASES:
+        raise SystemExit(f"usage: python -m mpi4py {sys.argv[0]} CASE [ARG...]\n"
+                         f"cases: {', '.join(CASES)}")
+    CASES[argv[0]](*argv[1:])
+
+
+if __name__ == "__main__":
+    main()
