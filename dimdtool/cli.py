@@ -77,8 +77,10 @@ def main() -> None:
     Stages chain through files:
       dimd pack imagenet/train -o /scratch/in1k/train
       mpirun -n 64 dimd shuffle /scratch/in1k/train --verify
-      mpirun -n 64 dimd bench-allreduce --json allreduce.json
+      mpirun -n 64 dimd bench-allreduce --model resnet50 --json allreduce.json
       mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --model resnet50
+      mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --sync sma --learners auto
+      dimd plan-batch solve --step step.json --comm comm.json --convergence conv.json
     """
 
 
