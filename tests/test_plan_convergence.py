@@ -37,7 +37,7 @@ def test_unreached_runs_are_reported_and_counted_in_the_median():
     figures = convergence_figures(runs)
     by_batch = {row["batch"]: row for row in figures["batches"]}
     assert by_batch[64]["unreached"] == 1 and by_batch[64]["median_updates"] == 1350
-    assert by_batch[64]["unreached_runs"] == [{"seed": 2, "budget": 2000}]
+    assert by_batch[64]["unreached_runs"] == [{"seed": 2, "budget": 2000, "reason": None}]
     assert by_batch[64]["in_fit"]
     assert by_batch[256]["median_updates"] is None and not by_batch[256]["in_fit"]
     assert by_batch[256]["reached"] == 1 and by_batch[256]["updates"]["runs"] == [500.0]

@@ -34,6 +34,7 @@ class Run:
     seed: int
     updates: int | None
     budget: int | None = None    # the updates it was allowed (its give-up point), when it missed
+    reason: str | None = None    # why it missed, when known ("budget", "diverged at step 40")
 
     @property
     def reached(self) -> bool:
@@ -99,12 +100,12 @@ def batch_summary(batch: int, runs: Sequence[Run]) -> dict[str, Any]:
         "batch": batch, "runs": len(runs), "reached": len(reached), "unreached": len(missed),
         "median_updates": median if np.isfinite(median) else None,
         "updates": spread(reached),
-        "unreached_runs": [{"seed": r.seed, "budget": r.budget} for r in missed],
+        "unreached_runs": [{"seed": r.seed, "budget": r.budget, "reason": r.reason} for r in missed],
     }
 
 
-def convergence_figures(runs: Iterable[Run], target: Any = None) -> dict[str, Any]:
-    """The ``plan-batch convergence`` figures: the fit and every batch's runs, missed ones included."""
+def batch_rows(runs: Iterable[Run]) -> list[dict[str, Any]]:
+    """Every batch's summary (:func:`batch_summary`), smallest batch first; checks the runs."""
     runs = list(runs)
     if not runs:
         raise DimdError("no training runs to fit")
@@ -112,12 +113,18 @@ def convergence_figures(runs: Iterable[Run], target: Any = None) -> dict[str, An
     if bad:
         raise DimdError(f"a run has batch {bad[0].batch} and updates {bad[0].updates}: "
                         "batches must be >= 1 and updates >= 0")
+    return [batch_summary(b, [r for r in runs if r.batch == b]) for b in sorted({r.batch for r in runs})]
+
+
+def convergence_figures(runs: Iterable[Run], target: Any = None) -> dict[str, Any]:
+    """The ``plan-batch convergence`` figures: the fit and every batch's runs, missed ones included."""
+    runs = list(runs)
+    rows = batch_rows(runs)
     if not any(r.reached for r in runs):
         what = f" {target}" if target is not None else ""
         raise DimdError(f"no run reached the target{what} ({len(runs)} runs at batches "
                         f"{', '.join(map(str, sorted({r.batch for r in runs})))}): lower the target or "
                         "raise the budget")
-    rows = [batch_summary(b, [r for r in runs if r.batch == b]) for b in sorted({r.batch for r in runs})]
     usable = [row for row in rows if row["median_updates"] is not None]
     if len(usable) < 2:
         raise DimdError(f"only {len(usable)} batch size(s) reached the target in at least half their runs; "
@@ -135,11 +142,24 @@ def convergence_figures(runs: Iterable[Run], target: Any = None) -> dict[str, An
     }
 
 
-def convergence_document(runs: Iterable[Run], parameters: Any, target: Any = None) -> dict[str, Any]:
-    """The result envelope ``plan-batch convergence`` writes (and ``solve`` reads)."""
+def unfitted_figures(runs: Iterable[Run], target: Any, problem: str) -> dict[str, Any]:
+    """What a sweep that could not be fitted still reports: every batch's runs, the fit left empty."""
+    rows = batch_rows(runs)
+    for row in rows:
+        row["in_fit"] = False
+    return {"n_inf": None, "alpha": None, "r2": None, "b_crit": None, "target": target, "error": problem,
+            "batches": rows, "unreached_runs": sum(row["unreached"] for row in rows)}
+
+
+def convergence_document(runs: Iterable[Run], parameters: Any, target: Any = None,
+                         extra: dict[str, Any] | None = None, mpi: Any = None) -> dict[str, Any]:
+    """The result envelope ``plan-batch convergence`` writes (and ``solve`` reads).
+
+    ``extra``: more figures (each run's details, how the runs were spread over the ranks).
+    """
     from dimd.report import result_document
 
-    return result_document(COMMAND, parameters, convergence_figures(runs, target))
+    return result_document(COMMAND, parameters, {**convergence_figures(runs, target), **(extra or {})}, mpi=mpi)
 
 
 def synthetic_runs(n_inf: float, alpha: float, batches: Sequence[int], seeds: int, *, noise: float = 0.05,
