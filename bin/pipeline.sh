@@ -6,7 +6,9 @@
 #
 # Environment (all optional):
 #   NP=2                   MPI ranks for the MPI steps
-#   LAUNCH="mpiexec -n 2"  how MPI steps start (srun, jsrun, mpirun -hostfile ...)
+#   LAUNCH="mpiexec -n 2"  how MPI steps start (srun, jsrun, mpirun -hostfile ...); srun gets
+#                          --mpi=$SLURM_MPI_TYPE (default pmi2, which the mpich wheel needs)
+#                          unless LAUNCH names an --mpi itself
 #   DIMD=dimd              the dimd executable
 #   PACK_WORKERS           `dimd pack --workers` (default: all cores)
 #   VAL_LIST               a `relative/path label` list for a flat val folder (ImageNet's val)
@@ -26,7 +28,11 @@ train_src=$1 val_src=$2 work=$3
 shift 3
 
 NP=${NP:-2}
-LAUNCH=${LAUNCH:-"mpiexec -n $NP"}
+read -r -a launch <<<"${LAUNCH:-mpiexec -n $NP}"
+# Plain srun gives the mpich wheel no PMI: every rank would run alone (dimd refuses that).
+if [[ ${launch[0]##*/} == srun && " ${launch[*]} " != *" --mpi"* ]]; then
+    launch=("${launch[0]}" "--mpi=${SLURM_MPI_TYPE:-pmi2}" "${launch[@]:1}")
+fi
 DIMD=${DIMD:-dimd}
 MODEL=${MODEL:-resnet50}
 IMAGE_SIZE=${IMAGE_SIZE:-224}
@@ -35,6 +41,10 @@ BATCH_SIZE=${BATCH_SIZE:-64}
 LR=${LR:-0.1}
 STEPS=${STEPS:-"pack shuffle bench train"}
 
+command -v "${DIMD%% *}" >/dev/null || {
+    echo "pipeline.sh: '${DIMD%% *}' is not on PATH; activate dimd's environment (or set DIMD)" >&2
+    exit 127
+}
 mkdir -p "$work"
 step() { printf '\n== %s ==\n' "$*"; }
 workers=()
@@ -55,16 +65,16 @@ for s in $STEPS; do
         ;;
     shuffle)
         step "shuffle --verify on $NP ranks"
-        $LAUNCH $DIMD shuffle "$work/train" --rounds 3 --verify --json "$work/shuffle.json"
+        "${launch[@]}" $DIMD shuffle "$work/train" --rounds 3 --verify --json "$work/shuffle.json"
         ;;
     bench)
         step "bench-allreduce --check on $NP ranks"
-        $LAUNCH $DIMD bench-allreduce --check --max-bytes 4M --factor 4 --json "$work/allreduce.json"
+        "${launch[@]}" $DIMD bench-allreduce --check --max-bytes 4M --factor 4 --json "$work/allreduce.json"
         ;;
     train)
         step "train $MODEL on $NP ranks"
         [[ ${FRESH:-0} == 1 ]] && rm -rf "$work/checkpoints" "$work/metrics.jsonl"
-        $LAUNCH $DIMD train "$work/train" --val "$work/val" --model "$MODEL" \
+        "${launch[@]}" $DIMD train "$work/train" --val "$work/val" --model "$MODEL" \
             --image-size "$IMAGE_SIZE" --epochs "$EPOCHS" --batch-size "$BATCH_SIZE" --lr "$LR" \
             --checkpoint-dir "$work/checkpoints" --resume \
             --metrics "$work/metrics.jsonl" --json "$work/train.json" "$@"

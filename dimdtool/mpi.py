@@ -3,14 +3,17 @@
 mpi4py's default (THREAD_MULTIPLE, initialised at import) turns off MPICH's
 shared-memory collectives, and oversubscribed MPICH ranks spin; both cost an
 order of magnitude on one node (see DESIGN.md, "MPI on one machine"). Every
-dimd command that uses MPI starts it through :func:`init_mpi`.
+dimd command that uses MPI starts it through :func:`init_mpi`, which also
+refuses the singleton trap: a launcher that started N processes which each see
+an MPI world of one (plain ``srun`` with the mpich wheel, see DESIGN.md, "MPI
+under batch schedulers") would otherwise run N silent, separate jobs.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, MutableMapping
+from typing import Any, Literal, Mapping, MutableMapping
 
 from dimd.errors import DimdError
 from dimd.host import available_cores
@@ -84,6 +87,79 @@ def prepare_environment(environ: MutableMapping[str, str] = os.environ) -> bool:
     return all(environ.get(key) == value for key, value in _THROTTLE.items())
 
 
+class LaunchMismatch(DimdError):
+    """A launcher started several processes, but MPI gave each a world of its own.
+
+    ``first_task`` is true on the launcher's first process (task or rank 0),
+    the one that should say so, so a job of N tasks prints one line, not N.
+    """
+
+    def __init__(self, message: str, first_task: bool) -> None:
+        super().__init__(message)
+        self.first_task = first_task
+
+
+#: (size variable, rank variable, launcher): launchers that say how many processes they
+#: started for this step. Job-wide counts (SLURM_NTASKS, LSB_DJOB_NUMPROC) are not here:
+#: `mpiexec -n 1` inside a bigger allocation is a deliberate one-rank run.
+LAUNCHER_SIZES = (
+    ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "srun"),
+    ("JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK", "jsrun"),          # LSF on IBM CSM systems
+    ("FLUX_JOB_SIZE", "FLUX_TASK_RANK", "flux run"),
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "Open MPI's mpirun"),  # also prterun, jsrun
+    ("PMI_SIZE", "PMI_RANK", "the launcher's PMI"),                 # Hydra's mpiexec, srun --mpi=pmi2
+)
+#: Variables a launcher that wired up MPI sets to the world size itself: their "1" is deliberate.
+_WIRED_SIZES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+
+
+def _count(environ: Mapping[str, str], key: str) -> int | None:
+    value = environ.get(key, "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def launch_mismatch(world_size: int, library: str,
+                    environ: Mapping[str, str] = os.environ) -> LaunchMismatch | None:
+    """The singleton trap, or None: a launcher started N > 1 processes, MPI's world is 1.
+
+    ``mpiexec -n 2`` inside a SLURM allocation shows SLURM_STEP_NUM_TASKS=1 (one
+    proxy per node) with PMI_SIZE=2 and a world of 2: fine. ``srun -n 1`` is a
+    deliberate one-rank run: fine. A PMIx launcher says no size, but a PMIx rank
+    above 0 in a world of one is the same trap.
+    """
+    if world_size != 1 or any(_count(environ, key) == 1 for key in _WIRED_SIZES):
+        return None
+    mpi = " ".join(library.split(",")[0].replace("Version:", "").split()) or "this MPI"
+    for size_key, rank_key, launcher in LAUNCHER_SIZES:
+        tasks = _count(environ, size_key)
+        if tasks is None or tasks <= 1:
+            continue
+        srun_mpi = environ.get("SLURM_MPI_TYPE", "none")
+        if size_key == "SLURM_STEP_NUM_TASKS" and srun_mpi != "none":
+            advice = (f"it does not use the PMI that srun --mpi={srun_mpi} gives (the mpich wheel "
+                      f"needs --mpi=pmi2; a site MPI needs mpi4py built against it and the --mpi "
+                      f"type the site documents)")
+        elif size_key == "SLURM_STEP_NUM_TASKS":
+            advice = (f"launch with `srun --mpi=pmi2` (or export SLURM_MPI_TYPE=pmi2) or with "
+                      f"`mpiexec -n {tasks}` inside the allocation; with a site MPI, build mpi4py "
+                      f"against it and use the --mpi type the site documents")
+        else:
+            advice = (f"mpi4py's MPI is not the one {launcher} serves: start dimd with that MPI's "
+                      f"own mpiexec, or build mpi4py against the MPI that {launcher} belongs to")
+        return LaunchMismatch(
+            f"{launcher} started {tasks} processes ({size_key}={tasks}) but {mpi} gives each a "
+            f"world of 1 rank: they would run as {tasks} separate jobs; {advice}",
+            first_task=_count(environ, rank_key) in (0, None))
+    pmix_rank = _count(environ, "PMIX_RANK")
+    if pmix_rank:
+        return LaunchMismatch(
+            f"a PMIx launcher gave this process rank {pmix_rank} (PMIX_RANK={pmix_rank}) but {mpi} "
+            f"gives it a world of 1 rank: mpi4py's MPI is not the one the launcher serves; build "
+            f"mpi4py against the site's MPI, or start dimd with its own mpiexec",
+            first_task=pmix_rank == 1)  # rank 0 cannot tell: it sees no rank of its own
+    return None
+
+
 _setup: MpiSetup | None = None
 
 
@@ -92,7 +168,8 @@ def init_mpi(thread_level: ThreadLevel = "single") -> MpiSetup:
 
     ``single`` suits code that calls MPI from one thread and runs no threads
     of its own that touch MPI; ``funneled`` allows worker threads (decoders)
-    while only the main thread calls MPI.
+    while only the main thread calls MPI. Raises :class:`LaunchMismatch` when a
+    launcher started several processes that each got a world of one rank.
     """
     global _setup
     if _setup is not None:
@@ -104,6 +181,10 @@ def init_mpi(thread_level: ThreadLevel = "single") -> MpiSetup:
     mpi4py.rc.threads = thread_level != "single"
     from mpi4py import MPI
 
+    library = MPI.Get_library_version().strip().splitlines()[0].strip()
+    mismatch = launch_mismatch(MPI.COMM_WORLD.Get_size(), library)
+    if mismatch is not None:
+        raise mismatch
     names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
              MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
     _setup = MpiSetup(
@@ -112,7 +193,7 @@ def init_mpi(thread_level: ThreadLevel = "single") -> MpiSetup:
         progress_throttle=throttle,
         local_ranks=local_rank_count(),
         cores=available_cores(),
-        library_version=MPI.Get_library_version().strip().splitlines()[0].strip(),
+        library_version=library,
         world_size=MPI.COMM_WORLD.Get_size(),
     )
     return _setup

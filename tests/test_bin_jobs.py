@@ -1,7 +1,11 @@
-"""The SLURM train job under stand-in `srun`/`scontrol`: warn -> checkpoint -> requeue -> resume."""
+"""The SLURM train job under stand-in `srun`/`scancel`/`scontrol`: warn -> checkpoint -> requeue -> resume.
+
+For machines without SLURM; tests/slurm/run.sh runs the same jobs on a real one.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,11 +13,20 @@ import sys
 import time
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bin" / "slurm" / "train.sbatch"
+import pytest
+
+BIN = Path(__file__).resolve().parents[1] / "bin"
+SCRIPT = BIN / "slurm" / "train.sbatch"
 
 FAKE_SRUN = """#!/usr/bin/env bash
+echo "srun $*" >> "$SCONTROL_LOG"
 while [[ $1 == --* ]]; do shift; done   # srun's own options
-exec "$@"                               # one task, signals reach it directly
+echo $$ > "$SRUN_PID"                   # the one task, for the stand-in scancel
+exec "$@"
+"""
+FAKE_SCANCEL = """#!/usr/bin/env bash
+echo "scancel $*" >> "$SCONTROL_LOG"
+kill -s "${1#--signal=}" "$(cat "$SRUN_PID")"   # what `scancel --signal=SIG JOB` does to the ranks
 """
 FAKE_SCONTROL = """#!/usr/bin/env bash
 echo "scontrol $*" >> "$SCONTROL_LOG"
@@ -23,13 +36,14 @@ echo "scontrol $*" >> "$SCONTROL_LOG"
 def start_job(tmp: Path, data: Path) -> subprocess.Popen:
     fake = tmp / "fakebin"
     fake.mkdir(exist_ok=True)
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+    for name, text in (("srun", FAKE_SRUN), ("scancel", FAKE_SCANCEL), ("scontrol", FAKE_SCONTROL)):
         (fake / name).write_text(text)
         (fake / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
            "SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "test", "SLURM_CPUS_PER_TASK": "1",
-           "RUN_DIR": str(tmp / "run"), "SCONTROL_LOG": str(tmp / "scontrol.log"),
-           "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8"}
+           "SLURM_NTASKS": "1", "RUN_DIR": str(tmp / "run"), "SCONTROL_LOG": str(tmp / "scontrol.log"),
+           "SRUN_PID": str(tmp / "srun.pid"), "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500",
+           "BATCH_SIZE": "8"}
     return subprocess.Popen(["bash", str(SCRIPT), str(data), "--image-size", "32", "--lr", "0.05",
                              "--keep-checkpoints", "0"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -40,6 +54,10 @@ def wait_for(predicate, timeout: float = 120) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.2)
+
+
+def calls(tmp: Path) -> list[str]:
+    return (tmp / "scontrol.log").read_text().splitlines()
 
 
 def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(packed_sample, tmp_path):
@@ -56,7 +74,8 @@ def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(packed
     out, _ = job.communicate(timeout=120)
     assert job.returncode == 0, out
     assert "stopped by SIGUSR1" in out and "requeueing job 42" in out
-    assert (tmp_path / "scontrol.log").read_text() == "scontrol requeue 42\n"
+    assert calls(tmp_path)[0].startswith("srun --mpi=pmi2 ")   # the PMI the mpich wheel needs
+    assert calls(tmp_path)[1:] == ["scancel --signal=USR1 42", "scontrol requeue 42"]
     saved = sorted(checkpoints.glob("*.pt"))
 
     (tmp_path / "scontrol.log").unlink()
@@ -66,5 +85,95 @@ def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(packed
     out, _ = job.communicate(timeout=120)
     assert job.returncode == 0, out
     assert f"resumed from {saved[-1]}" in out
-    assert "stopped by SIGTERM" in out
-    assert not (tmp_path / "scontrol.log").exists()
+    assert "stopped by SIGTERM" in out and "not requeued" in out
+    assert calls(tmp_path)[1:] == ["scancel --signal=TERM 42"]   # to the ranks, never to srun
+
+
+FAKE_MPIRUN = """#!/usr/bin/env bash
+while [[ $1 == -* ]]; do shift; done   # the launcher's own options
+exec "$@"                              # one rank; the script's kill -s reaches it
+"""
+
+
+def start_lsf_job(tmp: Path, data: Path) -> subprocess.Popen:
+    fake = tmp / "fakebin"
+    fake.mkdir(exist_ok=True)
+    (fake / "mpirun").write_text(FAKE_MPIRUN)
+    (fake / "mpirun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "1", "OUT": str(data), "RUN_DIR": str(tmp / "run"),
+           "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8",
+           "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-threads 1"}
+    return subprocess.Popen(["bash", str(BIN / "lsf" / "train.lsf")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_lsf_job_exits_99_for_a_requeue_only_after_the_warning(packed_sample, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):
+        for suffix in (".dimd", ".idx.h5"):
+            (data / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
+    checkpoints = tmp_path / "run" / "checkpoints"
+
+    job = start_lsf_job(tmp_path, data)
+    wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")))
+    job.send_signal(signal.SIGUSR1)  # what `#BSUB -wa USR1` sends
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 99, out   # -Q "99" requeues
+    assert "stopped by SIGUSR1" in out and "asking LSF to requeue" in out
+    parameters = json.loads((tmp_path / "run" / "train.json").read_text())["parameters"]
+    assert parameters["image_size"] == 32 and parameters["decode_threads"] == 1   # from TRAIN_ARGS
+    saved = sorted(checkpoints.glob("*.pt"))
+
+    job = start_lsf_job(tmp_path, data)  # the requeued job
+    wait_for(lambda: len(list(checkpoints.glob("*.pt"))) > len(saved))
+    job.send_signal(signal.SIGTERM)  # bkill -s TERM: checkpoint and stop, no requeue
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, out
+    assert f"resumed from {saved[-1]}" in out and "not requeued" in out
+
+
+@pytest.mark.parametrize("script", ["slurm/train.sbatch", "slurm/pack.sbatch", "lsf/train.lsf",
+                                    "lsf/pack.lsf", "pipeline.sh"])
+def test_jobs_say_when_dimd_is_not_on_path(script, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "SRC": str(tmp_path), "HOME": str(tmp_path),
+           "SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "test"}
+    proc = subprocess.run(["bash", str(BIN / script), str(tmp_path), str(tmp_path), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 127
+    assert "'dimd' is not on PATH" in proc.stderr
+
+
+def run_pack_job(src: Path, out: Path, **env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "SLURM_CPUS_PER_TASK": "1", **env}
+    return subprocess.run(["bash", str(BIN / "slurm" / "pack.sbatch"), str(src), str(out), "--short-side", "32"],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_pack_job_names_the_val_classes_and_keeps_finished_output(sample_tree, tmp_path):
+    from dimd.format import PackedDataset
+    from dimd.sample_data import SampleSpec, generate
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train").symlink_to(sample_tree)
+    generate(SampleSpec(root=src / "val", classes=4, per_class=2, seed=3, layout="flat"), workers=1)
+    (src / "val" / "labels.txt").rename(src / "val_labels.txt")   # ImageNet's layout: a flat val folder
+    proc = run_pack_job(src, tmp_path / "out")
+    assert proc.returncode == 2 and "val_classes.txt (their class names" in proc.stderr
+    assert not (tmp_path / "out" / "train.dimd").exists()        # refused before packing anything
+
+    (src / "val" / "classes.txt").rename(src / "val_classes.txt")
+    proc = run_pack_job(src, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    train_classes = PackedDataset(tmp_path / "out" / "train").classes
+    val_classes = set(PackedDataset(tmp_path / "out" / "val").classes)
+    assert val_classes == set(train_classes)                     # names, not "0".."3": train takes it
+
+    again = run_pack_job(src, tmp_path / "out")                  # a rerun, or a requeue
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("verified and packed from") == 2 and "pack (" not in again.stderr
+    forced = run_pack_job(src, tmp_path / "out", FORCE="1")
+    assert forced.returncode == 0 and "kept" not in forced.stdout

@@ -180,9 +180,10 @@ def test_bad_sma_options_are_one_clear_line_and_write_nothing(packed_sample, tmp
 def test_checkpoints_of_the_other_sync_or_mid_epoch_on_another_layout_are_refused(sma_run, packed_sample,
                                                                                   tmp_path):
     out, _ = sma_run
-    ssgd = tmp_path / "ssgd"
+    ssgd, fresh = tmp_path / "ssgd", tmp_path / "fresh"
+    ssgd.mkdir()
+    fresh.mkdir()   # --json's folder must exist (checked at start-up); nothing may be written in it
     run_mpi_dimd(2, *ssgd_args(packed_sample, ssgd, "--epochs", "1", "--model", "lenet"), timeout=120, check=True)
-    fresh = tmp_path / "fresh"
     cases = [
         (ssgd_args(packed_sample, fresh, "--resume-from", checkpoints(out)[-1]),
          "a checkpoint of a --sync sma run, this run is --sync ssgd; resume it with --sync sma"),
@@ -198,7 +199,7 @@ def test_checkpoints_of_the_other_sync_or_mid_epoch_on_another_layout_are_refuse
         proc = run_mpi_dimd(2, *args, timeout=120)
         assert proc.returncode == 1, (args, proc.stderr)
         assert message in proc.stderr and proc.stderr.count("dimd: error:") == 1, proc.stderr
-        assert not fresh.exists()
+        assert list(fresh.iterdir()) == []
     assert "checkpoint-e0001-s00000003.pt (an epoch boundary) on any layout" in proc.stderr
 
 

@@ -37,7 +37,7 @@ from dimd.train.config import TrainConfig
 from dimd.train.evaluate import EvalResult, local_counts, summarize
 from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
 from dimd.train.schedule import Schedule, make_schedule
-from dimd.train.signals import StopRequest
+from dimd.train.signals import StopRequest, stop_request
 from dimd.train.steps import TIME_SPLIT, StepResult, StepTimes, Strategy
 
 
@@ -275,7 +275,7 @@ class Trainer:
             raise DimdError("`noise_scale` needs at least 2 ranks: it compares each rank's gradient with their "
                             "average (run under mpirun -n 2 or more)")
         #: The stop signals' flag; the caller enters it (before this set-up, so that a signal during
-        #: loading is not lost) or :meth:`run` does.
+        #: loading is not lost) or :meth:`run` takes the process-wide one (``stop_request``).
         self.stop = stop if stop is not None else StopRequest()
         self._own_stop = stop is None
         self.on_epoch = on_epoch or (lambda metrics: None)
@@ -393,7 +393,8 @@ class Trainer:
     def run(self) -> TrainResult:
         cfg = self.config
         try:
-            with self.stop if self._own_stop else contextlib.nullcontext():
+            with stop_request() if self._own_stop else contextlib.nullcontext(self.stop) as stop:
+                self.stop = stop
                 path = self.find_resume_point()
                 if path is not None:
                     self.restore(path)

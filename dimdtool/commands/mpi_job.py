@@ -6,7 +6,9 @@ rank 0 checks the command's output locations (every option of type
 bad ``--json`` path fails the job at start-up with one line. A
 :class:`DimdError` becomes a one-line message, any other exception a
 traceback; then the job is aborted (``MPI_Abort``), so no rank is left
-waiting in a collective.
+waiting in a collective. A launch that gave every process a world of its
+own (plain ``srun`` without a PMI) stops at once, with one line from the
+launcher's first process.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Callable
 import click
 
 from dimd.errors import DimdError
-from dimd.mpi import ThreadLevel, agree_or_raise, init_mpi
+from dimd.mpi import LaunchMismatch, ThreadLevel, agree_or_raise, init_mpi
 from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, output_problems
 
 #: Ranks other than 0 wait this long before reporting, so that an error every
@@ -31,11 +33,23 @@ _NONZERO_RANK_GRACE_S = 1.0
 _FORWARD_GRACE_S = 0.5
 
 
-def mpi_command(thread_level: ThreadLevel = "single") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def mpi_command(thread_level: ThreadLevel = "single", *,
+                install_handlers: Callable[[], object] | None = None,
+                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Start MPI at ``thread_level`` and run the command under it.
+
+    ``install_handlers`` (e.g. the training's stop signals) runs just before MPI
+    starts and again right after, so no signal falls between MPI_Init's own
+    handlers and the command's.
+    """
     def decorate(callback: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(callback)
         def run(*args: Any, **kwargs: Any) -> Any:
-            setup = init_mpi(thread_level)
+            if install_handlers is not None:
+                install_handlers()
+            setup = start_mpi(thread_level)
+            if install_handlers is not None:
+                install_handlers()
             from mpi4py import MPI
 
             comm = MPI.COMM_WORLD
@@ -83,6 +97,18 @@ def check_outputs(comm: Any, *locations: tuple[str, Any, str]) -> None:
                 if problem:
                     break
     agree_or_raise(comm, problem)
+
+
+def start_mpi(thread_level: ThreadLevel):
+    """:func:`init_mpi`, or exit 1 with one line when the launch made N singletons."""
+    try:
+        return init_mpi(thread_level)
+    except LaunchMismatch as exc:
+        if not exc.first_task:
+            time.sleep(_NONZERO_RANK_GRACE_S)  # the first task says it; let it, then go
+        else:
+            print(f"dimd: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def abort_job(comm: Any, message: str, code: int) -> None:

@@ -200,10 +200,13 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, legacy_
         click.echo("dimd: note: train's --workers is now --decode-threads", err=True)
         fields["decode_threads"] = legacy_workers
     from dimd.commands.mpi_job import mpi_command
+    from dimd.train.signals import install_stop_handlers
 
     # funneled: the loader's decoding threads never call MPI, only the main thread does.
-    mpi_command("funneled")(_run)(train_set=train_set, val_set=val_set, metrics_path=metrics_path,
-                                  json_path=json_path, fields=fields)
+    # The stop signals (a scheduler's warning, scancel) are caught from MPI's start-up on.
+    mpi_command("funneled", install_handlers=install_stop_handlers)(_run)(
+        train_set=train_set, val_set=val_set, metrics_path=metrics_path, json_path=json_path,
+        fields=fields)
 
 
 def _epoch_line(m, epochs: int) -> str:
@@ -238,7 +241,7 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
     from dimd.commands.mpi_job import check_outputs
     from dimd.report import result_document, write_json
     from dimd.train.engine import Trainer
-    from dimd.train.signals import StopRequest
+    from dimd.train.signals import stop_request
 
     config = build_config(TrainConfig, train=train_set, val=val_set, **fields)
     check_outputs(comm, ("--checkpoint-dir", config.checkpoint_dir, "folder"))  # before the data loads
@@ -262,7 +265,8 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
         remaining = trainer.batches_per_epoch // trainer.strategy.learners * config.epochs - trainer.step
         advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader))
 
-    with StopRequest() as stop:   # before the set-up, so that a signal while loading is not lost
+    # The flag mpi_command's handlers set since MPI started: a signal while loading is not lost.
+    with stop_request() as stop:
         trainer = Trainer(config, comm, stop=stop, on_epoch=on_epoch, on_step=lambda n: advance[0](n),
                           on_event=say, on_start=on_start)
         with stack:
