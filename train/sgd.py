@@ -34,7 +34,8 @@ STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 def parameter_groups(model: nn.Module, weight_decay: float, *,
                      decay_bn_and_bias: bool = False) -> list[dict]:
     """Weight decay on weights only: batch-norm scales/shifts and biases (1-d tensors) are exempt."""
-    decay, exempt = [], []
+    decay: list[nn.Parameter] = []
+    exempt: list[nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (decay if decay_bn_and_bias or p.ndim > 1 else exempt).append(p)

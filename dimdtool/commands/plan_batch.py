@@ -26,7 +26,8 @@ from dimd.train.plan.config import (POWERS_OF_TWO_TO_1024, CommFitConfig, Conver
 
 @click.group("plan-batch")
 def plan_batch() -> None:
-    """Choose the mini-batch size and rank count from measurements (Perrone et al.): step-time, comm, convergence, solve.
+    """Choose the mini-batch size and rank count from measurements (Perrone et al.): step-time, comm,
+    convergence, solve.
 
     T_C(M, P) = N_update(M) * (Gamma(M/P) + Delta(P)): the updates a global
     batch M needs to reach a target, times the seconds per update on P ranks.
@@ -316,9 +317,9 @@ def convergence(train_set: str, val_set: str, json_path: Path | None, quiet: boo
     config = build_config(ConvergenceConfig, train=train_set, val=val_set, **values)
     root = comm.Get_rank() == 0
     if root and not quiet:
-        runs = len(set(config.batch_sizes)) * config.seeds
+        count = len(set(config.batch_sizes)) * config.seeds
         groups = max(1, comm.Get_size() // config.ranks_per_run)
-        click.echo(f"# {config.model}: {runs} runs to validation top-1 {config.target_top1:g}, "
+        click.echo(f"# {config.model}: {count} runs to validation top-1 {config.target_top1:g}, "
                    f"{groups} at a time ({config.ranks_per_run} rank(s) each); rank 0's runs as they finish, "
                    f"everyone's at the end")
 

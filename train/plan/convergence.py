@@ -48,6 +48,8 @@ class ConvergenceFit:
     r2: float
     batches: tuple[int, ...]      # the batches whose medians the fit used
     medians: tuple[float, ...]
+    n_inf_se: float | None = None   # standard errors from the medians' scatter about the line (3+ batches)
+    alpha_se: float | None = None
 
     def __call__(self, batch: float | np.ndarray) -> float | np.ndarray:
         return updates_to_target(self.n_inf, self.alpha, batch)
@@ -56,6 +58,22 @@ class ConvergenceFit:
     def critical_batch(self) -> float | None:
         """alpha / N_inf, McCandlish et al.'s B_crit; None when N_inf <= 0."""
         return self.alpha / self.n_inf if self.n_inf > 0 else None
+
+    @property
+    def critical_batch_range(self) -> tuple[float, float | None] | None:
+        """alpha / N_inf with N_inf one standard error up and down (None above: N_inf may be 0).
+
+        When the swept batches all lie well below the critical batch, N_update
+        is nearly alpha / M and N_inf is a small difference of large numbers:
+        this range says how far the sweep pins B_crit down.
+        """
+        if self.n_inf_se is None or self.alpha <= 0:
+            return None
+        high = self.n_inf + self.n_inf_se
+        low = self.n_inf - self.n_inf_se
+        if high <= 0:
+            return None
+        return self.alpha / high, (self.alpha / low if low > 0 else None)
 
 
 def first_reached(evaluations: Iterable[tuple[int, float]], target: float) -> int | None:
@@ -84,8 +102,13 @@ def fit_inverse_law(batches: Sequence[float], updates: Sequence[float]) -> Conve
     x = 1.0 / m
     design = np.column_stack([np.ones_like(x), x])
     (n_inf, alpha), *_ = np.linalg.lstsq(design, n, rcond=None)
+    n_inf_se = alpha_se = None
+    if m.size > 2 and np.unique(m).size > 2:   # ordinary least squares' standard errors
+        residual = n - design @ [n_inf, alpha]
+        variance = float(residual @ residual) / (m.size - 2)
+        n_inf_se, alpha_se = (float(v) for v in np.sqrt(np.diag(variance * np.linalg.inv(design.T @ design))))
     return ConvergenceFit(float(n_inf), float(alpha), r_squared(n, design @ [n_inf, alpha]),
-                          tuple(int(b) for b in m), tuple(n.tolist()))
+                          tuple(int(b) for b in m), tuple(n.tolist()), n_inf_se, alpha_se)
 
 
 def batch_summary(batch: int, runs: Sequence[Run]) -> dict[str, Any]:
@@ -136,6 +159,8 @@ def convergence_figures(runs: Iterable[Run], target: Any = None) -> dict[str, An
         row["fitted_updates"] = float(fit(row["batch"]))
     return {
         "n_inf": fit.n_inf, "alpha": fit.alpha, "r2": fit.r2, "b_crit": fit.critical_batch,
+        "n_inf_se": fit.n_inf_se, "alpha_se": fit.alpha_se, "b_crit_range": fit.critical_batch_range,
+        "batches_in_fit": len(usable),
         "target": target, "fit_on": "per-batch medians against 1/M (ordinary least squares)",
         "batches": rows,
         "unreached_runs": sum(row["unreached"] for row in rows),
@@ -147,7 +172,8 @@ def unfitted_figures(runs: Iterable[Run], target: Any, problem: str) -> dict[str
     rows = batch_rows(runs)
     for row in rows:
         row["in_fit"] = False
-    return {"n_inf": None, "alpha": None, "r2": None, "b_crit": None, "target": target, "error": problem,
+    return {"n_inf": None, "alpha": None, "r2": None, "b_crit": None, "n_inf_se": None, "alpha_se": None,
+            "b_crit_range": None, "batches_in_fit": 0, "target": target, "error": problem,
             "batches": rows, "unreached_runs": sum(row["unreached"] for row in rows)}
 
 

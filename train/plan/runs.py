@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from dimd.errors import DimdError
 from dimd.train.plan.config import ConvergenceConfig
@@ -75,6 +75,9 @@ class RunRecord:
     seconds: float                      # the whole run, loading included
     final_top1: float | None
     evaluations: list[list[float]] = field(default_factory=list)   # [step, top-1, training seconds]
+    #: Seconds per rank over the whole run (to the target, when reached) in data waits, compute, the allreduce,
+    #: the optimizer: where a step's time went, beside T_update = Gamma + Delta's prediction.
+    time_split: dict[str, float] = field(default_factory=dict)
 
     def as_run(self) -> Run:
         return Run(self.batch, self.seed, self.updates, None if self.reached else self.budget,
@@ -262,6 +265,9 @@ def train_one(config: ConvergenceConfig, spec: RunSpec, comm: Any, group: int, t
     if updates is None and reason is None:
         reason = "budget"
     schedule = trainer.schedule
+    # finished epochs (averaged over the group's ranks) and the epoch under way when it stopped (this rank's)
+    split = {k: sum(e.time_split.get(k, 0.0) for e in trainer.history) + v
+             for k, v in trainer.tally.times.as_dict().items()}
     return RunRecord(
         batch=spec.batch, seed=spec.seed, group=group, ranks=comm.Get_size(), reached=updates is not None,
         updates=updates, budget=budget, reason=reason, lr=schedule.peak_lr, warmup_steps=schedule.warmup_steps,
@@ -269,4 +275,5 @@ def train_one(config: ConvergenceConfig, spec: RunSpec, comm: Any, group: int, t
         train_seconds_to_target=hit.train_seconds if hit else None, elapsed_to_target=hit.elapsed if hit else None,
         steps=trainer.step, seconds=time.perf_counter() - started,
         final_top1=evaluations[-1].top1 if evaluations else None,
-        evaluations=[[e.step, e.top1, round(e.train_seconds, 4)] for e in evaluations])
+        evaluations=[[e.step, e.top1, round(e.train_seconds, 4)] for e in evaluations],
+        time_split={k: round(v, 4) for k, v in split.items()})
