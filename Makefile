@@ -43,7 +43,8 @@ demo: setup
 	  bin/pipeline.sh $(DEMO_DIR)/images/train $(DEMO_DIR)/images/val $(DEMO_DIR) \
 	  --schedule cosine --warmup-epochs 2
 
-test: setup
+# plots-setup: the tests of bench/'s plotting run too (matplotlib, installed without plain Pillow).
+test: setup plots-setup
 	$(PY) -m pytest
 
 # ruff over the tree; mypy over the library, seen as the one `dimd` namespace it installs as:
@@ -63,3 +64,45 @@ lint: $(LINT_STAMP)
 
 clean:
 	rm -rf $(DEMO_DIR) build *.egg-info
+
+# ---- the papers' figures (bench/reproduce.py; bench/README.md shows them) -------------------------
+# matplotlib is an optional extra. `pip install matplotlib` would pull plain Pillow over pillow-simd,
+# so it goes in with --no-deps and its other dependencies named.
+PLOT_PACKAGES := matplotlib contourpy cycler fonttools kiwisolver packaging pyparsing python-dateutil six
+PLOTS_STAMP   := $(VENV)/.dimd-plots
+
+.PHONY: plots-setup netfs-setup reproduce reproduce-quick
+
+plots-setup: $(PLOTS_STAMP)
+
+$(PLOTS_STAMP): $(STAMP)
+	$(PIP) install --no-deps $(PLOT_PACKAGES)
+	@! $(PY) -c "import importlib.metadata as m; m.version('pillow')" 2>/dev/null || \
+	  { echo "error: plain Pillow was installed over pillow-simd" >&2; exit 1; }
+	cd bench && $(abspath $(PY)) -c "import plotting; print('matplotlib writes PNGs through pillow-simd', plotting.check_pillow_simd())"
+	touch $@
+
+# sshd and sshfs for the network-file-system figure (Debian packages; needs root, as CI has).
+netfs-setup:
+	bench/netfs.sh install
+
+# Every figure at full size: about 30 minutes on a quiet 2-core machine.
+reproduce: setup plots-setup netfs-setup
+	$(PY) bench/reproduce.py
+
+# Every figure at a size that only proves the pipeline works end to end.
+reproduce-quick: setup plots-setup netfs-setup
+	$(PY) bench/reproduce.py --quick
+
+# ---- dimd against the loaders users would pick instead (bench/peer_loaders.py; opt-in) ------------
+# Each peer (FFCV, litdata, webdataset, torchvision) in a venv of its own under build/peers/NAME,
+# installed by bench/peers/setup.sh: several GB (torchvision needs PyPI's CUDA torch build), so a
+# second run reuses what is installed. A peer that fails to install is shown in the figure as
+# unavailable, with the error. `make clean` removes these venvs too (build/).
+.PHONY: peers-setup bench-peers
+
+peers-setup:
+	bench/peers/setup.sh
+
+bench-peers: setup plots-setup peers-setup
+	$(PY) bench/reproduce.py peer_loaders

@@ -7,11 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
+from dimd.host import free_port
 
 
 def gloo_reducer(comm: Any) -> tuple[Callable[[np.ndarray], None], Callable[[], None]]:
@@ -30,7 +26,7 @@ def gloo_reducer(comm: Any) -> tuple[Callable[[np.ndarray], None], Callable[[], 
             host = socket.gethostbyname(host)
         except OSError:
             host = "127.0.0.1"
-        address = f"tcp://{host}:{_free_port()}"
+        address = f"tcp://{host}:{free_port()}"
     address = comm.bcast(address, root=0)
     dist.init_process_group("gloo", init_method=address, rank=comm.Get_rank(), world_size=comm.Get_size())
 

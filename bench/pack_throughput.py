@@ -180,12 +180,12 @@ def quality_report(files: list[Path], packed_stem: Path) -> dict:
 
 # --- main ---------------------------------------------------------------------------------------
 
-def spread(runs: list[tuple[float, float]], images: int) -> dict:
-    rates = [images / wall for wall, _ in runs]
-    cpu_rates = [images / cpu for _, cpu in runs]
-    return {"images_per_s_median": round(statistics.median(rates), 1),
-            "images_per_s_min": round(min(rates), 1), "images_per_s_max": round(max(rates), 1),
-            "images_per_cpu_s_median": round(statistics.median(cpu_rates), 1),
+def rates(runs: list[tuple[float, float]], images: int) -> dict:
+    """images/s and images per CPU-second over the repeats (dimd.report.spread), and the raw times."""
+    from dimd.report import spread
+
+    return {"images_per_s": spread(images / wall for wall, _ in runs),
+            "images_per_cpu_s": spread(images / cpu for _, cpu in runs),
             "seconds": [round(wall, 3) for wall, _ in runs],
             "cpu_seconds": [round(cpu, 3) for _, cpu in runs]}
 
@@ -239,13 +239,13 @@ def run(argv: list[str] | None, work: Path) -> int:
     identical = (work / "w1.dimd").read_bytes() == (work / "w2.dimd").read_bytes()
     quality = quality_report(files, work / "w1")
 
-    rates = {k: spread(v, len(files)) for k, v in times.items()}
+    methods = {k: rates(v, len(files)) for k, v in times.items()}
     median = {k: statistics.median(wall for wall, _ in v) for k, v in times.items()}
     cpu = {k: statistics.median(c for _, c in v) for k, v in times.items()}
     figures = {
         "images": len(files), "large_images": large, "bytes_in": bytes_in,
         "cores": os.cpu_count(), "pillow": PIL.__version__,
-        "methods": rates,
+        "methods": methods,
         "speedup_dimd_w1_vs_naive": round(median["naive"] / median["dimd_w1"], 2),
         "speedup_w2_vs_w1": round(median["dimd_w1"] / median["dimd_w2"], 2),
         "speedup_dimd_w2_vs_naive": round(median["naive"] / median["dimd_w2"], 2),
@@ -260,9 +260,9 @@ def run(argv: list[str] | None, work: Path) -> int:
     print(f"\n{'method':<22}{'images/s (median)':>18}{'min':>9}{'max':>9}{'images/CPU-s':>14}")
     for name, label in (("naive", "naive Pillow loop"), ("dimd_w1", "dimd pack --workers 1"),
                         ("dimd_w2", "dimd pack --workers 2")):
-        r = rates[name]
-        print(f"{label:<22}{r['images_per_s_median']:>18.1f}{r['images_per_s_min']:>9.1f}"
-              f"{r['images_per_s_max']:>9.1f}{r['images_per_cpu_s_median']:>14.1f}")
+        r = methods[name]["images_per_s"]
+        print(f"{label:<22}{r['median']:>18.1f}{r['min']:>9.1f}{r['max']:>9.1f}"
+              f"{methods[name]['images_per_cpu_s']['median']:>14.1f}")
     print(f"\ndimd --workers 1 vs naive loop: {figures['speedup_dimd_w1_vs_naive']:.2f}x")
     print(f"dimd --workers 2 vs --workers 1: {figures['speedup_w2_vs_w1']:.2f}x")
     print(f"dimd --workers 2 vs naive loop: {figures['speedup_dimd_w2_vs_naive']:.2f}x")

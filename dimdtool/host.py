@@ -1,12 +1,13 @@
 """Facts about this machine and process: cores we may use, memory available, memory held.
 
-Plain ``os`` and ``/proc`` reads; importing this module starts nothing (no MPI,
-no torch), so ``dimd pack`` and the MPI start-up can both use it.
+Plain ``os``, ``socket`` and ``/proc`` reads; importing this module starts
+nothing (no MPI, no torch), so ``dimd pack`` and the MPI start-up can both use it.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 
 
 def available_cores() -> int:
@@ -41,3 +42,14 @@ def _proc_field(path: str, key: str) -> int | None:
     except OSError:
         pass
     return None
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on ``host`` now ("" = every interface), for a rendezvous such as gloo's.
+
+    The port is released before it is used, so another process could take it
+    in between; rendezvous that fail on a taken port say so clearly.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])

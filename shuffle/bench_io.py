@@ -26,7 +26,8 @@ import numpy as np
 
 from dimd.checks import at_least
 from dimd.errors import DimdError
-from dimd.shuffle.decode import random_resized_crop_box
+from dimd.report import spread
+from dimd.shuffle.decode import SCALE, random_resized_crop_box
 from dimd.shuffle.loader import BatchLoader
 from dimd.shuffle.store import DistributedStore
 
@@ -86,25 +87,55 @@ def process_cpu_seconds(pids: list[int]) -> float:
 
 
 class FileDataset:
-    """The original files, as a map-style dataset decoded the way torchvision users do."""
+    """The original files as a map-style dataset, decoded the way torchvision users do.
 
-    def __init__(self, paths: list[Path], labels: np.ndarray, image_size: int, seed: int) -> None:
+    dimd's one DataLoader-over-files baseline (``dimd bench-io`` and
+    ``bench/train_vs_ddp.py`` use it): Pillow open and RGB convert, a crop
+    drawn as ``RandomResizedCrop`` draws it (``crop_scale`` is its smallest
+    area share), a bilinear resize to ``image_size``, a random horizontal flip.
+
+    The augmentation is seeded and changes every epoch: each process draws
+    from one generator seeded by ``seed`` and, in a DataLoader worker, by the
+    worker's seed (which the DataLoader derives from its own ``generator``).
+    A DataLoader given a seeded generator so gives the same crops on every
+    run, and fresh crops in every epoch.
+    """
+
+    def __init__(self, paths: list[Path], labels: np.ndarray, image_size: int, seed: int = 0,
+                 crop_scale: float = SCALE[0]) -> None:
         self.paths, self.labels, self.image_size, self.seed = paths, labels, image_size, seed
+        self.scale = (crop_scale, 1.0)
+        self._rng: np.random.Generator | None = None
+        self._rng_owner: tuple[int, int | None] | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def generator(self) -> np.random.Generator:
+        """This process's augmentation generator (a DataLoader worker has its own)."""
+        import os
+
+        from torch.utils.data import get_worker_info
+
+        worker = get_worker_info()
+        owner = (os.getpid(), None if worker is None else worker.id)
+        if self._rng is None or self._rng_owner != owner:
+            entropy = [self.seed] if worker is None else [self.seed, worker.seed]
+            self._rng, self._rng_owner = np.random.default_rng(entropy), owner
+        return self._rng
 
     def __getitem__(self, i: int):
         import torch
         from PIL import Image
 
-        rng = np.random.default_rng([self.seed, i])
-        with Image.open(self.paths[i]) as image:
-            image = image.convert("RGB")
-        left, top, w, h = random_resized_crop_box(*image.size, rng)
-        image = image.crop((left, top, left + w, top + h)).resize((self.image_size,) * 2, Image.BILINEAR)
+        rng = self.generator()
+        with Image.open(self.paths[i]) as source:
+            image = source.convert("RGB")
+        left, top, w, h = random_resized_crop_box(*image.size, rng, scale=self.scale)
+        image = image.crop((left, top, left + w, top + h)).resize((self.image_size,) * 2,
+                                                                  Image.Resampling.BILINEAR)
         if rng.random() < 0.5:
-            image = image.transpose(Image.FLIP_LEFT_RIGHT)
+            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.array(image)).permute(2, 0, 1), int(self.labels[i])
 
 
@@ -136,7 +167,7 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
 
     loader = BatchLoader(store, config.batch_size, config.image_size, train=True,
                          workers=config.workers, seed=config.seed)
-    files = FileDataset(paths, store.labels, config.image_size, config.seed)
+    files: Any = FileDataset(paths, store.labels, config.image_size, config.seed)  # a map-style Dataset
 
     def run_dimd(repeat: int) -> int:
         done, epoch = 0, repeat * 1000
@@ -148,19 +179,20 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
             epoch += 1
         return done
 
-    # a well-configured DataLoader: worker processes started once and kept (persistent_workers)
-    baseline = DataLoader(files, batch_size=config.batch_size, shuffle=True, drop_last=True,
-                          num_workers=config.workers, generator=torch.Generator().manual_seed(config.seed),
-                          persistent_workers=True, prefetch_factor=2)
+    # a well-configured DataLoader: worker processes started once and kept (persistent_workers);
+    # held in a dict so the end of the run can drop it (and so stop its workers) before summarising
+    loaders: dict[str, Any] = {"torch": DataLoader(
+        files, batch_size=config.batch_size, shuffle=True, drop_last=True, num_workers=config.workers,
+        generator=torch.Generator().manual_seed(config.seed), persistent_workers=True, prefetch_factor=2)}
 
     def worker_pids() -> list[int]:
-        iterator = getattr(baseline, "_iterator", None)
+        iterator = getattr(loaders["torch"], "_iterator", None)
         return [w.pid for w in getattr(iterator, "_workers", [])]
 
     def run_torch(repeat: int) -> int:
         done = 0
         while done < count:
-            for images, _ in baseline:
+            for images, _ in loaders["torch"]:
                 done += len(images)
                 if done == count:
                     break
@@ -179,7 +211,7 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
     runners = {"dimd": run_dimd, "torch": run_torch, "limit": run_limit}
     # warm-up: thread pool, page cache, PIL's plugin import; not measured
     next(iter(loader.epoch(10_000_000)))
-    for _ in baseline:  # a whole epoch: persistent workers left prefetching would steal dimd's cores
+    for _ in loaders["torch"]:  # a whole epoch: persistent workers left prefetching would steal dimd's cores
         pass
     measurements: list[Measurement] = []
     for repeat in range(config.repeats):
@@ -195,23 +227,20 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
             if on_measurement is not None:
                 on_measurement(measurement)
     loader.close()
-    del baseline
+    loaders.clear()
     return summarise(config, measurements, records=len(store))
 
 
 def summarise(config: BenchIoConfig, measurements: list[Measurement], *, records: int) -> dict[str, Any]:
-    """Medians with min/max per method, and the ratios the issue asks for."""
+    """Per method, images/s and images per CPU-second over the repeats (``dimd.report.spread``), and the ratios."""
     methods: dict[str, Any] = {}
     for method in METHODS:
         mine = [m for m in measurements if m.method == method]
-        rates = [m.images_per_s for m in mine]
-        cpu_rates = [m.images_per_cpu_s for m in mine]
-        methods[method] = {"images_per_s_median": float(np.median(rates)), "images_per_s_min": min(rates),
-                           "images_per_s_max": max(rates), "runs": rates,
-                           "images_per_cpu_s_median": float(np.median(cpu_rates)), "cpu_runs": cpu_rates,
+        methods[method] = {"images_per_s": spread(m.images_per_s for m in mine),
+                           "images_per_cpu_s": spread(m.images_per_cpu_s for m in mine),
                            "images": mine[0].images}
-    dimd, torch_rate, limit = (methods[m]["images_per_s_median"] for m in METHODS)
-    dimd_cpu, torch_cpu, limit_cpu = (methods[m]["images_per_cpu_s_median"] for m in METHODS)
+    dimd, torch_rate, limit = (methods[m]["images_per_s"]["median"] for m in METHODS)
+    dimd_cpu, torch_cpu, limit_cpu = (methods[m]["images_per_cpu_s"]["median"] for m in METHODS)
     return {
         "records": records,
         "methods": methods,

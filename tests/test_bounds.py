@@ -170,7 +170,8 @@ def test_symlinks_are_followed_once_never_packing_a_file_twice(tmp_path):
 
 @pytest.mark.parametrize("size, message", [
     ("1T", "a largest message of 1.0 TiB (--max-bytes) needs about 2.0 TiB per rank, but a rank has "),
-    ("100000T", "a largest message of 100000.0 TiB (--max-bytes) needs about 200000.0 TiB per rank, but "),
+    # the largest size the sweep reaches: 8 B doubled up to at most 100000 TiB
+    ("100000T", "a largest message of 65536.0 TiB (--max-bytes) needs about 131072.0 TiB per rank, but "),
 ])
 def test_command_line_sizes_beyond_memory_are_refused(size, message):
     proc = run_mpi_dimd(1, "bench-allreduce", "-a", "mpi", "-e", size, timeout=120)

@@ -32,3 +32,15 @@ def test_a_wrong_root_is_a_clear_error(packed_sample, tmp_path):
     share = LocalShare(PackedDataset(packed_sample).data_path, [0])
     with pytest.raises(DimdError, match="original file not found.*`files_root`"):
         OriginalFiles(share, tmp_path)
+
+
+def test_files_cold_drops_each_files_cached_pages_before_reading_it(packed_sample, monkeypatch):
+    import os
+
+    dropped = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, length, advice: dropped.append(advice),
+                        raising=False)
+    packed = PackedDataset(packed_sample)
+    files = OriginalFiles(LocalShare(packed.data_path, [5, 9]), cold=True)
+    assert files.record(0) == bytes(packed.record(5)) and files.record(1) == bytes(packed.record(9))
+    assert dropped == [os.POSIX_FADV_DONTNEED] * 2   # one eviction per read, the same bytes

@@ -72,6 +72,9 @@ def save_checkpoint(directory: str | os.PathLike, state: dict[str, Any], *, keep
                 torch.save(document, f)
                 f.flush()
                 os.fsync(f.fileno())
+    except DimdError as exc:   # a full disk, said the way every full disk is (dimd.fsutil)
+        raise DimdError(f"{exc}; the {len(list_checkpoints(folder))} older checkpoint(s) in {folder} "
+                        f"are kept") from None
     except (OSError, RuntimeError) as exc:   # torch.save wraps a failed write in a RuntimeError
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
         kept = len(list_checkpoints(folder))

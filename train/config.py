@@ -17,7 +17,9 @@ from dimd.checks import at_least, finite, in_range, one_of, positive, require
 from dimd.train.schedule import SCHEDULES
 
 DEVICES = ("auto", "cpu", "cuda")
-READ_FROM = ("memory", "files")
+#: Where training images come from: the in-memory store, or each image's original file on every
+#: access (page cache allowed), or that file read cold (its cached pages dropped before each read).
+READ_FROM = ("memory", "files", "files-cold")
 SYNCS = ("ssgd", "sma")
 LEARNER_COMPUTES = ("auto", "vmap", "loop", "threads")
 
@@ -59,7 +61,7 @@ class TrainConfig:
     resume: bool = False                  # continue from the newest checkpoint in checkpoint_dir, if any
     resume_from: str | None = None        # continue from this checkpoint file
     memory_limit: int | None = None       # bytes per rank
-    read_from: str = "memory"             # "files": read each image from its original file (baseline)
+    read_from: str = "memory"             # "files"/"files-cold": read each image from its original file
     files_root: str | None = None         # the folder the set was packed from (default: the index's source)
     # Synchronisation: S-SGD, or Crossbow's synchronous model averaging (docs/sma.md).
     sync: str = "ssgd"                    # "ssgd" or "sma"

@@ -304,10 +304,10 @@ class Trainer:
                       f"into memory in {time.perf_counter() - t0:.1f}s")
         pin = self.device.type == "cuda"
         source: Any = self.store
-        if cfg.read_from == "files":
+        if cfg.read_from != "memory":
             from dimd.train.filesource import OriginalFiles
 
-            source = OriginalFiles(self.store, cfg.files_root)
+            source = OriginalFiles(self.store, cfg.files_root, cold=cfg.read_from == "files-cold")
         self.loader = BatchLoader(source, cfg.batch_size, cfg.image_size, train=True,
                                   workers=cfg.decode_threads, seed=cfg.seed, pin_memory=pin,
                                   crop_scale=cfg.crop_scale)

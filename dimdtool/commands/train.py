@@ -157,9 +157,11 @@ def print_models() -> None:
                help="Refuse to load more than this per rank (e.g. 8G).")
 @config_option(TrainConfig, "read_from", type=click.Choice(READ_FROM),
                help="files: read every training image from its original file on each access (the "
-                    "baseline the in-memory store is measured against).")
+                    "baseline the in-memory store is measured against); files-cold: the same, each "
+                    "file's cached pages dropped just before it is read (every read goes to the disk or "
+                    "the file server).")
 @config_option(TrainConfig, "files_root", type=click.Path(file_okay=False),
-               help="With --read-from files: the folder TRAIN was packed from [default: as recorded by "
+               help="With --read-from files(-cold): the folder TRAIN was packed from [default: as recorded by "
                     "dimd pack].")
 @click.option("--metrics", "metrics_path", type=OUTPUT_FILE, default=None,
               help="Append one JSON line per epoch here.")
