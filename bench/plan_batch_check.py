@@ -185,8 +185,17 @@ def noise_against_fit(noise: dict[str, Any], conv: dict[str, Any]) -> dict[str, 
     b_crit, known = conv.get("b_crit"), conv.get("b_crit_range")
     ratio = b_simple / b_crit if b_simple is not None and b_crit else None
     determined = bool(known) and known[1] is not None
+    collapsed = {b: share for b, share in (conv.get("at_chance_after_warmup") or at_chance(conv)).items()
+                 if share >= 0.2}
     if b_simple is None:
         why = "B_simple never came out positive (|G|^2's average stayed <= 0)"
+    elif ratio is not None and not 0.5 <= ratio <= 2.0 and collapsed:
+        why = ("at M = " + ", ".join(collapsed) + " the linearly scaled rate destabilised training: "
+               + ", ".join(f"{100 * share:.0f}%" for share in collapsed.values()) + " of the evaluations after "
+               "the warm-up (median over runs) were at chance top-1, so those batches took more updates than "
+               "gradient noise explains; that raises the fit's N_inf and lowers alpha/N_inf. McCandlish et al.'s "
+               "relation assumes the best rate at each batch: a sweep with the rate tuned (or capped) per batch "
+               "would measure the noise-limited law")
     elif not determined:
         why = (f"the sweep does not pin alpha/N_inf down: N_inf = {conv['n_inf']:.3g} +- "
                f"{conv.get('n_inf_se') or 0:.3g} (1 s.e.) may be 0, i.e. every swept batch is far below the "
@@ -352,11 +361,29 @@ def summary(conv: dict[str, Any]) -> dict[str, Any]:
     keep = ("n_inf", "alpha", "r2", "b_crit", "n_inf_se", "alpha_se", "b_crit_range", "batches_in_fit", "target",
             "batches", "unreached_runs", "eval_every_images", "training_images", "error", "exit")
     out = {k: conv.get(k) for k in keep}
+    out["at_chance_after_warmup"] = at_chance(conv)
     # R² says nothing through 2 points: the law is tested from 3 batches in the fit on
     out["inverse_law_holds"] = (None if (conv.get("batches_in_fit") or 0) < 3
                                 else conv.get("r2") is not None and conv["r2"] >= 0.9)
     out["sweep_seconds"] = max(conv.get("group_seconds") or [0])
     return out
+
+
+#: Top-1 this close to chance (1 / classes) counts as a collapsed model.
+CHANCE_MARGIN = 0.02
+
+
+def at_chance(conv: dict[str, Any]) -> dict[str, float]:
+    """Per batch, the median over its runs of the share of evaluations after the first epoch (the warm-up)
+    at chance top-1: a run whose rate destabilised it spends updates that gradient noise does not explain."""
+    classes = conv.get("classes") or 10
+    shares: dict[int, list[float]] = {}
+    for run in conv.get("runs") or []:
+        late = [e for e in run["evaluations"] if e[0] > run["steps_per_epoch"]]
+        if late:
+            shares.setdefault(run["batch"], []).append(
+                sum(e[1] <= 1 / classes + CHANCE_MARGIN for e in late) / len(late))
+    return {str(b): statistics.median(v) for b, v in sorted(shares.items())}
 
 
 def aims(figures: dict[str, Any]) -> dict[str, Any]:

@@ -47,3 +47,15 @@ def test_b_simple_is_set_against_alpha_over_n_inf_and_says_when_that_is_not_know
     assert not out["within_factor_2"] and not out["b_crit_determined"]
     assert "may be 0" in out["why_not_determined"] and "sweep larger batches" in out["why_not_determined"]
     assert check.noise_against_fit(noise([None, None]), pinned)["b_simple"] is None
+
+
+def test_runs_that_sit_at_chance_after_the_warm_up_explain_a_b_simple_far_from_alpha_over_n_inf(check):
+    def run(batch, tops):
+        return {"batch": batch, "steps_per_epoch": 2, "evaluations": [[i + 1, t, 0.0] for i, t in enumerate(tops)]}
+
+    conv = {"classes": 10, "runs": [run(16, [0.1, 0.3, 0.5, 0.6]), run(128, [0.2, 0.1, 0.11, 0.5, 0.6, 0.1])]}
+    assert check.at_chance(conv) == {"16": 0.0, "128": 0.5}      # after step 2, at 128: 0.11 and 0.1 of 4
+    conv.update({"n_inf": 90.0, "n_inf_se": 10.0, "b_crit": 22.0, "b_crit_range": [20.0, 24.0]})
+    out = check.noise_against_fit(noise([150.0, 140.0]), conv)
+    assert not out["within_factor_2"]
+    assert "at M = 128 the linearly scaled rate destabilised" in out["why_not_determined"]

@@ -334,7 +334,7 @@ def convergence(train_set: str, val_set: str, json_path: Path | None, quiet: boo
         details = {"runs": swept.records, "eval_every_images": swept.eval_every_images,
                    "training_images": swept.training_images, "ranks_per_run": swept.ranks_per_run,
                    "groups": swept.groups, "group_seconds": swept.group_seconds, "threads": swept.threads,
-                   "device": swept.device,
+                   "device": swept.device, "classes": swept.records[0].classes if swept.records else None,
                    "lr": {str(r.batch): r.lr for r in swept.records},
                    "schedule": "linear scaling of --lr by M/256, warm-up as dimd train, then constant"}
         try:

@@ -78,6 +78,7 @@ class RunRecord:
     #: Seconds per rank over the whole run (to the target, when reached) in data waits, compute, the allreduce,
     #: the optimizer: where a step's time went, beside T_update = Gamma + Delta's prediction.
     time_split: dict[str, float] = field(default_factory=dict)
+    classes: int = 0                    # the model's outputs (chance top-1 is 1 / classes)
 
     def as_run(self) -> Run:
         return Run(self.batch, self.seed, self.updates, None if self.reached else self.budget,
@@ -276,4 +277,4 @@ def train_one(config: ConvergenceConfig, spec: RunSpec, comm: Any, group: int, t
         steps=trainer.step, seconds=time.perf_counter() - started,
         final_top1=evaluations[-1].top1 if evaluations else None,
         evaluations=[[e.step, e.top1, round(e.train_seconds, 4)] for e in evaluations],
-        time_split={k: round(v, 4) for k, v in split.items()})
+        time_split={k: round(v, 4) for k, v in split.items()}, classes=int(trainer.model_info["classes"]))
