@@ -34,6 +34,8 @@ MODULES = (
     "memory_vs_files",       # DIMD figs. 10-11
     "comm_vs_ranks",         # FireCaffe fig. 4, eqs. 3-4
     "train_vs_ddp",          # dimd train against PyTorch DDP
+    "plan_batch_plan",       # Perrone et al.: T_C against P (three regimes), the inverse law
+    "plan_batch_check",      # Perrone et al.: the plan against real runs to the target; B_simple vs alpha/N_inf
     "allreduce_vs_mpich",    # opt-in: dimd's algorithms against MPICH's, forced
     "peer_loaders",          # opt-in (make bench-peers): dimd against FFCV, litdata, webdataset, ImageFolder
 )

@@ -169,3 +169,29 @@ def store(packed_sample, world):
     from dimd.shuffle import DistributedStore
 
     return DistributedStore.load(packed_sample, world)
+
+
+COLOURS = {"red": (200, 30, 30), "green": (30, 190, 40), "blue": (30, 40, 200), "grey": (128, 128, 128)}
+
+
+@pytest.fixture(scope="session")
+def colour_set(tmp_path_factory):
+    """4 classes of 12 noisy solid-colour 16 px JPEGs: a set LeNet learns perfectly in a few dozen steps."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from dimd.format import PackedRecord, PackWriter
+
+    out = tmp_path_factory.mktemp("colours") / "colours"
+    rng = np.random.default_rng(3)
+    with PackWriter(out) as writer:
+        for label, (name, rgb) in enumerate(COLOURS.items()):
+            for i in range(12):
+                pixels = np.clip(np.array(rgb) + rng.normal(0, 12, (16, 16, 3)), 0, 255).astype(np.uint8)
+                data = io.BytesIO()
+                Image.fromarray(pixels).save(data, format="JPEG", quality=90)
+                writer.add(PackedRecord(data.getvalue(), label, f"{name}/{i}.jpg", 16, 16))
+        writer.commit(list(COLOURS), short_side=16, quality=90, source="colours")
+    return out

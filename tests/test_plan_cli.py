@@ -2,9 +2,10 @@
 
 import json
 import os
+from pathlib import Path
 
 import pytest
-from conftest import run_dimd, run_mpi_dimd
+from conftest import run_dimd, run_mpi, run_mpi_dimd
 
 from dimd.host import available_cores
 from dimd.report import result_document, write_json
@@ -194,3 +195,136 @@ def test_help_names_the_steps():
     text = " ".join(run_dimd("plan-batch", "--help", check=True).stdout.split())
     for step in ("step-time", "comm", "solve"):
         assert step in text
+
+
+# ---------------------------------------------------------------------------- convergence
+def convergence_args(data, *extra):
+    return ["plan-batch", "convergence", data, "--val", data, "--model", "lenet", "--image-size", "16",
+            "--crop-scale", "1", "--threads", "1", "--decode-threads", "1", "-q", *map(str, extra)]
+
+
+LAW_CASE = Path(__file__).with_name("plan_law_case.py")
+
+
+@pytest.fixture(scope="module")
+def conv(colour_set, tmp_path_factory):
+    """2 ranks, a run each at a time, the real engine, validation "top-1" by a known law: 1 from step
+    N = 3 + 32/M on. Evaluated every 16 images (and at epoch ends): M = 4 every 4 steps, so first at step 12
+    (N = 11); M = 8 every 2, at 8 (N = 7); M = 16 every step, at 5 (N = 5); M = 48 needs 4 steps and has
+    1 an epoch, 2 in all: never."""
+    import sys
+
+    path = tmp_path_factory.mktemp("conv") / "conv.json"
+    proc = run_mpi(2, sys.executable, LAW_CASE, "3", "32",
+                   *convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "4,8,16,48",
+                                     "--seeds", "2", "--max-epochs", "2", "--eval-every-images", "16",
+                                     "--json", path), timeout=240)
+    return proc, path
+
+
+def test_convergence_under_mpi_hands_out_the_runs_and_fits_the_inverse_law(conv):
+    proc, path = conv
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(path.read_text())
+    assert doc["command"] == "plan-batch convergence" and doc["mpi"]["world_size"] == 2
+    figures = doc["result"]
+    assert figures["ranks_per_run"] == 1 and figures["groups"] == 2 and figures["eval_every_images"] == 16
+    assert len(figures["group_seconds"]) == 2
+    runs = {(r["batch"], r["seed"]): r for r in figures["runs"]}
+    assert sorted(runs) == [(m, s) for m in (4, 8, 16, 48) for s in (0, 1)]
+    assert {r["group"] for r in runs.values()} == {0, 1}       # both ranks trained
+    for (batch, _), run in runs.items():
+        assert run["updates"] == {4: 12, 8: 8, 16: 5, 48: None}[batch]
+        assert run["lr"] == pytest.approx(0.1 * batch / 256) and run["ranks"] == 1   # dimd train's lr, scaled
+        assert run["budget"] == 2 * (48 // batch)
+        if run["reached"]:
+            assert run["images_to_target"] == run["updates"] * batch and run["train_seconds_to_target"] > 0
+    rows = {row["batch"]: row for row in figures["batches"]}
+    assert [rows[m]["median_updates"] for m in (4, 8, 16)] == [12, 8, 5] and not rows[48]["in_fit"]
+    # the medians (12, 8, 5) against 1/M: least squares by hand
+    x, y = [1 / 4, 1 / 8, 1 / 16], [12, 8, 5]
+    mx, my = sum(x) / 3, sum(y) / 3
+    alpha = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+    assert figures["alpha"] == pytest.approx(alpha) and figures["n_inf"] == pytest.approx(my - alpha * mx)
+    assert 0.9 < figures["r2"] <= 1
+
+
+def test_a_run_that_never_reaches_the_target_is_reported(conv):
+    proc, path = conv
+    figures = json.loads(path.read_text())["result"]
+    row = {r["batch"]: r for r in figures["batches"]}[48]
+    assert row["unreached"] == 2 and row["median_updates"] is None
+    assert row["unreached_runs"] == [{"seed": 0, "budget": 2, "reason": "budget"},
+                                     {"seed": 1, "budget": 2, "reason": "budget"}]
+    assert figures["unreached_runs"] == 2
+    assert "not reached: M=48 seed 0: NOT reached (budget; budget 2 updates)" in proc.stdout
+    assert "N_update(M) = N_inf + alpha/M" in proc.stdout
+
+
+def test_the_chain_step_time_comm_convergence_solve(chain, conv):
+    out = chain["dir"]
+    comm = out / "comm-conv.json"
+    run_dimd("plan-batch", "comm", *chain["bench"], "--max-ranks", "8", "--json", comm, check=True)
+    plan = out / "plan-conv.json"
+    proc = run_dimd("plan-batch", "solve", "--step", chain["step"], "--comm", comm, "--convergence", conv[1],
+                    *ANY_FIT, "--ranks", "1,2,4", "--max-batch", "48", "--json", plan, check=True)
+    assert "time to target" in proc.stdout
+    doc = json.loads(plan.read_text())["result"]
+    conv_fit = json.loads(conv[1].read_text())["result"]
+    assert doc["model"]["n_inf"] == conv_fit["n_inf"] and doc["model"]["alpha"] == conv_fit["alpha"]
+    assert doc["measured"]["global_batches"] == [4, 16]   # the batches in the fit
+    assert [row["ranks"] for row in doc["plan"]] == [1, 2, 4]
+
+
+def test_convergence_on_one_rank_without_mpirun(colour_set, tmp_path):
+    """Real scores, so only what holds for any model: the updates are the steps at the first evaluation
+    that reached the target, evaluations come every 24 images and at epoch ends."""
+    path = tmp_path / "conv1.json"
+    proc = run_dimd(*convergence_args(colour_set, "--target-top1", "0.3", "--batch-sizes", "4,16",
+                                      "--seeds", "1", "--eval-every-images", "24", "--max-epochs", "2",
+                                      "--lr", "2", "--json", path))
+    assert proc.returncode == 0 or "reached the target" in proc.stderr, proc.stderr
+    figures = json.loads(path.read_text())["result"]
+    assert figures["groups"] == 1 and {r["batch"] for r in figures["runs"]} == {4, 16}
+    for run in figures["runs"]:
+        steps = [e[0] for e in run["evaluations"]]
+        per_epoch = 48 // run["batch"]
+        due = sorted({-(-24 * k // run["batch"]) for k in range(1, 5)} | {per_epoch, 2 * per_epoch})
+        assert steps == due[: len(steps)]
+        hits = [e[0] for e in run["evaluations"] if e[1] >= 0.3]
+        assert run["updates"] == (hits[0] if hits else None) and run["reached"] == bool(hits)
+        assert steps[-1] == (run["updates"] if hits else 2 * per_epoch)   # it stops at the target
+
+
+def test_convergence_refuses_bad_inputs_in_one_line(colour_set, tmp_path):
+    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,8")),
+                   "needs at least 2 distinct global batch sizes to fit N_inf and alpha, got 8,8")
+    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,0")),
+                   "'--batch-sizes': must be positive, got 0")
+    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "1.5", "--batch-sizes", "8,16")),
+                   "'--target-top1': must be in (0.0, 1.0]")
+    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,16",
+                                              "--ranks-per-run", "0")), "'--ranks-per-run': must be at least 1")
+    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,12",
+                                              "--ranks-per-run", "8")),
+                   "'--batch-sizes': must be multiples of --ranks-per-run (8)")
+    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,16",
+                                              "--ranks-per-run", "2")),
+                   "--ranks-per-run 2 does not divide the job's 1 rank(s)")
+    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,64")),
+                   "--batch-sizes: 64 is more than the 48 records")
+    one_line_error(run_dimd(*convergence_args(tmp_path / "nothing", "--target-top1", "0.5", "--batch-sizes", "8,16")),
+                   "index file not found")
+
+
+def test_a_target_no_run_reaches_is_one_line_and_the_runs_are_kept(colour_set, tmp_path):
+    path = tmp_path / "never.json"
+    proc = run_dimd(*convergence_args(colour_set, "--target-top1", "1.0", "--batch-sizes", "24,48",
+                                      "--seeds", "1", "--max-epochs", "1", "--lr", "0.01", "--json", path))
+    one_line_error(proc, "no run reached the target 1.0 (2 runs at batches 24, 48): lower the target or raise "
+                         f"the budget (every run is in {path})")
+    assert proc.stderr.strip().count("\n") == 0
+    figures = json.loads(path.read_text())["result"]
+    assert figures["n_inf"] is None and figures["unreached_runs"] == 2 and len(figures["runs"]) == 2
+    proc = run_dimd("plan-batch", "solve", "--step", path, "--comm", path, "--convergence", path)
+    one_line_error(proc, "a result of `plan-batch convergence`, expected one of `plan-batch step-time`")

@@ -37,7 +37,7 @@ def test_unreached_runs_are_reported_and_counted_in_the_median():
     figures = convergence_figures(runs)
     by_batch = {row["batch"]: row for row in figures["batches"]}
     assert by_batch[64]["unreached"] == 1 and by_batch[64]["median_updates"] == 1350
-    assert by_batch[64]["unreached_runs"] == [{"seed": 2, "budget": 2000}]
+    assert by_batch[64]["unreached_runs"] == [{"seed": 2, "budget": 2000, "reason": None}]
     assert by_batch[64]["in_fit"]
     assert by_batch[256]["median_updates"] is None and not by_batch[256]["in_fit"]
     assert by_batch[256]["reached"] == 1 and by_batch[256]["updates"]["runs"] == [500.0]
@@ -77,3 +77,31 @@ def test_first_reached_reads_evaluations_in_training_order():
     assert first_reached(evaluations, 0.9) == 300
     assert first_reached(evaluations, 0.95) is None
     assert first_reached([], 0.5) is None
+
+
+def test_standard_errors_match_the_scatter_of_repeated_sweeps():
+    """Over many noisy sweeps of the same law, the fitted N_inf scatters as its standard error says."""
+    import numpy as np
+
+    from dimd.train.plan.convergence import fit_inverse_law
+
+    rng = np.random.default_rng(8)
+    batches = np.array([8, 16, 32, 64, 128, 256])
+    fits = [fit_inverse_law(batches, 100 + 16000 / batches + rng.normal(0, 10, batches.size)) for _ in range(2000)]
+    n_inf = np.array([f.n_inf for f in fits])
+    assert abs(n_inf.mean() - 100) < 4 * n_inf.std() / np.sqrt(n_inf.size)
+    # the typical standard error estimates the scatter (within 10 %)
+    assert np.median([f.n_inf_se for f in fits]) == pytest.approx(n_inf.std(), rel=0.1)
+    assert np.median([f.alpha_se for f in fits]) == pytest.approx(np.std([f.alpha for f in fits]), rel=0.1)
+
+
+def test_two_batches_give_no_standard_errors_and_a_range_says_how_well_b_crit_is_known():
+    from dimd.train.plan.convergence import fit_inverse_law
+
+    assert fit_inverse_law([16, 64], [100, 48]).n_inf_se is None
+    assert fit_inverse_law([16, 64], [100, 48]).critical_batch_range is None
+    pinned = fit_inverse_law([8, 32, 128, 512], [2120, 590, 230, 128])      # the law bends: N_inf is clear
+    low, high = pinned.critical_batch_range
+    assert low < pinned.critical_batch < high
+    flat = fit_inverse_law([8, 32, 128], [1010, 240, 70])                      # all far below B_crit
+    assert flat.critical_batch_range[1] is None                               # N_inf may be 0: no upper end

@@ -71,6 +71,8 @@ class TrainConfig:
     sync_every: int = 1                   # SMA: learner steps per synchronisation
     autotune_threshold: float = 0.1       # SMA auto: the relative throughput rise that adds a learner
     learner_compute: str = "auto"         # SMA: how a rank computes its learners' gradients
+    # McCandlish et al.'s gradient noise scale B_simple, per epoch (S-SGD on 2 ranks or more).
+    noise_scale: bool = False
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "groups", "decode_threads"):
@@ -119,6 +121,9 @@ class TrainConfig:
                 require(getattr(self, name) == default, name,
                         "is a setting of model averaging: add `sync` sma, or leave it out for S-SGD")
         else:
+            require(not self.noise_scale, "noise_scale", "is defined for S-SGD only: it compares each rank's "
+                    "gradient with their average, and SMA averages models, not gradients; leave it out with "
+                    "`sync` sma")
             require(not self.nesterov, "nesterov", "is not part of SMA (its learners use Polyak "
                     "momentum, as Crossbow's do); leave it out with `sync` sma")
 

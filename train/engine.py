@@ -41,6 +41,10 @@ from dimd.train.signals import StopRequest, stop_request
 from dimd.train.steps import TIME_SPLIT, StepResult, StepTimes, Strategy
 
 
+class TrainingDiverged(DimdError):
+    """The loss or the synchronised update stopped being finite (every rank raises it at the same step)."""
+
+
 @dataclass
 class EpochMetrics:
     """One line of ``--metrics``: the epoch's training and validation figures and time split."""
@@ -65,9 +69,19 @@ class EpochMetrics:
     learners_per_rank: int = 1    # at the epoch's end (the auto-tuner changes it)
     alpha: float | None = None    # SMA's correction weight at the epoch's end
     synchronisations: int = 0     # this epoch's (S-SGD: one per step)
+    # ``noise_scale``: the gradient noise scale B_simple at the epoch's end (an EMA over steps), with
+    # the averages of |G|^2 and tr(Sigma) it is the ratio of; None when not estimated (then not written).
+    noise_scale: float | None = None
+    noise_gradient_sqnorm: float | None = None
+    noise_trace: float | None = None
+    noise_steps: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        values = dict(self.__dict__)
+        if self.noise_steps is None:   # not asked for: the metrics lines stay as they were
+            for key in NOISE_FIELDS:
+                del values[key]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "EpochMetrics":
@@ -75,6 +89,9 @@ class EpochMetrics:
         metrics = cls(**{k: v for k, v in values.items() if k in known})
         metrics.time_split = {key: float(metrics.time_split.get(key, 0.0)) for key in TIME_SPLIT}
         return metrics
+
+
+NOISE_FIELDS = ("noise_scale", "noise_gradient_sqnorm", "noise_trace", "noise_steps")
 
 
 @dataclass
@@ -116,6 +133,8 @@ class Evaluation:
     top1: float
     top5: float
     loss: float
+    step: int = 0                 # steps taken so far (S-SGD: updates)
+    train_seconds: float = 0.0    # seconds in training steps so far (this rank's; no loading, evaluation, shuffles)
 
 
 @dataclass
@@ -237,18 +256,24 @@ class Trainer:
     ``eval_every_images`` adds an evaluation whenever that many more training
     images (all ranks) have been processed; ``target_top1`` ends the run
     (``stopped_by == "target"``) at the first evaluation that reaches it.
+    ``device`` overrides ``config.device`` (``plan-batch convergence`` picks
+    each rank's GPU on the whole job, then trains on a sub-communicator).
     """
 
     def __init__(self, config: TrainConfig, comm, *, stop: StopRequest | None = None,
                  on_epoch: Callback | None = None, on_step: Callback | None = None,
                  on_event: Callback | None = None, on_start: Callback | None = None,
-                 eval_every_images: int | None = None, target_top1: float | None = None) -> None:
+                 eval_every_images: int | None = None, target_top1: float | None = None,
+                 device: torch.device | None = None) -> None:
         from dimd.shuffle import BatchLoader, DistributedStore
 
         self.started = time.perf_counter()
         self.config = cfg = config
         self.comm = comm
         self.rank, self.world = comm.Get_rank(), comm.Get_size()
+        if cfg.noise_scale and self.world < 2:   # before the data loads
+            raise DimdError("`noise_scale` needs at least 2 ranks: it compares each rank's gradient with their "
+                            "average (run under mpirun -n 2 or more)")
         #: The stop signals' flag; the caller enters it (before this set-up, so that a signal during
         #: loading is not lost) or :meth:`run` takes the process-wide one (``stop_request``).
         self.stop = stop if stop is not None else StopRequest()
@@ -269,7 +294,8 @@ class Trainer:
 
             # MPI: the node's cores are shared by its ranks
             torch.set_num_threads(cfg.threads or max(1, available_cores() // node_local_ranks(comm)))
-        self.device = pick_device(cfg.device, comm)
+        # ``device``: chosen by a caller whose ``comm`` is a part of the job (a rank's place on its node is not)
+        self.device = device if device is not None else pick_device(cfg.device, comm)
         t0 = time.perf_counter()
         self.store = DistributedStore.load(cfg.train, comm, groups=cfg.groups, memory_limit=cfg.memory_limit)
         self.val_store = DistributedStore.load(cfg.val, comm, groups=1, memory_limit=cfg.memory_limit)
@@ -320,6 +346,7 @@ class Trainer:
         self.since_sync = 0            # SMA: learner steps since the last synchronisation
         self.lr_phase = 0              # milestones passed when the last step ran (SMA restarts)
         self.images = 0                # training images processed, all ranks
+        self.train_seconds = 0.0       # in training steps so far (this rank's clock)
         self.next_eval_images = eval_every_images or 0
         self.tally = EpochTally()
         self.history: list[EpochMetrics] = []
@@ -353,8 +380,13 @@ class Trainer:
         optimizer = make_optimizer(self.model, lr=cfg.lr, momentum=cfg.momentum,
                                    weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
                                    decay_bn_and_bias=cfg.decay_bn_and_bias)
+        noise = None
+        if cfg.noise_scale:
+            from dimd.train.plan.noise import NoiseScale
+
+            noise = NoiseScale()
         return SSGD(SyncSGD(self.model, optimizer, reduce, self.world, bucket_bytes=cfg.bucket_bytes,
-                            normalize=self.normalize, synchronize=sync))
+                            normalize=self.normalize, synchronize=sync, noise=noise))
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -409,13 +441,15 @@ class Trainer:
                                             times=StepTimes(data=waited))
                 self.step += 1
                 self.since_sync = 0 if result.synced else self.since_sync + 1
-                self.tally.add(result, time.perf_counter() - t0)
+                seconds = time.perf_counter() - t0
+                self.tally.add(result, seconds)
+                self.train_seconds += seconds
                 self.images += int(result.samples)
                 self.on_step(1)
                 for event in result.events:
                     self.on_event(event)
                 if not result.finite:
-                    raise DimdError(f"training diverged at step {self.step} (loss {result.loss_sum:.4g}, "
+                    raise TrainingDiverged(f"training diverged at step {self.step} (loss {result.loss_sum:.4g}, "
                                     f"or a non-finite update); nothing was saved after it, the last good "
                                     f"checkpoint is {self.last_checkpoint or 'none'}; lower `lr`"
                                     + (" or `alpha`" if cfg.sync == "sma" else "")
@@ -492,7 +526,8 @@ class Trainer:
         epoch, done = self.loader.position
         self.evaluations.append(Evaluation(epoch=epoch + done / self.batches_per_epoch, images=self.images,
                                            elapsed=time.perf_counter() - self.started,
-                                           top1=evaluation.top1, top5=evaluation.top5, loss=evaluation.loss))
+                                           top1=evaluation.top1, top5=evaluation.top5, loss=evaluation.loss,
+                                           step=self.step, train_seconds=self.train_seconds))
         if self.target_top1 is not None and evaluation.top1 >= self.target_top1 and self.stopped_by is None:
             self.stopped_by = "target"
             self.on_event(f"validation top-1 {100 * evaluation.top1:.2f}% reaches the target "
@@ -528,7 +563,7 @@ class Trainer:
             time_split=dict(zip(TIME_SPLIT, split.tolist())),
             elapsed=time.perf_counter() - self.started, sync=self.strategy.name,
             learners_per_rank=self.strategy.learners, alpha=strategy.get("alpha"),
-            synchronisations=tally.synchronisations)
+            synchronisations=tally.synchronisations, **{k: strategy[k] for k in NOISE_FIELDS if k in strategy})
 
     def result(self) -> TrainResult:
         figures = self.strategy.figures()
@@ -573,6 +608,7 @@ class Trainer:
             "position": {"epoch": self.epoch, "batch": done if epoch == self.epoch else 0,
                          "batches_per_epoch": self.batches_per_epoch},
             "since_sync": self.since_sync, "lr_phase": self.lr_phase, "images": self.images,
+            "train_seconds": self.train_seconds,
             "next_eval_images": self.next_eval_images,
             "lr": self.schedule.lr(max(self.epoch * self.batches_per_epoch + done - 1, 0)),
             "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
@@ -649,6 +685,7 @@ class Trainer:
             raise DimdError(f"{path}: does not fit this run ({str(exc).splitlines()[0]})") from None
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         self.images, self.next_eval_images = int(state["images"]), int(state["next_eval_images"])
+        self.train_seconds = float(state.get("train_seconds", 0.0))
         self.history = [EpochMetrics.from_dict(m) for m in state["history"]]
         self.evaluations = [Evaluation(**e) for e in state.get("evaluations", [])]
         if state["store_round"] is not None:

@@ -18,11 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from dimd.train.flatgrad import FlatGradients, Reduce
+from dimd.train.plan.noise import NoiseScale
 from dimd.train.steps import Batches, StepResult, StepTimes
 
 #: The tail of the flat buffer: summed across ranks with the gradients, in the same message.
-EXTRA_LOSS, EXTRA_CORRECT, EXTRA_SAMPLES, EXTRA_STOP = range(4)
-EXTRAS = 4
+#: EXTRA_SQNORM: this rank's |g|^2 before the allreduce, for the gradient noise scale (0 when off).
+EXTRA_LOSS, EXTRA_CORRECT, EXTRA_SAMPLES, EXTRA_STOP, EXTRA_SQNORM = range(5)
+EXTRAS = 5
 
 #: ImageNet's per-channel mean and standard deviation (0..255 scale), as the ResNet recipe uses.
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -64,11 +66,21 @@ class Normalize:
 
 
 class SyncSGD:
-    """The S-SGD engine's inner step over a model whose gradients live in a :class:`FlatGradients`."""
+    """The S-SGD engine's inner step over a model whose gradients live in a :class:`FlatGradients`.
+
+    ``noise``: estimate McCandlish et al.'s gradient noise scale as a side
+    effect of every step (needs ``world_size`` >= 2): each rank puts its own
+    |g|^2 into the extras tail, so the allreduce that sums the gradients also
+    sums the squared norms; after it every rank holds the same mean of the
+    local norms and the same averaged gradient, and so the same estimate.
+    """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduce: Reduce,
                  world_size: int, *, bucket_bytes: int = 0, normalize: Normalize | None = None,
-                 synchronize: Callable[[], None] | None = None) -> None:
+                 synchronize: Callable[[], None] | None = None, noise: NoiseScale | None = None) -> None:
+        if noise is not None and world_size < 2:
+            raise ValueError("the gradient noise scale needs at least 2 ranks")
+        self.noise = noise
         self.model = model
         self.optimizer = optimizer
         self.reduce = reduce
@@ -98,16 +110,29 @@ class SyncSGD:
             extras[EXTRA_CORRECT] = (logits.argmax(1) == y).sum()
             extras[EXTRA_SAMPLES] = y.numel()
             extras[EXTRA_STOP] = 1.0 if stop else 0.0
+            if self.noise is not None:
+                extras[EXTRA_SQNORM] = squared_norm(self.flat.grads)   # before the allreduce: this rank's
         self._sync()
         t1 = time.perf_counter()
         self.flat.allreduce(self.reduce, self.world_size)   # MPI: the gradients (and extras) summed over ranks
+        if self.noise is not None:   # before the optimizer, which may change .grad in place (Nesterov)
+            with torch.no_grad():
+                averaged = float(squared_norm(self.flat.grads))   # the mean of the ranks' gradients
         t2 = time.perf_counter()
         self.optimizer.step()
         self._sync()
         t3 = time.perf_counter()
         times.compute, times.allreduce, times.optimizer = t1 - t0, t2 - t1, t3 - t2
-        loss_sum, correct, samples, stops = self.flat.extras.tolist()
+        loss_sum, correct, samples, stops, local_sqnorms = self.flat.extras.tolist()
+        if self.noise is not None:
+            self.noise.update(local_sqnorms / self.world_size, averaged, local_batch=round(samples / self.world_size),
+                              ranks=self.world_size)
         return StepResult(loss_sum, correct, samples, stops > 0, times)
+
+
+def squared_norm(vector: torch.Tensor) -> torch.Tensor:
+    """|v|^2 of a flat float32 vector, one pass (a 0-d tensor on the vector's device)."""
+    return torch.dot(vector, vector)
 
 
 def broadcast_state(module: nn.Module, comm, root: int = 0) -> None:
@@ -164,7 +189,10 @@ class SSGD:
         return self.model
 
     def global_state(self) -> dict[str, Any]:
-        return {"optimizer": self.sgd.optimizer.state_dict()}
+        state: dict[str, Any] = {"optimizer": self.sgd.optimizer.state_dict()}
+        if self.sgd.noise is not None:
+            state["noise_scale"] = self.sgd.noise.state_dict()   # the same on every rank
+        return state
 
     def local_state(self) -> dict[str, Any]:
         # Batch-norm statistics are per rank (each sees its own batches).
@@ -173,14 +201,20 @@ class SSGD:
     def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
         self.sgd.optimizer.load_state_dict(shared["optimizer"])
         self.sgd.flat.attach()
+        notes = []
+        if self.sgd.noise is not None:
+            if "noise_scale" in shared:
+                self.sgd.noise.load_state_dict(shared["noise_scale"])
+            else:
+                notes.append("the checkpoint has no gradient noise scale: its averages start afresh")
         if local is not None:
             with torch.no_grad():
                 for name, buffer in self.model.named_buffers():
                     buffer.copy_(local["buffers"][name])
-        return []
+        return notes
 
     def figures(self) -> dict[str, Any]:
-        return {}
+        return self.sgd.noise.figures() if self.sgd.noise is not None else {}
 
     def identical(self, comm) -> bool:
         return replicas_identical(self.model, comm)

@@ -5,6 +5,8 @@ A chain of steps that pass JSON files, each usable alone:
     mpirun -n 2 dimd plan-batch step-time --model resnet20 --image-size 32 --json step.json
     mpirun -n 2 dimd bench-allreduce --model resnet20 --json ar-P2.json   (and at P = 3, 4, ...)
     dimd plan-batch comm ar-P2.json ar-P3.json ar-P4.json --model resnet20 --json comm.json
+    mpirun -n 2 dimd plan-batch convergence train --val val --model resnet20 --target-top1 0.8 \
+        --batch-sizes 8,16,32,64,128,256 --json conv.json
     dimd plan-batch solve --step step.json --comm comm.json --convergence conv.json --json plan.json
 """
 
@@ -17,13 +19,15 @@ from typing import Any, Sequence
 import click
 
 from dimd.commands.mpi_job import mpi_command
-from dimd.options import INT_LIST, SIZE, build_config, config_option, json_option, quiet_option
-from dimd.train.plan.config import POWERS_OF_TWO_TO_1024, CommFitConfig, SolveConfig, StepTimeConfig
+from dimd.options import INT_LIST, SIZE, RegistryChoice, build_config, config_option, json_option, quiet_option
+from dimd.train.plan.config import (POWERS_OF_TWO_TO_1024, CommFitConfig, ConvergenceConfig, SolveConfig,
+                                    StepTimeConfig)
 
 
 @click.group("plan-batch")
 def plan_batch() -> None:
-    """Choose the mini-batch size and rank count from measurements (Perrone et al.): step-time, comm, solve.
+    """Choose the mini-batch size and rank count from measurements (Perrone et al.): step-time, comm,
+    convergence, solve.
 
     T_C(M, P) = N_update(M) * (Gamma(M/P) + Delta(P)): the updates a global
     batch M needs to reach a target, times the seconds per update on P ranks.
@@ -231,6 +235,162 @@ def _print_comm(figures: dict[str, Any]) -> None:
                 f"({figures['gradient_source']}), a core per rank", ["P", *names, "fastest"], table)
     if figures["skipped"]:
         click.echo("not fitted: " + "; ".join(f"{k} ({v})" for k, v in figures["skipped"].items()))
+
+
+# ---------------------------------------------------------------------------- convergence
+def _algorithms() -> Any:
+    from dimd.allreduce import ALGORITHMS
+
+    return ALGORITHMS
+
+
+@plan_batch.command("convergence")
+@click.argument("train_set", metavar="TRAIN")
+@click.option("--val", "val_set", metavar="VAL", required=True, help="Packed validation set (`dimd pack`).")
+@config_option(ConvergenceConfig, "model", "--model", required=True, help="Model name (`dimd train --list-models`).")
+@config_option(ConvergenceConfig, "target_top1", "--target-top1", required=True,
+               help="The validation top-1 each run trains to, in (0, 1] (e.g. 0.95).")
+@config_option(ConvergenceConfig, "batch_sizes", "--batch-sizes", type=INT_LIST, required=True,
+               help="Global batch sizes M to train at (at least 2), e.g. 8,16,32,64,128,256,512.")
+@config_option(ConvergenceConfig, "seeds", "--seeds", help="Runs per batch size (seeds --first-seed, +1, ...).")
+@config_option(ConvergenceConfig, "first_seed", "--first-seed")
+@config_option(ConvergenceConfig, "lr", "--lr",
+               help="Base learning rate for 256 images, scaled linearly to each M [default: dimd train's].")
+@config_option(ConvergenceConfig, "warmup_epochs", "--warmup-epochs",
+               help="Linear warm-up, as dimd train [default: 5 epochs when M exceeds 256, else 0].")
+@config_option(ConvergenceConfig, "max_epochs", "--max-epochs",
+               help="Each run's budget: a run that has not reached the target by then is reported as not "
+                    "reached.")
+@config_option(ConvergenceConfig, "eval_every_images", "--eval-every-images",
+               help="Evaluate every N training images (and at every epoch end) [default: a tenth of TRAIN].")
+@config_option(ConvergenceConfig, "ranks_per_run", "--ranks-per-run",
+               help="Ranks that train one run together (M/G images each); the job's ranks split into "
+                    "groups of this many, each training its share of the runs at the same time.")
+@config_option(ConvergenceConfig, "image_size", "--image-size",
+               help="Square input size in pixels [default: the size the model is designed for].")
+@config_option(ConvergenceConfig, "crop_scale", "--crop-scale",
+               help="Smallest area share of a training crop [default: dimd train's].")
+@config_option(ConvergenceConfig, "momentum", "--momentum", help="[default: dimd train's]")
+@config_option(ConvergenceConfig, "weight_decay", "--weight-decay", help="[default: dimd train's]")
+@config_option(ConvergenceConfig, "allreduce", "--allreduce", type=RegistryChoice(_algorithms, "ALGORITHM"),
+               help="With --ranks-per-run 2 or more [default: the fastest measured at each run's start].")
+@config_option(ConvergenceConfig, "device", "--device", type=click.Choice(["auto", "cpu", "cuda"]),
+               help="auto: one GPU per rank when CUDA is available, else CPU [default: auto].")
+@config_option(ConvergenceConfig, "threads", "--threads",
+               help="Torch threads per rank [default: cores / ranks on the node, as dimd train].")
+@config_option(ConvergenceConfig, "decode_threads", "--decode-threads",
+               help="Decoding threads of each rank's loader [default: dimd train's].")
+@config_option(ConvergenceConfig, "eval_batch_size", "--eval-batch-size",
+               help="Validation batch per rank [default: the training batch per rank, at least 128].")
+@json_option("N_inf, alpha, R², every batch's runs (reached or not) and each run's evaluations")
+@quiet_option()
+@mpi_command("funneled")   # the loaders' decoding threads never call MPI
+def convergence(train_set: str, val_set: str, json_path: Path | None, quiet: bool, comm, mpi_setup,
+                **values: Any) -> None:
+    """Train at each global batch M until validation top-1 first reaches the target; fit N_update = N_inf + alpha/M.
+
+    Every (M, seed) is one short run of dimd train's engine (S-SGD, the rate
+    --lr x M / 256 after a warm-up as dimd train's, then constant), evaluated
+    every --eval-every-images training images; its updates to the target are
+    the steps taken at the first evaluation that reached it. A run that has
+    not reached it after --max-epochs (or that diverged) is reported as not
+    reached, and counts as "more than its budget" in its batch's median. The
+    fit is least squares of the per-batch medians on 1/M. Run it under
+    mpirun: the ranks split into groups of --ranks-per-run (default 1), which
+    train their shares of the runs at the same time (largest M first, dealt
+    in a snake), so P ranks go through the sweep about P times faster; it
+    also runs on one rank. The JSON is what `plan-batch solve --convergence`
+    reads.
+
+    \b
+    Example:
+      mpirun -n 2 dimd plan-batch convergence mnist/train --val mnist/val --model lenet \\
+          --image-size 28 --target-top1 0.95 --batch-sizes 8,16,32,64,128,256,512 --seeds 3 \\
+          --lr 0.4 --max-epochs 30 --json conv.json
+    """
+    from dimd.errors import DimdError
+    from dimd.mpi import agree_or_raise
+    from dimd.report import result_document, write_json
+    from dimd.train.plan.convergence import COMMAND, convergence_figures, unfitted_figures
+    from dimd.train.plan.runs import run_convergence
+
+    config = build_config(ConvergenceConfig, train=train_set, val=val_set, **values)
+    root = comm.Get_rank() == 0
+    if root and not quiet:
+        count = len(set(config.batch_sizes)) * config.seeds
+        groups = max(1, comm.Get_size() // config.ranks_per_run)
+        click.echo(f"# {config.model}: {count} runs to validation top-1 {config.target_top1:g}, "
+                   f"{groups} at a time ({config.ranks_per_run} rank(s) each); rank 0's runs as they finish, "
+                   f"everyone's at the end")
+
+    def on_run(record: Any, number: int, runs: int) -> None:
+        if root and not quiet:
+            click.echo(_run_line(record) + f"  [run {number} of {runs}]")
+
+    swept = run_convergence(config, comm, on_run=on_run)
+    problem = None
+    if root:
+        runs = swept.runs()
+        details = {"runs": swept.records, "eval_every_images": swept.eval_every_images,
+                   "training_images": swept.training_images, "ranks_per_run": swept.ranks_per_run,
+                   "groups": swept.groups, "group_seconds": swept.group_seconds, "threads": swept.threads,
+                   "device": swept.device, "classes": swept.records[0].classes if swept.records else None,
+                   "lr": {str(r.batch): r.lr for r in swept.records},
+                   "schedule": "linear scaling of --lr by M/256, warm-up as dimd train, then constant"}
+        try:
+            figures = convergence_figures(runs, config.target_top1)
+        except DimdError as exc:
+            problem = str(exc)
+            figures = unfitted_figures(runs, config.target_top1, problem)
+        figures.update(details)
+        _print_convergence(figures, swept.records, config)
+        if json_path is not None:
+            write_json(json_path, result_document(COMMAND, config, figures, mpi=mpi_setup.as_dict()))
+            if problem is not None:
+                problem += f" (every run is in {json_path})"
+    agree_or_raise(comm, problem)
+
+
+def _run_line(record: Any) -> str:
+    where = f"M={record.batch} seed {record.seed}"
+    if record.reached:
+        return (f"{where}: reached after {record.updates:,} updates ({record.images_to_target:,} images, "
+                f"{record.train_seconds_to_target:.1f} s of training, {record.seconds:.1f} s in all)")
+    best = f"; its last top-1 {100 * record.final_top1:.1f}%" if record.final_top1 is not None else ""
+    why = ("budget" if record.reason == "budget" else record.reason)
+    return f"{where}: NOT reached ({why}; budget {record.budget:,} updates){best}"
+
+
+def _print_convergence(figures: dict[str, Any], records: Sequence[Any], config: ConvergenceConfig) -> None:
+    seconds_by_batch: dict[int, list[float]] = {}
+    for r in records:
+        if r.train_seconds_to_target is not None:
+            seconds_by_batch.setdefault(r.batch, []).append(r.train_seconds_to_target)
+    lrs = {r.batch: r.lr for r in records}
+    rows = []
+    for row in figures["batches"]:
+        spread_ = row["updates"]
+        median = row["median_updates"]
+        times = sorted(seconds_by_batch.get(row["batch"], []))
+        rows.append([str(row["batch"]), f"{lrs.get(row['batch'], float('nan')):.4g}",
+                     f"{row['reached']}/{row['runs']}",
+                     f"{median:,.0f}" if median is not None else "not reached",
+                     f"{spread_['min']:,.0f}-{spread_['max']:,.0f}" if spread_["runs"] else "-",
+                     f"{row['fitted_updates']:,.0f}" if "fitted_updates" in row else "-",
+                     "yes" if row["in_fit"] else "no",
+                     seconds(times[len(times) // 2]) if times else "-"])
+    click.echo(f"# updates to validation top-1 {config.target_top1:g} per global batch M, evaluated every "
+               f"{figures['eval_every_images']:,} training images; a missed run counts as beyond its budget")
+    print_table("convergence", ["M", "lr", "reached", "median updates", "range", "fit", "in fit",
+                                "training s (median)"], rows)
+    for r in records:
+        if not r.reached:
+            click.echo("not reached: " + _run_line(r))
+    if figures["n_inf"] is not None:
+        b_crit = figures["b_crit"]
+        click.echo(f"N_update(M) = N_inf + alpha/M: N_inf = {figures['n_inf']:,.4g}, alpha = {figures['alpha']:,.4g}, "
+                   f"R² = {figures['r2']:.3f}" + (f"; alpha/N_inf (the critical batch) = {b_crit:,.0f}"
+                                                  if b_crit is not None else "; N_inf <= 0: no critical batch"))
 
 
 # ---------------------------------------------------------------------------- solve

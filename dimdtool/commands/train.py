@@ -135,6 +135,10 @@ def print_models() -> None:
                help="SMA: how a rank computes its learners' gradients: vmap (one vectorised pass over "
                     "the stacked replicas), loop (one after another; on CUDA one stream each) or "
                     "threads; auto: loop (measured fastest on CPU cores; see docs/sma.md).")
+@config_option(TrainConfig, "noise_scale",
+               help="Log the gradient noise scale B_simple (McCandlish et al., appendix A) per epoch in "
+                    "--metrics and --json: each rank's squared gradient norm rides the gradient allreduce, "
+                    "compared with the averaged gradient's. S-SGD on 2 ranks or more (docs/plan-batch.md).")
 @config_option(TrainConfig, "device", type=click.Choice(DEVICES),
                help="auto: one GPU per rank when CUDA is available, else CPU.")
 @config_option(TrainConfig, "decode_threads", help="Decoding threads of each rank's loader.")
@@ -215,7 +219,12 @@ def _epoch_line(m, epochs: int) -> str:
             f" compute {split['compute']:.1f} allreduce {split['allreduce']:.1f}"
             f" optimizer {split['optimizer']:.1f}" + (f" sync {split['sync']:.1f}" if m.sync == "sma" else "")
             + f" eval {m.eval_seconds:.1f} shuffle {m.shuffle_seconds:.1f})"
-            + (f"  {m.learners_per_rank} learners/rank alpha {m.alpha:.3g}" if m.sync == "sma" else ""))
+            + (f"  {m.learners_per_rank} learners/rank alpha {m.alpha:.3g}" if m.sync == "sma" else "")
+            + (f"  B_simple {_noise(m.noise_scale)}" if m.noise_steps is not None else ""))
+
+
+def _noise(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def _layout_line(trainer) -> str:

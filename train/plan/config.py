@@ -7,8 +7,9 @@ build its options from them without loading numpy or torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from dimd.checks import at_least, one_of, positive, require
+from dimd.checks import at_least, in_range, one_of, positive, require
 
 DEVICES = ("auto", "cpu", "cuda")
 #: Delta(P) is predicted for P = 1, 2, 4, ... up to this by default.
@@ -104,3 +105,83 @@ class SolveConfig:
         positive(self, "max_holdout_error", optional=True)
         require(self.allowed_per_rank is None or (bool(self.allowed_per_rank) and min(self.allowed_per_rank) >= 1),
                 "allowed_per_rank", "must be positive whole batch sizes")
+
+
+#: The TrainConfig fields ``plan-batch convergence`` passes through when given (None: `dimd train`'s default).
+CONVERGENCE_TRAIN_FIELDS = ("lr", "warmup_epochs", "momentum", "weight_decay", "crop_scale", "allreduce",
+                            "device", "decode_threads")
+
+
+@dataclass(frozen=True)
+class ConvergenceConfig:
+    """What ``plan-batch convergence`` trains: every (global batch, seed) once, to a validation top-1.
+
+    The runs use ``dimd train``'s engine and its defaults for every setting
+    left as None here (rate, warm-up, momentum, ...); the rate is the base
+    ``lr`` (for 256 images) scaled linearly to each global batch, and stays
+    at its peak after the warm-up (``constant``), so a run's updates to the
+    target do not depend on its budget.
+    """
+
+    train: str
+    val: str
+    model: str
+    target_top1: float
+    batch_sizes: tuple[int, ...]              # global batches M
+    seeds: int = 3                            # runs per batch, seeds first_seed, first_seed + 1, ...
+    first_seed: int = 0
+    max_epochs: int = 20                      # each run's budget
+    eval_every_images: int | None = None      # None: a tenth of the training set
+    ranks_per_run: int = 1                    # G: each run on G ranks (M/G images each); P/G runs at once
+    image_size: int | None = None             # None: the size the model is designed for
+    eval_batch_size: int | None = None        # None: the per-rank batch, at least 128
+    threads: int | None = None                # torch threads per rank; None: cores / ranks on the node
+    lr: float | None = None                   # base rate for 256 images; None: dimd train's
+    warmup_epochs: float | None = None        # None: dimd train's rule (5 when M > 256, else 0)
+    momentum: float | None = None
+    weight_decay: float | None = None
+    crop_scale: float | None = None
+    allreduce: str | None = None              # with G >= 2; None: the fastest measured at start-up
+    device: str | None = None
+    decode_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        from dimd.train.models import MODELS
+
+        require(self.model in MODELS, "model", f"{self.model!r} is unknown; choose from {', '.join(MODELS)}")
+        require(len(set(self.batch_sizes)) >= 2, "batch_sizes", "needs at least 2 distinct global batch sizes "
+                f"to fit N_inf and alpha, got {','.join(map(str, self.batch_sizes)) or 'none'}")
+        require(min(self.batch_sizes) >= 1, "batch_sizes", f"must be positive, got {min(self.batch_sizes)}")
+        in_range(self, "target_top1", 0.0, 1.0, low_open=True)
+        at_least(self, "seeds", 1)
+        at_least(self, "first_seed", 0)
+        at_least(self, "max_epochs", 1)
+        at_least(self, "eval_every_images", 1, optional=True)
+        at_least(self, "ranks_per_run", 1)
+        at_least(self, "eval_batch_size", 1, optional=True)
+        at_least(self, "threads", 1, optional=True)
+        uneven = [m for m in self.batch_sizes if m % self.ranks_per_run]
+        require(not uneven, "batch_sizes", f"must be multiples of `ranks_per_run` ({self.ranks_per_run}): "
+                f"{uneven[0] if uneven else ''} images cannot be split evenly over its ranks")
+        self.train_config(min(self.batch_sizes), self.first_seed)   # the engine's own checks, at once
+
+    @property
+    def model_image_size(self) -> int:
+        from dimd.train.models import MODELS
+
+        return self.image_size if self.image_size is not None else MODELS[self.model].image_size
+
+    @property
+    def run_seeds(self) -> tuple[int, ...]:
+        return tuple(range(self.first_seed, self.first_seed + self.seeds))
+
+    def train_config(self, batch: int, seed: int, threads: int | None = None) -> Any:
+        """The :class:`dimd.train.config.TrainConfig` of the run at global batch ``batch``."""
+        from dimd.train.config import TrainConfig
+
+        given = {name: getattr(self, name) for name in CONVERGENCE_TRAIN_FIELDS if getattr(self, name) is not None}
+        per_rank = batch // self.ranks_per_run
+        return TrainConfig(train=self.train, val=self.val, model=self.model, image_size=self.model_image_size,
+                           epochs=self.max_epochs, batch_size=per_rank, lr_scaling=True, schedule="constant",
+                           eval_batch_size=self.eval_batch_size or max(per_rank, 128), seed=seed,
+                           threads=threads if threads is not None else self.threads, **given)

@@ -34,6 +34,7 @@ class Run:
     seed: int
     updates: int | None
     budget: int | None = None    # the updates it was allowed (its give-up point), when it missed
+    reason: str | None = None    # why it missed, when known ("budget", "diverged at step 40")
 
     @property
     def reached(self) -> bool:
@@ -47,6 +48,8 @@ class ConvergenceFit:
     r2: float
     batches: tuple[int, ...]      # the batches whose medians the fit used
     medians: tuple[float, ...]
+    n_inf_se: float | None = None   # standard errors from the medians' scatter about the line (3+ batches)
+    alpha_se: float | None = None
 
     def __call__(self, batch: float | np.ndarray) -> float | np.ndarray:
         return updates_to_target(self.n_inf, self.alpha, batch)
@@ -55,6 +58,22 @@ class ConvergenceFit:
     def critical_batch(self) -> float | None:
         """alpha / N_inf, McCandlish et al.'s B_crit; None when N_inf <= 0."""
         return self.alpha / self.n_inf if self.n_inf > 0 else None
+
+    @property
+    def critical_batch_range(self) -> tuple[float, float | None] | None:
+        """alpha / N_inf with N_inf one standard error up and down (None above: N_inf may be 0).
+
+        When the swept batches all lie well below the critical batch, N_update
+        is nearly alpha / M and N_inf is a small difference of large numbers:
+        this range says how far the sweep pins B_crit down.
+        """
+        if self.n_inf_se is None or self.alpha <= 0:
+            return None
+        high = self.n_inf + self.n_inf_se
+        low = self.n_inf - self.n_inf_se
+        if high <= 0:
+            return None
+        return self.alpha / high, (self.alpha / low if low > 0 else None)
 
 
 def first_reached(evaluations: Iterable[tuple[int, float]], target: float) -> int | None:
@@ -83,8 +102,13 @@ def fit_inverse_law(batches: Sequence[float], updates: Sequence[float]) -> Conve
     x = 1.0 / m
     design = np.column_stack([np.ones_like(x), x])
     (n_inf, alpha), *_ = np.linalg.lstsq(design, n, rcond=None)
+    n_inf_se = alpha_se = None
+    if m.size > 2 and np.unique(m).size > 2:   # ordinary least squares' standard errors
+        residual = n - design @ [n_inf, alpha]
+        variance = float(residual @ residual) / (m.size - 2)
+        n_inf_se, alpha_se = (float(v) for v in np.sqrt(np.diag(variance * np.linalg.inv(design.T @ design))))
     return ConvergenceFit(float(n_inf), float(alpha), r_squared(n, design @ [n_inf, alpha]),
-                          tuple(int(b) for b in m), tuple(n.tolist()))
+                          tuple(int(b) for b in m), tuple(n.tolist()), n_inf_se, alpha_se)
 
 
 def batch_summary(batch: int, runs: Sequence[Run]) -> dict[str, Any]:
@@ -99,12 +123,12 @@ def batch_summary(batch: int, runs: Sequence[Run]) -> dict[str, Any]:
         "batch": batch, "runs": len(runs), "reached": len(reached), "unreached": len(missed),
         "median_updates": median if np.isfinite(median) else None,
         "updates": spread(reached),
-        "unreached_runs": [{"seed": r.seed, "budget": r.budget} for r in missed],
+        "unreached_runs": [{"seed": r.seed, "budget": r.budget, "reason": r.reason} for r in missed],
     }
 
 
-def convergence_figures(runs: Iterable[Run], target: Any = None) -> dict[str, Any]:
-    """The ``plan-batch convergence`` figures: the fit and every batch's runs, missed ones included."""
+def batch_rows(runs: Iterable[Run]) -> list[dict[str, Any]]:
+    """Every batch's summary (:func:`batch_summary`), smallest batch first; checks the runs."""
     runs = list(runs)
     if not runs:
         raise DimdError("no training runs to fit")
@@ -112,12 +136,18 @@ def convergence_figures(runs: Iterable[Run], target: Any = None) -> dict[str, An
     if bad:
         raise DimdError(f"a run has batch {bad[0].batch} and updates {bad[0].updates}: "
                         "batches must be >= 1 and updates >= 0")
+    return [batch_summary(b, [r for r in runs if r.batch == b]) for b in sorted({r.batch for r in runs})]
+
+
+def convergence_figures(runs: Iterable[Run], target: Any = None) -> dict[str, Any]:
+    """The ``plan-batch convergence`` figures: the fit and every batch's runs, missed ones included."""
+    runs = list(runs)
+    rows = batch_rows(runs)
     if not any(r.reached for r in runs):
         what = f" {target}" if target is not None else ""
         raise DimdError(f"no run reached the target{what} ({len(runs)} runs at batches "
                         f"{', '.join(map(str, sorted({r.batch for r in runs})))}): lower the target or "
                         "raise the budget")
-    rows = [batch_summary(b, [r for r in runs if r.batch == b]) for b in sorted({r.batch for r in runs})]
     usable = [row for row in rows if row["median_updates"] is not None]
     if len(usable) < 2:
         raise DimdError(f"only {len(usable)} batch size(s) reached the target in at least half their runs; "
@@ -129,17 +159,33 @@ def convergence_figures(runs: Iterable[Run], target: Any = None) -> dict[str, An
         row["fitted_updates"] = float(fit(row["batch"]))
     return {
         "n_inf": fit.n_inf, "alpha": fit.alpha, "r2": fit.r2, "b_crit": fit.critical_batch,
+        "n_inf_se": fit.n_inf_se, "alpha_se": fit.alpha_se, "b_crit_range": fit.critical_batch_range,
+        "batches_in_fit": len(usable),
         "target": target, "fit_on": "per-batch medians against 1/M (ordinary least squares)",
         "batches": rows,
         "unreached_runs": sum(row["unreached"] for row in rows),
     }
 
 
-def convergence_document(runs: Iterable[Run], parameters: Any, target: Any = None) -> dict[str, Any]:
-    """The result envelope ``plan-batch convergence`` writes (and ``solve`` reads)."""
+def unfitted_figures(runs: Iterable[Run], target: Any, problem: str) -> dict[str, Any]:
+    """What a sweep that could not be fitted still reports: every batch's runs, the fit left empty."""
+    rows = batch_rows(runs)
+    for row in rows:
+        row["in_fit"] = False
+    return {"n_inf": None, "alpha": None, "r2": None, "b_crit": None, "n_inf_se": None, "alpha_se": None,
+            "b_crit_range": None, "batches_in_fit": 0, "target": target, "error": problem,
+            "batches": rows, "unreached_runs": sum(row["unreached"] for row in rows)}
+
+
+def convergence_document(runs: Iterable[Run], parameters: Any, target: Any = None,
+                         extra: dict[str, Any] | None = None, mpi: Any = None) -> dict[str, Any]:
+    """The result envelope ``plan-batch convergence`` writes (and ``solve`` reads).
+
+    ``extra``: more figures (each run's details, how the runs were spread over the ranks).
+    """
     from dimd.report import result_document
 
-    return result_document(COMMAND, parameters, convergence_figures(runs, target))
+    return result_document(COMMAND, parameters, {**convergence_figures(runs, target), **(extra or {})}, mpi=mpi)
 
 
 def synthetic_runs(n_inf: float, alpha: float, batches: Sequence[int], seeds: int, *, noise: float = 0.05,

@@ -80,6 +80,21 @@ class NoiseScale:
         self.steps += 1
         return self.b_simple
 
+    def state_dict(self) -> dict[str, float]:
+        """What a checkpoint keeps, so a resumed run continues the same averages."""
+        return {"smoothing": self.smoothing, "g2": self._g2, "trace": self._trace, "weight": self._weight,
+                "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.smoothing = float(state["smoothing"])
+        self._g2, self._trace = float(state["g2"]), float(state["trace"])
+        self._weight, self.steps = float(state["weight"]), int(state["steps"])
+
+    def figures(self) -> dict[str, float | int | None]:
+        """B_simple and the two averages it is the ratio of (``--metrics``, ``--json``)."""
+        return {"noise_scale": self.b_simple, "noise_gradient_sqnorm": self.gradient_sqnorm,
+                "noise_trace": self.trace_covariance, "noise_steps": self.steps}
+
     @property
     def gradient_sqnorm(self) -> float | None:
         return self._g2 / self._weight if self._weight else None

@@ -45,10 +45,10 @@ def plot_plan(figures: dict[str, Any], step: dict[str, Any], comm: dict[str, Any
 
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
-    _time_to_target(axes[0][0], figures)
-    _updates(axes[0][1], conv["result"], figures["model"])
-    _communication(axes[1][0], comm["result"], figures)
-    _step_time(axes[1][1], step["result"], figures["model"])
+    draw_time_to_target(axes[0][0], figures)
+    draw_updates(axes[0][1], conv["result"], figures["model"])
+    draw_communication(axes[1][0], comm["result"], figures)
+    draw_step_time(axes[1][1], step["result"], figures["model"])
     model = figures["model"]
     fig.suptitle(f"plan-batch: T_C(M, P) = (N_inf + alpha/M) (gamma max(M/P, M_T) + Delta(P)); "
                  f"N_inf {model['n_inf']:.3g}, alpha {model['alpha']:.3g}, gamma {model['gamma']:.3g} s, "
@@ -62,7 +62,7 @@ def plot_plan(figures: dict[str, Any], step: dict[str, Any], comm: dict[str, Any
     plt.close(fig)
 
 
-def _time_to_target(ax, figures: dict[str, Any]) -> None:
+def draw_time_to_target(ax, figures: dict[str, Any]) -> None:
     rows = figures["plan"]
     ranks = np.array([r["ranks"] for r in rows])
     for key, label, style in (("optimal", "optimal M(P)", "o-"),
@@ -79,7 +79,7 @@ def _time_to_target(ax, figures: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
-def _updates(ax, conv: dict[str, Any], model: dict[str, Any]) -> None:
+def draw_updates(ax, conv: dict[str, Any], model: dict[str, Any]) -> None:
     rows = conv.get("batches") or []
     used = [r for r in rows if r.get("median_updates") is not None]
     missed = [r for r in rows if r.get("median_updates") is None]
@@ -106,7 +106,7 @@ def _updates(ax, conv: dict[str, Any], model: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
-def _communication(ax, comm: dict[str, Any], figures: dict[str, Any]) -> None:
+def draw_communication(ax, comm: dict[str, Any], figures: dict[str, Any]) -> None:
     left_out = figures.get("algorithms_left_out") or {}
     for name, fit in comm.get("algorithms", {}).items():
         points = [(p["ranks"], p["seconds"]) for p in fit["predictions"] if p["ranks"] > 1]
@@ -127,7 +127,7 @@ def _communication(ax, comm: dict[str, Any], figures: dict[str, Any]) -> None:
     ax.legend(fontsize=7, ncol=2)
 
 
-def _step_time(ax, step: dict[str, Any], model: dict[str, Any]) -> None:
+def draw_step_time(ax, step: dict[str, Any], model: dict[str, Any]) -> None:
     rows = step.get("batches") or []
     if rows:
         m = np.array([r["batch"] for r in rows], dtype=float)
