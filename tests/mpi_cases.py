@@ -450,6 +450,88 @@ def sma_distribution(learners_per_rank: str, compute: str = "vmap", algorithm: s
         say(f"z diff {z_diff:.3g} buffers diff {buffers_diff:.3g} moved {moved:.3g} identical {identical}")
 
 
+# -- plan-batch: the gradient noise scale and the convergence step ---------------------------
+
+@case
+def noise_scale_matches_offline_estimator(data: str) -> None:
+    """The engine's B_simple equals :class:`NoiseScale` fed offline with the same gradients::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py noise_scale_matches_offline_estimator PACKED_SET
+        -> ok 8 steps; B_simple per epoch ...
+
+    Every rank trains lenet with ``noise_scale`` on and keeps a float64 copy of
+    its gradient just before each allreduce (the flat buffer's ``allreduce`` is
+    wrapped); rank 0 gathers the copies, feeds the estimator with norms computed
+    from them in float64, and compares per epoch.
+    """
+    import numpy as np
+
+    from dimd.train.config import TrainConfig
+    from dimd.train.engine import train
+    from dimd.train.flatgrad import FlatGradients
+    from dimd.train.plan.noise import NoiseScale, noise_estimates_from_gradients
+
+    comm = world("funneled")
+    seen: list[Any] = []
+    real_allreduce = FlatGradients.allreduce
+
+    def allreduce(self: FlatGradients, reduce: Any, world_size: int) -> Any:   # this rank's gradient, as computed
+        seen.append(self.grads.detach().double().numpy().copy())
+        return real_allreduce(self, reduce, world_size)
+
+    FlatGradients.allreduce = allreduce  # type: ignore[method-assign]
+    batch = 6
+    config = TrainConfig(train=data, val=data, model="lenet", image_size=16, epochs=2, batch_size=batch, lr=0.1,
+                         lr_scaling=False, schedule="constant", decode_threads=1, threads=1, noise_scale=True)
+    result = train(config, comm)
+    everyone = comm.gather(seen, root=0)
+    if comm.Get_rank() != 0:
+        return
+    ranks = comm.Get_size()
+    offline = NoiseScale()
+    per_epoch = []
+    for step in range(len(seen)):
+        grads = np.stack([everyone[r][step] for r in range(ranks)])          # P x D
+        local = float(np.mean(np.einsum("pd,pd->p", grads, grads)))
+        mean = grads.mean(axis=0)
+        offline.update(local, float(mean @ mean), batch, ranks)
+        g2, _ = noise_estimates_from_gradients(grads, batch)   # the scalar form is the gradient form
+        assert np.isclose(g2, (ranks * float(mean @ mean) - local) / (ranks - 1))
+        if (step + 1) % result.steps_per_epoch == 0:
+            per_epoch.append(offline.figures())
+    assert len(per_epoch) == len(result.epochs) == 2
+    for engine, expected in zip(result.epochs, per_epoch):
+        assert engine.noise_steps == expected["noise_steps"]
+        for key in ("noise_gradient_sqnorm", "noise_trace", "noise_scale"):
+            got, want = getattr(engine, key), expected[key]
+            assert (got is None) == (want is None), (key, got, want)
+            if want is not None:
+                assert np.isclose(got, want, rtol=1e-3, atol=1e-7), (key, got, want)
+    assert result.epochs[-1].noise_scale is not None   # |G|^2's average has turned positive by then
+    say(f"ok {len(seen)} steps; B_simple per epoch " + ", ".join(f"{e.noise_scale}" for e in result.epochs))
+
+
+@case
+def dimd_scored_by_known_law(n_inf: str, alpha: str, *args: str) -> None:
+    """``dimd ARGS`` with validation top-1 replaced by a known law: 1 once a run has taken N_inf + alpha/M steps.
+
+    The real engine trains; only the score is set, so ``plan-batch convergence``'s
+    updates-to-target come out exactly::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py dimd_scored_by_known_law 3 32 plan-batch convergence ...
+    """
+    from dimd.cli import main
+    from dimd.train.engine import Trainer
+    from dimd.train.evaluate import EvalResult
+
+    def evaluate(trainer: Trainer) -> EvalResult:
+        reached = trainer.step >= float(n_inf) + float(alpha) / trainer.global_batch
+        return EvalResult(loss=0.0, top1=1.0 if reached else 0.0, top5=1.0, samples=1, seconds=0.0)
+
+    Trainer.evaluate = evaluate  # type: ignore[method-assign]
+    main(list(args), prog_name="dimd")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the case named by the first argument with the rest as its arguments (``--list``: the names)."""
     argv = sys.argv[1:] if argv is None else argv

@@ -2,10 +2,9 @@
 
 import json
 import os
-from pathlib import Path
 
 import pytest
-from conftest import run_dimd, run_mpi, run_mpi_dimd
+from conftest import mpi_run, run_dimd, run_mpi_dimd
 
 from dimd.host import available_cores
 from dimd.report import result_document, write_json
@@ -203,25 +202,21 @@ def convergence_args(data, *extra):
             "--crop-scale", "1", "--threads", "1", "--decode-threads", "1", "-q", *map(str, extra)]
 
 
-LAW_CASE = Path(__file__).with_name("plan_law_case.py")
-
-
 @pytest.fixture(scope="module")
 def conv(colour_set, tmp_path_factory):
     """2 ranks, a run each at a time, the real engine, validation "top-1" by a known law: 1 from step
     N = 3 + 32/M on. Evaluated every 16 images (and at epoch ends): M = 4 every 4 steps, so first at step 12
     (N = 11); M = 8 every 2, at 8 (N = 7); M = 16 every step, at 5 (N = 5); M = 48 needs 4 steps and has
     1 an epoch, 2 in all: never."""
-    import sys
-
     path = tmp_path_factory.mktemp("conv") / "conv.json"
-    proc = run_mpi(2, sys.executable, LAW_CASE, "3", "32",
+    proc = mpi_run("dimd_scored_by_known_law", 2, "3", "32",
                    *convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "4,8,16,48",
                                      "--seeds", "2", "--max-epochs", "2", "--eval-every-images", "16",
                                      "--json", path), timeout=240)
     return proc, path
 
 
+@pytest.mark.mpi
 def test_convergence_under_mpi_hands_out_the_runs_and_fits_the_inverse_law(conv):
     proc, path = conv
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -249,6 +244,7 @@ def test_convergence_under_mpi_hands_out_the_runs_and_fits_the_inverse_law(conv)
     assert 0.9 < figures["r2"] <= 1
 
 
+@pytest.mark.mpi
 def test_a_run_that_never_reaches_the_target_is_reported(conv):
     proc, path = conv
     figures = json.loads(path.read_text())["result"]
@@ -261,6 +257,7 @@ def test_a_run_that_never_reaches_the_target_is_reported(conv):
     assert "N_update(M) = N_inf + alpha/M" in proc.stdout
 
 
+@pytest.mark.mpi
 def test_the_chain_step_time_comm_convergence_solve(chain, conv):
     out = chain["dir"]
     comm = out / "comm-conv.json"

@@ -1,16 +1,14 @@
 """dimd train --noise-scale: McCandlish et al.'s B_simple, estimated from the gradient allreduce for free."""
 
 import json
-import sys
-from pathlib import Path
 
-from conftest import run_dimd, run_mpi, run_mpi_dimd
-
-CASE = Path(__file__).with_name("noise_scale_case.py")
+import pytest
+from conftest import mpi_run, run_dimd, run_mpi_dimd
 
 
+@pytest.mark.mpi
 def test_the_engines_estimate_equals_the_estimator_fed_offline_with_the_same_gradients(colour_set):
-    proc = run_mpi(2, sys.executable, "-m", "mpi4py", CASE, colour_set, timeout=240)
+    proc = mpi_run("noise_scale_matches_offline_estimator", 2, colour_set, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok 8 steps" in proc.stdout     # 48 images / (2 ranks x 6) = 4 steps an epoch, 2 epochs
 
@@ -20,6 +18,7 @@ def train_args(data, *extra):
             "--batch-size", "6", "--threads", "1", "--decode-threads", "1", *map(str, extra)]
 
 
+@pytest.mark.mpi
 def test_noise_scale_goes_into_every_metrics_line_and_the_json_history(colour_set, tmp_path):
     metrics, summary = tmp_path / "m.jsonl", tmp_path / "t.json"
     proc = run_mpi_dimd(2, *train_args(colour_set, "--noise-scale", "--metrics", metrics, "--json", summary))
@@ -34,6 +33,7 @@ def test_noise_scale_goes_into_every_metrics_line_and_the_json_history(colour_se
     assert "B_simple" in proc.stdout
 
 
+@pytest.mark.mpi
 def test_without_the_flag_the_metrics_lines_are_as_before(colour_set, tmp_path):
     metrics = tmp_path / "m.jsonl"
     proc = run_mpi_dimd(2, *train_args(colour_set, "--epochs", "1", "--metrics", metrics))
