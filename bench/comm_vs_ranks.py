@@ -5,10 +5,11 @@
 (30.4 MB for 1000 classes, FireCaffe's "30 MB per GPU worker"). The figure
 is the time of one NiN-sized allreduce against P.
 
-The cost model to P = 1024 is not fitted here: :func:`cost_model` is the hook
-that hands these bench-allreduce JSONs to ``dimd plan-batch comm`` (issue 12,
-DESIGN.md's plan-batch contract), the one place that fits FireCaffe's
-equations and the Thakur-Rabenseifner-Gropp costs to measurements.
+The cost model to P = 1024 is not fitted here: :func:`cost_model` hands these
+bench-allreduce JSONs to ``dimd plan-batch comm`` (DESIGN.md's plan-batch
+contract), the one place that fits FireCaffe's equations and the
+Thakur-Rabenseifner-Gropp costs to measurements; its held-out errors go into
+the result.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from _common import BIN, Context, JobError, Reproduction, dimd_job, run, spread
+from _common import Context, JobError, Reproduction, dimd_job, spread
 
 NIN_GRADIENT_BYTES = 30_380_704   # dimd.train.models: nin, 1000 classes, float32
 FULL = {"ranks": [2, 3, 4, 5], "runs": 3, "algorithms": ["mpi", "ps", "tree", "ring", "multicolor"],
@@ -51,21 +52,13 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def cost_model(ctx: Context, paths: list[Path], nbytes: int, max_ranks: int) -> dict[str, Any]:
-    """HOOK (plan-batch): the cost model ``dimd plan-batch comm`` fits to these bench-allreduce JSONs.
+    """The cost model ``dimd plan-batch comm`` fits to these bench-allreduce JSONs.
 
     DESIGN.md's plan-batch contract: its JSON holds, per algorithm, the fitted
     parameters, the errors on held-out P, and ``predictions``: the time
-    Delta(P) up to P = 1024. Nothing in bench/ fits a model of its own. Until
-    the command exists this returns ``{"status": "pending", ...}`` and the
-    figure shows the measurements alone.
-    LEAD: written against the plan-batch branch as it stood (``dimd plan-batch
-    comm FILES --bytes N --max-ranks P --json``; ``result["algorithms"][name]
-    ["predictions"]`` = ``[{"ranks", "seconds"}, ...]``); check both when it lands.
+    Delta(P) up to P = 1024. Nothing in bench/ fits a model of its own; when
+    the fit fails the figure shows the measurements alone and says why.
     """
-    try:
-        run([BIN / "dimd", "plan-batch", "comm", "--help"], timeout=120)
-    except JobError:
-        return {"status": "pending", "why": "`dimd plan-batch comm` does not exist in this checkout yet"}
     try:
         doc = dimd_job(["plan-batch", "comm", *paths, "--bytes", nbytes, "--max-ranks", max_ranks],
                        ctx.folder() / "plan_batch_comm.json", command="plan-batch comm")
@@ -76,7 +69,7 @@ def cost_model(ctx: Context, paths: list[Path], nbytes: int, max_ranks: int) -> 
 
 
 def draw_cost_model(ax: Any, model: dict[str, Any], nbytes: int) -> bool:
-    """HOOK (plan-batch): draw the fitted Delta(P) curves to P = 1024; False when there is nothing to draw.
+    """Draw the fitted Delta(P) curves to P = 1024; False when there is nothing to draw.
 
     Draws ``fit["algorithms"][name]["predictions"]`` (a list of ``{"ranks", "seconds"}``
     for the gradient size the fit was asked about), and nothing when the shape differs.
@@ -131,10 +124,18 @@ def plot(envelope: dict[str, Any]):
     if draw_cost_model(wide, result.get("cost_model", {}), nbytes):
         wide.set_title("fitted cost model (dash-dot) to P = 1024")
     else:
-        wide.set_title("cost model to P = 1024: pending `dimd plan-batch comm`")
-        wide.text(0.5, 0.5, "cost model: pending `dimd plan-batch comm`\n(issue 12; hook in comm_vs_ranks.py)",
+        wide.set_title("cost model to P = 1024: none")
+        wide.text(0.5, 0.5, "`dimd plan-batch comm` fitted no model\n(see the findings)",
                   transform=wide.transAxes, ha="center", va="center", fontsize=8, color="#666666")
     return fig
+
+
+def held_out(fit: dict[str, Any]) -> str:
+    """``; median (max) error on held-out P = ...: ring 12% (39%), ...`` from a plan-batch comm result."""
+    cells = [f"{name} {h['median_abs_error']:.0%} ({h['max_abs_error']:.0%})"
+             for name, a in fit.get("algorithms", {}).items() if isinstance(h := a.get("holdout"), dict)]
+    ranks = ", ".join(map(str, fit.get("holdout_ranks", [])))
+    return f"; median (max) relative error on held-out P = {ranks}: " + ", ".join(cells) if cells else ""
 
 
 def findings(envelope: dict[str, Any]) -> str:
@@ -152,8 +153,8 @@ def findings(envelope: dict[str, Any]) -> str:
             cell += f"; FireCaffe's {name} predicts {scale(high) / scale(low):.2f}x"
         cells.append(cell + ")")
     model = result.get("cost_model", {})
-    status = ("The cost model to P = 1024 is pending: " + model.get("why", "") + "." if model.get("status") != "fitted"
-              else f"The cost model was fitted by `{model.get('command')}`.")
+    status = ("There is no cost model to P = 1024: " + model.get("why", "") + "." if model.get("status") != "fitted"
+              else f"The cost model was fitted by `{model.get('command')}`" + held_out(model["fit"]) + ".")
     what = "NiN's gradient" if nbytes == NIN_GRADIENT_BYTES else f"1/{NIN_GRADIENT_BYTES // nbytes} of NiN's gradient"
     return (f"One {nbytes / 1e6:.1f} MB allreduce ({what}), medians of {p['runs']} runs: "
             + "; ".join(cells) + ". Here P > 2 ranks share the 2 cores, so a time at P > 2 holds waiting for a "

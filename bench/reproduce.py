@@ -34,6 +34,7 @@ MODULES = (
     "memory_vs_files",       # DIMD figs. 10-11
     "comm_vs_ranks",         # FireCaffe fig. 4, eqs. 3-4
     "train_vs_ddp",          # dimd train against PyTorch DDP
+    "sma_tta",               # Crossbow: time to accuracy, S-SGD against SMA
     "plan_batch_plan",       # Perrone et al.: T_C against P (three regimes), the inverse law
     "plan_batch_check",      # Perrone et al.: the plan against real runs to the target; B_simple vs alpha/N_inf
     "allreduce_vs_mpich",    # opt-in: dimd's algorithms against MPICH's, forced
@@ -216,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         png = draw_one(reproductions[name], args.results)
         if png:
             print(f"{name}: {png}", file=sys.stderr)
-    write_readme(reproductions, args.results)
-    print(f"{README} regenerated", file=sys.stderr)
+    readme = README if args.results.resolve() == RESULTS.resolve() else args.results / "README.md"
+    write_readme(reproductions, args.results, readme)
+    print(f"{readme} regenerated", file=sys.stderr)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
