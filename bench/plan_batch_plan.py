@@ -46,10 +46,8 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
 
     ctx.log(f"plan-batch step-time at P = {p['step_ranks']}")
     step = work / "step.json"
-    check.run(check.mpi(p["step_ranks"]) + check.DIMD + [
-        "plan-batch", "step-time", "--model", "lenet", "--image-size", 28, "--batch-sizes",
-        check.STEP_BATCHES[size_name], "--steps", 4 if ctx.quick else 10, "--warmup", 1 if ctx.quick else 3,
-        *check.THREADS, "--quiet", "--json", step], log=step.with_suffix(".log"))
+    check.run(check.mpi(p["step_ranks"]) + check.DIMD + check.step_time_args(data, ctx.quick) + ["--json", step],
+              log=step.with_suffix(".log"))
     bench = []
     for run in range(p["runs"]):   # interleaved, so that the machine's drift hits every P alike
         for ranks in p["bench_ranks"]:
@@ -154,7 +152,7 @@ REPRODUCTION = Reproduction(
            "scaling (M/P fixed); N_update against 1/M is a line for MNIST and CIFAR-10 (their figures). Delta(P) "
            "here comes from dimd's allreduce cost models (FireCaffe's eqs. 3-4: a parameter server ~P, a tree "
            "~log P)."),
-    measure=measure, plot=plot, findings=findings, minutes=15.0)
+    measure=measure, plot=plot, findings=findings, minutes=3.0)
 
 
 if __name__ == "__main__":   # standalone: the runner, for this reproduction alone

@@ -50,6 +50,22 @@ def test_step_time_writes_gamma_knee_and_medians(chain):
     assert doc["parameters"]["batch_sizes"] == [1, 4, 16]
 
 
+def test_step_time_on_real_batches_counts_the_loader(colour_set, tmp_path):
+    """--data: the training set's batches from dimd train's loader, its decoding threads beside the step."""
+    path = tmp_path / "step.json"
+    proc = run_dimd("plan-batch", "step-time", "--model", "lenet", "--image-size", "16", "--batch-sizes", "2,4,8",
+                    "--steps", "3", "--warmup", "1", "--threads", "1", "--data", colour_set, "--decode-threads", "1",
+                    "--crop-scale", "0.5", "--quiet", "--json", path)
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(path.read_text())["result"]
+    assert str(colour_set) in figures["inputs"] and "1 decoding thread" in figures["inputs"]
+    assert figures["step"].startswith("the wait for the loader's batch")
+    assert figures["classes"] == 4   # the set's, not a default
+    assert [r["batch"] for r in figures["batches"]] == [2, 4, 8] and figures["gamma"] > 0
+    one_line_error(run_dimd("plan-batch", "step-time", "--model", "lenet", "--decode-threads", "2"),
+                   "'--decode-threads': goes with --data")
+
+
 @pytest.mark.mpi
 def test_bench_allreduce_times_the_models_gradient_size(chain):
     doc = json.loads(chain["bench"][0].read_text())

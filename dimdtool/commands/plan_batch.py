@@ -90,18 +90,28 @@ def seconds(value: float | None) -> str:
 @config_option(StepTimeConfig, "threads", "--threads",
                help="Torch threads per rank [default: cores / ranks on the node, as `dimd train`].")
 @config_option(StepTimeConfig, "seed", "--seed")
+@config_option(StepTimeConfig, "data", "--data", type=click.Path(dir_okay=False),
+               help="A packed training set (the stem dimd pack wrote): time steps on its batches from dimd "
+                    "train's loader, its decoding threads running beside the step, and count the wait for each "
+                    "batch; what training sees [default: synthetic inputs, compute only].")
+@config_option(StepTimeConfig, "decode_threads", "--decode-threads",
+               help="With --data: decoding threads of each rank's loader [default: dimd train's].")
+@config_option(StepTimeConfig, "crop_scale", "--crop-scale",
+               help="With --data: smallest area share of a training crop [default: dimd train's].")
 @json_option("gamma, M_T and the per-batch medians")
 @quiet_option()
-@mpi_command("single")
+@mpi_command("funneled")   # with --data, the loader's decoding threads never call MPI
 def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: Any) -> None:
     """Time forward + backward + optimizer step per batch size and fit Gamma(m) = gamma * max(m, M_T).
 
     Run it under mpirun with the ranks per node you will train with: they
     share the node's cores as in training, and the torch threads per rank
     are set as `dimd train` sets them. The inputs are synthetic (random
-    images and labels), so the times are compute only. A step's time is its
-    slowest rank's; the table shows the median over --steps with min and max,
-    and the fit's relative residual.
+    images and labels), so the times are compute only; with --data they are
+    real batches from dimd train's loader, whose decoding threads slow a small
+    model's step (the GIL), and the wait for each batch counts. A step's time
+    is its slowest rank's; the table shows the median over --steps with min
+    and max, and the fit's relative residual.
 
     \b
     Example:
@@ -126,8 +136,8 @@ def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: An
     if not root:
         return
     click.echo(f"# {config.model} at {config.image_size} px, {measured.world_size} rank(s), "
-               f"{measured.threads} torch thread(s) per rank, {measured.device}; synthetic inputs; "
-               f"a step: forward + backward + optimizer, its slowest rank")
+               f"{measured.threads} torch thread(s) per rank, {measured.device}; inputs: {measured.inputs}; "
+               f"a step: {figures['step']}")
     print_table("step time per batch size",
                 ["batch/rank", "median", "min", "max", "images/s (all ranks)", "fit", "residual"],
                 [[str(r["batch"]), seconds(r["seconds"]["median"]), seconds(r["seconds"]["min"]),

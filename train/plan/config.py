@@ -39,6 +39,11 @@ class StepTimeConfig:
     device: str = "auto"
     threads: int | None = None     # torch threads per rank; None: cores / ranks on the node
     seed: int = 0
+    #: A packed training set: time steps on its batches from ``dimd train``'s loader, its decoding threads
+    #: running alongside (they contend with a small model's step for the GIL); None: synthetic inputs.
+    data: str | None = None
+    decode_threads: int | None = None   # with ``data``: the loader's threads per rank; None: dimd train's
+    crop_scale: float | None = None     # with ``data``: the training crop's smallest area share; None: dimd train's
 
     def __post_init__(self) -> None:
         from dimd.train.models import MODELS
@@ -53,6 +58,11 @@ class StepTimeConfig:
         at_least(self, "classes", 2, optional=True)
         one_of(self, "device", DEVICES)
         at_least(self, "threads", 1, optional=True)
+        at_least(self, "decode_threads", 1, optional=True)
+        in_range(self, "crop_scale", 0.0, 1.0, low_open=True, optional=True)
+        for name in ("decode_threads", "crop_scale"):
+            require(self.data is not None or getattr(self, name) is None, name,
+                    "goes with `data` (real batches from the loader)")
 
     @property
     def num_classes(self) -> int:

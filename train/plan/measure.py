@@ -5,8 +5,13 @@ optimizer (:func:`dimd.train.sgd.make_optimizer` with ``dimd train``'s
 momentum and weight decay), input normalisation, gradients held in one flat
 buffer, and the same torch threads per rank (cores / ranks on the node,
 unless ``--threads`` or OMP_NUM_THREADS says otherwise). The inputs are
-synthetic: random uint8 images and labels, made once per batch size, so the
-time is compute only (data loading overlaps with it in training).
+synthetic by default: random uint8 images and labels, made once per batch
+size, so the time is compute only. With ``data`` they are real batches from
+``dimd train``'s loader and the wait for each counts: the loader decodes in
+threads of this process, and for a small model their Python contends with
+the step's for the GIL (bench/decode_contention.py: a LeNet step at batch 14
+takes 3x as long beside one free-running decoding thread), which synthetic
+inputs do not see.
 
 Under MPI every rank runs the same steps at once, after a barrier each, so
 ranks that share a node share its cores and memory bandwidth as they do in
@@ -65,6 +70,7 @@ class StepTimes:
     num_classes: int
     parameters: int
     gradient_bytes: int
+    inputs: str = "synthetic (random uint8 images and labels)"
 
 
 def measure_step_times(config: StepTimeConfig, comm: Any,
@@ -84,8 +90,14 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     threads = set_threads(config.threads, comm)
     device = pick_device(config.device, comm)
     torch.manual_seed(config.seed + comm.Get_rank())
-    model = build_model(config.model, config.num_classes).to(device)
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    store = None
+    if config.data is not None:
+        from dimd.shuffle import DistributedStore
+
+        store = DistributedStore.load(config.data, comm)   # MPI: collective; each rank holds its share
+    classes = len(store.classes) if store is not None else config.num_classes
+    model = build_model(config.model, classes).to(device)
     momentum, weight_decay = float(defaults["momentum"]), float(defaults["weight_decay"])  # type: ignore[arg-type]
     # A small rate: the same synthetic batch is seen again and again, and a
     # diverging model (inf/nan, denormals) would time differently.
@@ -97,15 +109,27 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
 
     per_step, medians = [], []
     for batch in config.batch_sizes:
-        images = torch.randint(0, 256, (batch, 3, config.image_size, config.image_size), dtype=torch.uint8)
-        labels = torch.randint(0, config.num_classes, (batch,))
-        if device.type == "cuda":
-            images, labels = images.pin_memory(), labels.pin_memory()
+        loader = None
+        if store is not None:   # real batches, the loader's decoding threads running beside the step
+            from dimd.shuffle import BatchLoader
+
+            loader = BatchLoader(store, batch, config.image_size, train=True, seed=config.seed,
+                                 workers=config.decode_threads or TrainConfig.decode_threads,
+                                 crop_scale=config.crop_scale or TrainConfig.crop_scale,
+                                 pin_memory=device.type == "cuda")
+            batches = endless(loader)
+        else:
+            images = torch.randint(0, 256, (batch, 3, config.image_size, config.image_size), dtype=torch.uint8)
+            labels = torch.randint(0, classes, (batch,))
+            if device.type == "cuda":
+                images, labels = images.pin_memory(), labels.pin_memory()
         times = np.empty(config.steps)
         try:
             for i in range(config.warmup + config.steps):
                 comm.Barrier()
                 start = time.perf_counter()
+                if loader is not None:
+                    images, labels = next(batches)   # the wait for a batch counts, as in training
                 x = normalize(images)
                 y = labels.to(device, non_blocking=True)
                 flat.zero()
@@ -119,12 +143,33 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
         except RuntimeError as exc:   # out of memory at a large batch, most often
             raise DimdError(f"step-time: {config.model} at {batch} images per rank failed: "
                             f"{str(exc).splitlines()[0]}") from None
+        finally:
+            if loader is not None:
+                loader.close()
         slowest = np.empty_like(times)
         comm.Allreduce(times, slowest, op=MPI.MAX)
         per_step.append(tuple(slowest.tolist()))
         medians.append(tuple(float(m) for m in comm.allgather(float(np.median(times)))))
     return StepTimes(tuple(config.batch_sizes), tuple(per_step), tuple(medians), comm.Get_size(), threads,
-                     str(device), config.num_classes, parameter_count(model), gradient_bytes(model))
+                     str(device), classes, parameter_count(model), gradient_bytes(model),
+                     inputs=describe_inputs(config))
+
+
+def endless(loader: Any) -> Any:
+    """The loader's training batches, epoch after epoch."""
+    epoch = 0
+    while True:
+        yield from loader.epoch(epoch)
+        epoch += 1
+
+
+def describe_inputs(config: StepTimeConfig) -> str:
+    if config.data is None:
+        return "synthetic (random uint8 images and labels)"
+    from dimd.train.config import TrainConfig
+
+    return (f"{config.data} through dimd train's loader ({config.decode_threads or TrainConfig.decode_threads} "
+            f"decoding thread(s) per rank running beside the step)")
 
 
 def step_time_figures(measured: StepTimes, fit: Any) -> dict[str, Any]:
@@ -140,5 +185,7 @@ def step_time_figures(measured: StepTimes, fit: Any) -> dict[str, Any]:
                      "fit_s": model_s, "residual": residual})
     return {**fit.figures(), "batches": rows, "world_size": measured.world_size, "threads": measured.threads,
             "device": measured.device, "classes": measured.num_classes, "parameters": measured.parameters,
-            "gradient_bytes": measured.gradient_bytes, "inputs": "synthetic (random uint8 images and labels)",
-            "step": "forward + backward + optimizer step, no allreduce; the slowest rank's time per step"}
+            "gradient_bytes": measured.gradient_bytes, "inputs": measured.inputs,
+            "step": ("forward + backward + optimizer step, no allreduce" if measured.inputs.startswith("synthetic")
+                     else "the wait for the loader's batch + forward + backward + optimizer step, no allreduce")
+            + "; the slowest rank's time per step"}
