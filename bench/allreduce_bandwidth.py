@@ -120,4 +120,4 @@ REPRODUCTION = Reproduction(
     claim=("On 16 POWER8 nodes (64 GPUs, 2 x 100 Gb/s InfiniBand each), the 4-colour multicolor allreduce "
            "reaches a higher throughput than Open MPI's default MPI_Allreduce and than the pipelined "
            "ring-to-root (`ring-root` here) at the large messages of gradient exchange."),
-    measure=measure, plot=plot, findings=findings, minutes=5.0)
+    measure=measure, plot=plot, findings=findings, minutes=2.0)

@@ -167,4 +167,4 @@ REPRODUCTION = Reproduction(
     claim=("Summing NiN's 30 MB of gradients, a parameter server's communication time grows linearly with the "
            "number of workers (eq. 3: |W| p / BW) while a reduction tree's grows with log2 p (eq. 4: "
            "|W| 2 log2 p / BW); measured on up to 128 GPUs of the Titan supercomputer."),
-    measure=measure, plot=plot, findings=findings, minutes=3.0)
+    measure=measure, plot=plot, findings=findings, minutes=1.0)

@@ -159,4 +159,4 @@ REPRODUCTION = Reproduction(
            "from 8 to 32 (4.2 s for ImageNet-22k on 32 learners), with memory per learner falling as its share "
            "does; splitting 32 learners into 4-16 groups barely changes the time on a cluster whose links "
            "are all alike."),
-    measure=measure, plot=plot, findings=findings, minutes=2.0)
+    measure=measure, plot=plot, findings=findings, minutes=1.0)

@@ -216,7 +216,7 @@ REPRODUCTION = Reproduction(
     claim=("(Not a figure of the papers: what a user of this field would run instead.) DIMD's in-memory "
            "data and tuned allreduce should train faster than the stock PyTorch pipeline, a DataLoader over "
            "image files feeding DistributedDataParallel."),
-    measure=measure, plot=plot, findings=findings, minutes=2.0)
+    measure=measure, plot=plot, findings=findings, minutes=1.0)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ def test_the_runner_lists_every_reproduction_once():
     assert proc.returncode == 0, proc.stderr
     names = [line.split()[0] for line in proc.stdout.splitlines()]
     assert names == ["allreduce_bandwidth", "epoch_by_allreduce", "shuffle_scaling", "memory_vs_files",
-                     "comm_vs_ranks", "train_vs_ddp", "plan_batch_plan", "plan_batch_check", "allreduce_vs_mpich",
-                     "peer_loaders"]
+                     "comm_vs_ranks", "train_vs_ddp", "sma_tta", "plan_batch_plan", "plan_batch_check",
+                     "allreduce_vs_mpich", "peer_loaders"]
     assert [line.split()[0] for line in proc.stdout.splitlines() if "(opt-in)" in line] == [
         "allreduce_vs_mpich", "peer_loaders"]
 
