@@ -139,8 +139,8 @@ def findings(envelope: dict[str, Any]) -> str:
             f"{regime(last, 'weak')}. Fastest allreduce predicted at P = {last['ranks']}: {last['algorithm']} "
             f"({1e3 * last['delta_s']:.3g} ms)"
             + (f"; left out by their held-out check: {', '.join(left)}" if left else "")
-            + ". The constants are this shared machine's (provisional), and the check (plan_batch_check) says how "
-            "far its time to target is from a real run's.")
+            + ". The constants are this 2-core machine's (ranks beyond 2 share its cores), and the check "
+            "(plan_batch_check) says how far its time to target is from a real run's.")
 
 
 REPRODUCTION = Reproduction(
