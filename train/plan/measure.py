@@ -24,7 +24,7 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -71,6 +71,7 @@ class StepTimes:
     parameters: int
     gradient_bytes: int
     inputs: str = "synthetic (random uint8 images and labels)"
+    step: str = "forward + backward + optimizer step, no allreduce"
 
 
 def measure_step_times(config: StepTimeConfig, comm: Any,
@@ -152,24 +153,20 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
         medians.append(tuple(float(m) for m in comm.allgather(float(np.median(times)))))
     return StepTimes(tuple(config.batch_sizes), tuple(per_step), tuple(medians), comm.Get_size(), threads,
                      str(device), classes, parameter_count(model), gradient_bytes(model),
-                     inputs=describe_inputs(config))
+                     **({} if config.data is None else {
+                         "inputs": f"{config.data} through dimd train's loader "
+                                   f"({config.decode_threads or TrainConfig.decode_threads} decoding thread(s) "
+                                   f"per rank running beside the step)",
+                         "step": "the wait for the loader's batch + forward + backward + optimizer step, "
+                                 "no allreduce"}))
 
 
-def endless(loader: Any) -> Any:
-    """The loader's training batches, epoch after epoch."""
+def endless(loader: Any) -> Iterator[tuple[Any, Any]]:
+    """The loader's training batches, epoch after epoch (a step-time sweep may outlast an epoch)."""
     epoch = 0
     while True:
         yield from loader.epoch(epoch)
         epoch += 1
-
-
-def describe_inputs(config: StepTimeConfig) -> str:
-    if config.data is None:
-        return "synthetic (random uint8 images and labels)"
-    from dimd.train.config import TrainConfig
-
-    return (f"{config.data} through dimd train's loader ({config.decode_threads or TrainConfig.decode_threads} "
-            f"decoding thread(s) per rank running beside the step)")
 
 
 def step_time_figures(measured: StepTimes, fit: Any) -> dict[str, Any]:
@@ -186,6 +183,4 @@ def step_time_figures(measured: StepTimes, fit: Any) -> dict[str, Any]:
     return {**fit.figures(), "batches": rows, "world_size": measured.world_size, "threads": measured.threads,
             "device": measured.device, "classes": measured.num_classes, "parameters": measured.parameters,
             "gradient_bytes": measured.gradient_bytes, "inputs": measured.inputs,
-            "step": ("forward + backward + optimizer step, no allreduce" if measured.inputs.startswith("synthetic")
-                     else "the wait for the loader's batch + forward + backward + optimizer step, no allreduce")
-            + "; the slowest rank's time per step"}
+            "step": f"{measured.step}; the slowest rank's time per step"}
