@@ -272,13 +272,17 @@ class BenchResult:
     gradient_bytes: int | None = None
 
 
-def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | None = None) -> BenchResult:
+def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | None = None,
+              on_start: Callable[[], None] | None = None) -> BenchResult:
     """Run the sweep ``config`` describes on ``comm`` (collective); every rank gets the result.
 
     Refused on every rank, before anything is allocated, when the largest
-    message does not fit the node's available memory per rank (:func:`check_memory`).
+    message does not fit the node's available memory per rank (:func:`check_memory`);
+    ``on_start`` runs once it is accepted, before the first row (a table's header).
     """
     check_memory(config, comm)
+    if on_start is not None:
+        on_start()
     options = {"colors": config.colors, "segment_bytes": config.segment_bytes}
     reducers = {name: reducer(name, comm, options) for name in config.algorithms}
     closers = []

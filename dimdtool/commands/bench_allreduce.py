@@ -76,7 +76,7 @@ def bench_allreduce(json_path: Path | None, model: str | None, classes: int | No
       mpirun -n 2 dimd bench-allreduce -a mpi,ring,multicolor -b 64K -e 64M --peer gloo --json ar.json
       mpirun -n 3 dimd bench-allreduce -b 64K -e 16M -f 4 --model resnet20 --json ar-P3.json
     """
-    from dimd.allreduce.bench import check_memory, run_bench
+    from dimd.allreduce.bench import run_bench
     from dimd.errors import DimdError
     from dimd.report import result_document, write_json
 
@@ -89,11 +89,13 @@ def bench_allreduce(json_path: Path | None, model: str | None, classes: int | No
         gradient_bytes = model_gradient_bytes(model, classes)
     config = build_config(BenchConfig, extra_sizes=(gradient_bytes,) if gradient_bytes is not None else (),
                           **fields)
-    check_memory(config, comm)  # before the table's header: a size beyond memory is one line
     root = comm.Get_rank() == 0
     size = comm.Get_size()
     library = " ".join(mpi_setup.library_version.split())
-    if root:
+
+    def header() -> None:   # after the memory check: a size beyond memory is one line, no table
+        if not root:
+            return
         click.echo(f"# dimd bench-allreduce: {size} ranks, {library}, thread level "
                    f"{mpi_setup.thread_level_provided}, progress throttle "
                    f"{'on' if mpi_setup.progress_throttle else 'off'}, {mpi_setup.cores} cores")
@@ -109,7 +111,7 @@ def bench_allreduce(json_path: Path | None, model: str | None, classes: int | No
             click.echo(_line(row))
             sys.stdout.flush()
 
-    result = replace(run_bench(config, comm, on_row), model=model, gradient_bytes=gradient_bytes)
+    result = replace(run_bench(config, comm, on_row, on_start=header), model=model, gradient_bytes=gradient_bytes)
     if root:
         if config.check:
             click.echo(f"# check: {result.wrong_total} wrong elements in {len(result.rows)} rows")
