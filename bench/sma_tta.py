@@ -27,18 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import Reproduction, machine
+import plan_batch_check
+from _common import BENCH, Reproduction, dimd_job, machine
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-BIN = Path(sys.executable).parent
+ROOT = BENCH.parent
 
 #: name -> (model, image size, epochs, crop scale, weight decay, S-SGD lr grid (as given, per step))
 DATASETS = {
@@ -51,37 +48,6 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-# -- data ----------------------------------------------------------------------------------
-
-def prepare(name: str, work: Path) -> tuple[Path, Path]:
-    """Packed train and val sets for ``name`` (made once under ``work``; packing is not timed)."""
-    folder = work / name
-    train, val = folder / "train", folder / "val"
-    if (folder / "val.idx.h5").exists():
-        return train, val
-    folder.mkdir(parents=True, exist_ok=True)
-    dimd = [str(BIN / "dimd")]
-    if name == "mnist":
-        run([sys.executable, str(HERE / "data" / "mnist.py"), str(folder / "images")])
-        for split, out in (("train", train), ("val", val)):
-            run(dimd + ["pack", str(folder / "images" / split), "-o", str(out), "--short-side", "28"])
-    else:   # the demo set of `make demo`: 10 generated classes, 800 train and 200 val images
-        run(dimd + ["sample-data", str(folder / "images" / "train"), "--classes", "10", "--per-class", "80",
-                    "--seed", "1"])
-        run(dimd + ["sample-data", str(folder / "images" / "val"), "--classes", "10", "--per-class", "20",
-                    "--seed", "2"])
-        for split, out in (("train", train), ("val", val)):
-            run(dimd + ["pack", str(folder / "images" / split), "-o", str(out), "--short-side", "36"])
-    return train, val
-
-
-def run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
-    proc = subprocess.run(command, capture_output=True, text=True, **kwargs)
-    if proc.returncode != 0:
-        raise SystemExit(f"sma_tta: {' '.join(command)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return proc
-
-
 # -- one training run ------------------------------------------------------------------------
 
 def train(data: tuple[Path, Path], dataset: str, setup: dict[str, Any], seed: int, ranks: int, epochs: int,
@@ -89,21 +55,17 @@ def train(data: tuple[Path, Path], dataset: str, setup: dict[str, Any], seed: in
     """One `dimd train` run; its per-epoch (elapsed, val top-1) curve and images/s."""
     model, size, _, crop, decay, _ = DATASETS[dataset]
     out = work / "runs" / f"{dataset}-{setup['name']}-b{setup['batch']}-lr{setup['lr']}-s{seed}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command = [str(BIN / "mpiexec"), "-n", str(ranks), str(BIN / "dimd"), "train", str(data[0]),
-               "--val", str(data[1]), "--model", model, "--image-size", str(size), "--epochs", str(epochs),
-               "--batch-size", str(setup["batch"]), "--lr", str(setup["lr"]), "--no-lr-scaling",
-               "--schedule", "step", "--milestones", str(round(0.75 * epochs)), "--crop-scale", str(crop),
-               "--weight-decay", str(decay), "--threads", "1", "--decode-threads", "1", "--seed", str(seed),
-               "--json", str(out)]
+    command = ["train", data[0], "--val", data[1], "--model", model, "--image-size", size, "--epochs", epochs,
+               "--batch-size", setup["batch"], "--lr", setup["lr"], "--no-lr-scaling", "--schedule", "step",
+               "--milestones", round(0.75 * epochs), "--crop-scale", crop, "--weight-decay", decay,
+               "--threads", 1, "--decode-threads", 1, "--seed", seed]
     if setup["sync"] == "sma":
-        command += ["--sync", "sma", "--learners", str(setup["learners"])]
+        command += ["--sync", "sma", "--learners", setup["learners"]]
         if setup.get("alpha") is not None:
-            command += ["--alpha", str(setup["alpha"])]
+            command += ["--alpha", setup["alpha"]]
     t0 = time.perf_counter()
-    run(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = dimd_job(command, out, ranks=ranks, env={"OMP_NUM_THREADS": "1"})["result"]
     wall = time.perf_counter() - t0
-    result = json.loads(out.read_text())["result"]
     curve = [(e["elapsed"], e["val_top1"], e["epoch"]) for e in result["history"]]
     return {"seed": seed, "curve": curve, "images_per_s": result["images_per_s"], "wall_s": wall,
             "learners_per_rank": result["learners_per_rank"], "alpha": result.get("alpha"),
@@ -137,11 +99,12 @@ def rank_key(summary: dict[str, Any]) -> tuple[int, float]:
 
 # -- the comparison --------------------------------------------------------------------------
 
-def compare(dataset: str, batch: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def compare(dataset: str, batch: int, args: argparse.Namespace, work: Path, data_work: Path) -> dict[str, Any]:
+    """The set-ups of one (data set, batch); runs' JSONs under ``work``, the packed sets under ``data_work``."""
     model, size, epochs, _, _, grid = DATASETS[dataset]
     epochs = args.epochs or epochs
     grid = args.lr_grid or grid
-    data = prepare(dataset, work)
+    data = plan_batch_check.prepare(dataset, data_work)   # the same MNIST-5k and demo set, packed once
     k_max = max(args.learners)
     setups: dict[str, dict[str, Any]] = {}
     chosen: dict[str, Any] = {}
@@ -243,7 +206,7 @@ def measure(ctx: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     p = ctx.size(FULL, QUICK)
     args = argparse.Namespace(**{k: v for k, v in p.items() if k != "quick"})
     args.lr_grid = tuple(args.lr_grid)
-    comparisons = [compare(dataset, batch, args, ctx.folder())
+    comparisons = [compare(dataset, batch, args, ctx.folder(), ctx.work)
                    for dataset in p["datasets"] for batch in p["batches"]]
     return p, {"comparisons": comparisons}
 
@@ -318,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     comparisons = []
     for dataset in args.datasets.split(","):
         for batch in map(int, args.batches.split(",")):
-            comparisons.append(compare(dataset, batch, args, args.work))
+            comparisons.append(compare(dataset, batch, args, args.work, args.work))
             ratio = comparisons[-1]["sma_auto_over_best_ssgd"]
             say(f"{dataset} b={batch}: SMA auto / best S-SGD time to target = {ratio}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
