@@ -73,7 +73,7 @@ def verify(out: str | os.PathLike, *, workers: int = 1, decode: bool = True,
 
     A truncated data file is not refused up front: the records it cut are named.
     """
-    start = time.perf_counter()
+    began = time.perf_counter()
     ds = PackedDataset(out, check_size=False)
     size = ds.data_path.stat().st_size
     file_problem = (f"{ds.data_path}: data file is {size} bytes, the index expects {ds.data_bytes}"
@@ -99,7 +99,7 @@ def verify(out: str | os.PathLike, *, workers: int = 1, decode: bool = True,
                     advance(stop - start)
     names = ds.names if problems else []
     return VerifyResult(count, [(i, names[i], problem) for i, problem in problems], file_problem,
-                        seconds=time.perf_counter() - start)
+                        seconds=time.perf_counter() - began)
 
 
 def check_records(ds: PackedDataset, start: int, stop: int, decode: bool = True) -> list[tuple[int, str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import time
 
 import pytest
 from conftest import invoke_dimd
@@ -29,8 +30,10 @@ def copy_of(packed, tmp_path, name="copy"):
 
 def test_sound_dataset_verifies(packed):
     for workers in (1, 2):
+        began = time.perf_counter()
         result = verify(packed, workers=workers)
         assert result.ok and result.count == 48 and result.bad == []
+        assert 0 < result.seconds <= time.perf_counter() - began   # its own time, not a record index
     proc = invoke_dimd("verify", packed, check=True)
     assert "ok: 48 records" in proc.stdout
 
