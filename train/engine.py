@@ -194,6 +194,22 @@ class TrainResult:
 Callback = Callable[..., None]
 
 
+def default_threads(comm: Any) -> int:
+    """Torch threads per rank by default: the node's cores shared by its ranks (MPI: node-local ranks)."""
+    from dimd.host import available_cores
+    from dimd.mpi import node_local_ranks
+
+    return max(1, available_cores() // node_local_ranks(comm))
+
+
+def set_threads(threads: int | None, comm: Any) -> int:
+    """Torch threads as ``dimd train`` sets them: ``threads``, else :func:`default_threads`
+    (left alone when OMP_NUM_THREADS is set and ``threads`` is not); returns the count in force."""
+    if threads or "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(threads or default_threads(comm))
+    return torch.get_num_threads()
+
+
 def pick_device(choice: str, comm) -> torch.device:
     """``auto``: CUDA when present (one GPU per rank on a node, by node-local rank), else CPU."""
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
@@ -235,7 +251,7 @@ def val_label_map(train_classes: list[str], val_classes: list[str], val: str,
     return torch.tensor([index[name] for name in val_classes], dtype=torch.int64)
 
 
-def learner_compute(choice: str, device: torch.device) -> str:
+def learner_compute(choice: str) -> str:
     """``auto``: one replica after another, on CUDA each on its own stream (Crossbow's way); on a
     CPU core measured faster than one vectorised vmap pass at 1-4 learners (docs/sma.md)."""
     return "loop" if choice == "auto" else choice
@@ -288,12 +304,7 @@ class Trainer:
         # -- hardware and data
         if cfg.model not in MODELS:
             build_model(cfg.model, 1)  # raises the clear "unknown model" error
-        if cfg.threads or "OMP_NUM_THREADS" not in os.environ:
-            from dimd.host import available_cores
-            from dimd.mpi import node_local_ranks
-
-            # MPI: the node's cores are shared by its ranks
-            torch.set_num_threads(cfg.threads or max(1, available_cores() // node_local_ranks(comm)))
+        set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks
         # ``device``: chosen by a caller whose ``comm`` is a part of the job (a rank's place on its node is not)
         self.device = device if device is not None else pick_device(cfg.device, comm)
         t0 = time.perf_counter()
@@ -367,11 +378,10 @@ class Trainer:
         if cfg.sync == "sma":
             from dimd.train.sma import SMA
 
-            learners = cfg.learners if cfg.learners is not None else 1
-            return SMA(self.model, reduce, self.world, learners=None if learners == "auto" else int(learners),
+            return SMA(self.model, reduce, self.world, learners=None if cfg.autotune else int(cfg.learners or 1),
                        alpha=cfg.alpha, momentum=cfg.momentum, central_momentum=cfg.sma_momentum,
                        weight_decay=cfg.weight_decay, decay_bn_and_bias=cfg.decay_bn_and_bias,
-                       compute=learner_compute(cfg.learner_compute, self.device),
+                       compute=learner_compute(cfg.learner_compute),
                        normalize=self.normalize, threads=torch.get_num_threads(),
                        autotune_threshold=cfg.autotune_threshold,
                        max_learners=self.batches_per_epoch, synchronize=sync)

@@ -62,8 +62,6 @@ class Layout:
         self.floats = slots([(n, t) for n, t in buffers if t.is_floating_point()])
         self.counts = slots([(n, t) for n, t in buffers if not t.is_floating_point()])
         self.numel = sum(s.numel for s in self.params)
-        self.float_numel = sum(s.numel for s in self.floats)
-        self.count_numel = sum(s.numel for s in self.counts)
 
     # -- one model <-> flat vectors ---------------------------------------------------------
 
@@ -115,14 +113,6 @@ def set_buffers(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         owner_name, _, leaf = name.rpartition(".")
         owner = model.get_submodule(owner_name) if owner_name else model
         owner._buffers[leaf] = tensor
-
-
-@dataclass
-class Batch:
-    """K learners' batches: uint8 images K x b x 3 x H x W (normalised later) and labels K x b."""
-
-    images: list[torch.Tensor]
-    labels: list[torch.Tensor]
 
 
 class Learners:

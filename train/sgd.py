@@ -31,6 +31,11 @@ MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
+def decays(p: torch.Tensor, decay_bn_and_bias: bool = False) -> bool:
+    """Whether ``p`` gets weight decay: weights do; batch-norm scales/shifts and biases (1-d) are exempt."""
+    return decay_bn_and_bias or p.ndim > 1
+
+
 def parameter_groups(model: nn.Module, weight_decay: float, *,
                      decay_bn_and_bias: bool = False) -> list[dict]:
     """Weight decay on weights only: batch-norm scales/shifts and biases (1-d tensors) are exempt."""
@@ -38,7 +43,7 @@ def parameter_groups(model: nn.Module, weight_decay: float, *,
     exempt: list[nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
-            (decay if decay_bn_and_bias or p.ndim > 1 else exempt).append(p)
+            (decay if decays(p, decay_bn_and_bias) else exempt).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if exempt:
         groups.append({"params": exempt, "weight_decay": 0.0})

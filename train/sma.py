@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import time
-import zlib
 from typing import Any, Callable
 
 import numpy as np
@@ -33,6 +32,7 @@ from torch import nn
 
 from dimd.train.autotune import AutoTuner
 from dimd.train.learners import Learners
+from dimd.train.sgd import decays, identical_across_ranks
 from dimd.train.steps import Batches, StepResult, StepTimes
 
 Reduce = Callable[[np.ndarray], None]
@@ -46,7 +46,7 @@ def decay_vector(model: nn.Module, weight_decay: float, *, decay_bn_and_bias: bo
     """Per-element weight decay: ``weight_decay`` on weights, 0 on batch-norm and bias (as S-SGD's groups)."""
     if weight_decay <= 0:
         return None
-    parts = [torch.full((p.numel(),), weight_decay if decay_bn_and_bias or p.ndim > 1 else 0.0,
+    parts = [torch.full((p.numel(),), weight_decay if decays(p, decay_bn_and_bias) else 0.0,
                         device=p.device) for p in model.parameters()]
     return torch.cat(parts)
 
@@ -267,9 +267,7 @@ class SMA:
 
     def identical(self, comm) -> bool:
         """Whether z is bit-identical on every rank (a crc32 of its bytes, compared)."""
-        digest = zlib.crc32(self.z.detach().cpu().numpy().tobytes())
-        everyone = comm.allgather(digest)                    # MPI: compare the ranks' checksums
-        return all(d == everyone[0] for d in everyone)
+        return identical_across_ranks([self.z], comm)   # MPI: compare the ranks' checksums
 
     def close(self) -> None:
         self.learner_group.close()

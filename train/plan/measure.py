@@ -21,7 +21,6 @@ training; a step's time is its slowest rank's (synchronous SGD waits for it).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -42,19 +41,6 @@ def model_gradient_bytes(model: str, classes: int | None = None) -> int:
         raise DimdError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
     with torch.device("meta"):
         return gradient_bytes(build_model(model, classes if classes is not None else default_classes(model)))
-
-
-def set_threads(threads: int | None, comm: Any) -> int:
-    """Torch threads as ``dimd train`` sets them: ``threads``, else cores / ranks on the node
-    (left alone when OMP_NUM_THREADS is set and ``threads`` is not)."""
-    import torch
-
-    if threads or "OMP_NUM_THREADS" not in os.environ:
-        from dimd.host import available_cores
-        from dimd.mpi import node_local_ranks
-
-        torch.set_num_threads(threads or max(1, available_cores() // node_local_ranks(comm)))
-    return torch.get_num_threads()
 
 
 @dataclass(frozen=True)
@@ -82,7 +68,7 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     from mpi4py import MPI
 
     from dimd.train.config import TrainConfig
-    from dimd.train.engine import pick_device
+    from dimd.train.engine import pick_device, set_threads
     from dimd.train.flatgrad import FlatGradients
     from dimd.train.models import build_model, gradient_bytes, parameter_count
     from dimd.train.sgd import Normalize, make_optimizer

@@ -194,9 +194,7 @@ def run_convergence(config: ConvergenceConfig, comm: Any, *,
     ``on_run(record, number, runs)`` is called on each group's first rank after
     each of its runs (the run's ``number`` in the hand-out order, of ``runs``).
     """
-    from dimd.host import available_cores
-    from dimd.mpi import node_local_ranks
-    from dimd.train.engine import pick_device
+    from dimd.train.engine import default_threads, pick_device
 
     size, rank = comm.Get_size(), comm.Get_rank()
     g = config.ranks_per_run
@@ -210,7 +208,7 @@ def run_convergence(config: ConvergenceConfig, comm: Any, *,
                         f"{config.train}: every batch must fit in the training set")
     every = config.eval_every_images or max(1, total // DEFAULT_EVALUATIONS_PER_EPOCH)
     # MPI: the node's cores are shared by all the job's ranks, whatever group they train in
-    threads = config.threads or max(1, available_cores() // node_local_ranks(comm))
+    threads = config.threads or default_threads(comm)
     device = pick_device(config.train_config(min(config.batch_sizes), config.first_seed).device, comm)
     group = rank // g
     order = run_order(config)
