@@ -283,10 +283,9 @@ def build_config(config_cls: type[C], callback: Callable[..., Any] | None = None
     try:
         return config_cls(**values)
     except ConfigError as exc:
-        flags = _flags(callback)
-        flag = flags.get(exc.field)
-        problem = _FIELD_MENTION.sub(lambda m: flags.get(m.group(1), m.group(0)), exc.problem)
-        raise click.BadParameter(problem, param_hint=f"'{flag}'" if flag else exc.field) from None
+        flag = _flags(callback).get(exc.field)
+        raise click.BadParameter(cli_message(exc.problem, callback),
+                                 param_hint=f"'{flag}'" if flag else exc.field) from None
 
 
 def _flags(callback: Callable[..., Any] | None) -> dict[str, str]:

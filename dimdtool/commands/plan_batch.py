@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import click
 
 from dimd.commands.mpi_job import mpi_command
+from dimd.commands.train import allreduce_algorithms
 from dimd.options import INT_LIST, SIZE, RegistryChoice, build_config, config_option, json_option, quiet_option
 from dimd.train.plan.config import (POWERS_OF_TWO_TO_1024, CommFitConfig, ConvergenceConfig, SolveConfig,
                                     StepTimeConfig)
@@ -248,12 +249,6 @@ def _print_comm(figures: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------- convergence
-def _algorithms() -> Any:
-    from dimd.allreduce import ALGORITHMS
-
-    return ALGORITHMS
-
-
 @plan_batch.command("convergence")
 @click.argument("train_set", metavar="TRAIN")
 @click.option("--val", "val_set", metavar="VAL", required=True, help="Packed validation set (`dimd pack`).")
@@ -282,7 +277,7 @@ def _algorithms() -> Any:
                help="Smallest area share of a training crop [default: dimd train's].")
 @config_option(ConvergenceConfig, "momentum", "--momentum", help="[default: dimd train's]")
 @config_option(ConvergenceConfig, "weight_decay", "--weight-decay", help="[default: dimd train's]")
-@config_option(ConvergenceConfig, "allreduce", "--allreduce", type=RegistryChoice(_algorithms, "ALGORITHM"),
+@config_option(ConvergenceConfig, "allreduce", "--allreduce", type=RegistryChoice(allreduce_algorithms, "ALGORITHM"),
                help="With --ranks-per-run 2 or more [default: the fastest measured at each run's start].")
 @config_option(ConvergenceConfig, "device", "--device", type=click.Choice(["auto", "cpu", "cuda"]),
                help="auto: one GPU per rank when CUDA is available, else CPU [default: auto].")
@@ -367,8 +362,7 @@ def _run_line(record: Any) -> str:
         return (f"{where}: reached after {record.updates:,} updates ({record.images_to_target:,} images, "
                 f"{record.train_seconds_to_target:.1f} s of training, {record.seconds:.1f} s in all)")
     best = f"; its last top-1 {100 * record.final_top1:.1f}%" if record.final_top1 is not None else ""
-    why = ("budget" if record.reason == "budget" else record.reason)
-    return f"{where}: NOT reached ({why}; budget {record.budget:,} updates){best}"
+    return f"{where}: NOT reached ({record.reason}; budget {record.budget:,} updates){best}"
 
 
 def _print_convergence(figures: dict[str, Any], records: Sequence[Any], config: ConvergenceConfig) -> None:

@@ -26,7 +26,8 @@ def _models() -> Any:
     return MODELS
 
 
-def _algorithms() -> Any:
+def allreduce_algorithms() -> Any:
+    """dimd.allreduce's algorithm names, for the commands' --allreduce choice (loaded on first use)."""
     from dimd.allreduce import ALGORITHMS
 
     return ALGORITHMS
@@ -111,7 +112,7 @@ def print_models() -> None:
 @config_option(TrainConfig, "groups", help="Shuffle groups: each group of consecutive ranks holds the whole set.")
 @config_option(TrainConfig, "shuffle_every", type=ShuffleEvery(), show_default="epoch",
                help="Reshuffle the store across each group every N steps, every 'epoch' or 'never'.")
-@config_option(TrainConfig, "allreduce", type=RegistryChoice(_algorithms, "ALGORITHM"),
+@config_option(TrainConfig, "allreduce", type=RegistryChoice(allreduce_algorithms, "ALGORITHM"),
                help="Allreduce algorithm (see `dimd bench-allreduce --help`) [default: the fastest "
                     "measured at start-up for the model's gradient size].")
 @config_option(TrainConfig, "bucket_mb", help="Allreduce the gradients in buckets of this size (0: one message).")
