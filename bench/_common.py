@@ -20,7 +20,6 @@ import platform
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -246,6 +245,3 @@ def write_records_as_files(stem: Path, folder: Path) -> int:
         path.write_bytes(bytes(packed.record(i)))
     return len(packed)
 
-
-def timestamp() -> str:
-    return time.strftime("%H:%M:%S")

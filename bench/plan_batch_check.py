@@ -63,7 +63,7 @@ SETS: dict[str, dict[str, Any]] = {
         "quick": {"batches": (8, 32, 128), "target": 0.8, "max_epochs": 6, "eval_every": 1000, "seeds": 1},
     },
     "demo": {
-        "model": "resnet20", "image_size": 32, "short_side": 36, "lr": 0.8, "warmup_epochs": 1, "crop_scale": 0.35,
+        "model": "resnet20", "image_size": 32, "lr": 0.8, "warmup_epochs": 1, "crop_scale": 0.35,
         "weight_decay": 5e-4, "noise_batch": 32,
         "full": {"batches": (8, 16, 32, 64, 128), "target": 0.7, "max_epochs": 40, "eval_every": 200,
                  "seeds": 3},
@@ -194,7 +194,7 @@ def noise_against_fit(noise: dict[str, Any], conv: dict[str, Any]) -> dict[str, 
     b_crit, known = conv.get("b_crit"), conv.get("b_crit_range")
     ratio = b_simple / b_crit if b_simple is not None and b_crit else None
     determined = bool(known) and known[1] is not None
-    collapsed = {b: share for b, share in (conv.get("at_chance_after_warmup") or at_chance(conv)).items()
+    collapsed = {b: share for b, share in at_chance(conv).items()
                  if share >= 0.2}
     if b_simple is None:
         why = "B_simple never came out positive (|G|^2's average stayed <= 0)"
