@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 from _common import Context, Reproduction, dimd_job, spread
+from plotting import format_bytes
 
 FULL = {"ranks": [2, 4], "runs": 3, "min_bytes": 4, "max_bytes": 64 << 20, "factor": 4}
 QUICK = {"max_bytes": 1 << 20, "factor": 16}
@@ -81,7 +82,7 @@ def findings(envelope: dict[str, Any]) -> str:
         cells = ", ".join(f"{a} {ratio(a, big):.2f}x" for a in ranked)
         faster = [min(ratio(a, i) for a in dimd) < 1.0 for i in range(len(sizes))]
         from_size = next((sizes[i] for i in range(len(sizes)) if all(faster[i:])), None)
-        text = (f"**P = {panel['ranks']}**, at {_size(sizes[big])}: MPICH's default takes "
+        text = (f"**P = {panel['ranks']}**, at {format_bytes(sizes[big])}: MPICH's default takes "
                 f"{series[BASELINE]['time_us'][big]['median'] / 1e3:.1f} ms "
                 f"({series[BASELINE]['busbw_gbs'][big]['median']:.3g} GB/s busbw); each dimd algorithm's time "
                 f"relative to it (median over {panel['runs']} runs of the ratio within a run): {cells}. "
@@ -90,13 +91,14 @@ def findings(envelope: dict[str, Any]) -> str:
             text += (f" The paper's pair: multicolor {ratio('multicolor', big):.2f}x, ring-root "
                      f"{ratio('ring-root', big):.2f}x MPICH's time.")
         if from_size is not None:
-            text += f" From {_size(from_size)} up, some dimd algorithm is faster than MPICH's default at every size."
+            text += (f" From {format_bytes(from_size)} up, some dimd algorithm is faster than MPICH's default "
+                     "at every size.")
         else:
             text += " At no size from which on a dimd algorithm stays faster than MPICH's default."
         if "gloo" in series:
-            text += f" gloo takes {ratio('gloo', big):.2f}x MPICH's time at {_size(sizes[big])}."
+            text += f" gloo takes {ratio('gloo', big):.2f}x MPICH's time at {format_bytes(sizes[big])}."
         small = min(ratio(a, 0) for a in dimd)
-        text += (f" At {_size(sizes[0])} the best dimd algorithm takes {small:.2g}x MPICH's time"
+        text += (f" At {format_bytes(sizes[0])} the best dimd algorithm takes {small:.2g}x MPICH's time"
                  + (" (every mpi4py message costs about 1.4 us in Python; MPICH's own shared-memory "
                     "allreduce about 0.3 us)." if small > 1 else "."))
         lines.append(text)
@@ -106,12 +108,6 @@ def findings(envelope: dict[str, Any]) -> str:
 def _ratio(series: dict[str, Any], algorithm: str, i: int) -> float:
     """The median over runs of an algorithm's time / MPICH's time in the same run, at size index i."""
     return series[algorithm]["vs_mpi"][i]["median"]
-
-
-def _size(n: int) -> str:
-    import plotting
-
-    return plotting.format_bytes(n)
 
 
 REPRODUCTION = Reproduction(

@@ -74,11 +74,10 @@ def color(name: str, index: int = 0) -> str:
 
 
 def format_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{n:.0f} B"
+    """dimd's own byte format, whole sizes without the ".0" (axis ticks): ``64 KiB``, ``1.5 MiB``."""
+    from dimd.units import format_bytes as dimd_format
+
+    return dimd_format(n).replace(".0 ", " ")
 
 
 def bytes_axis(ax: Any, sizes: Sequence[float], axis: str = "x") -> None:
