@@ -7,6 +7,7 @@ Handled well: a non-zero exit with exactly one line on stderr, ``dimd: error:
 from __future__ import annotations
 
 import io
+import functools
 import shutil
 import subprocess
 from pathlib import Path
@@ -46,6 +47,7 @@ def small_tree(root: Path, classes: dict[str, int], size: tuple[int, int] = (64,
     return root
 
 
+@functools.cache   # one unshare probe per test session, however many modules ask
 def can_mount_tmpfs() -> bool:
     """Whether ``unshare --mount`` with a private tmpfs works here (root, or user namespaces)."""
     if shutil.which("unshare") is None:

@@ -511,6 +511,17 @@ def noise_scale_matches_offline_estimator(data: str) -> None:
     say(f"ok {len(seen)} steps; B_simple per epoch " + ", ".join(f"{e.noise_scale}" for e in result.epochs))
 
 
+def score_by_law(n_inf: float, alpha: float, samples: int = 1) -> Callable[[Any], Any]:
+    """A ``Trainer.evaluate`` whose top-1 is 1 once the run has taken N_inf + alpha/M steps, 0 before."""
+    from dimd.train.evaluate import EvalResult
+
+    def evaluate(trainer: Any) -> EvalResult:
+        reached = trainer.step >= n_inf + alpha / trainer.global_batch
+        return EvalResult(loss=0.0, top1=1.0 if reached else 0.0, top5=1.0, samples=samples, seconds=0.0)
+
+    return evaluate
+
+
 @case
 def dimd_scored_by_known_law(n_inf: str, alpha: str, *args: str) -> None:
     """``dimd ARGS`` with validation top-1 replaced by a known law: 1 once a run has taken N_inf + alpha/M steps.
@@ -522,13 +533,8 @@ def dimd_scored_by_known_law(n_inf: str, alpha: str, *args: str) -> None:
     """
     from dimd.cli import main
     from dimd.train.engine import Trainer
-    from dimd.train.evaluate import EvalResult
 
-    def evaluate(trainer: Trainer) -> EvalResult:
-        reached = trainer.step >= float(n_inf) + float(alpha) / trainer.global_batch
-        return EvalResult(loss=0.0, top1=1.0 if reached else 0.0, top5=1.0, samples=1, seconds=0.0)
-
-    Trainer.evaluate = evaluate  # type: ignore[method-assign]
+    Trainer.evaluate = score_by_law(float(n_inf), float(alpha))  # type: ignore[method-assign]
     main(list(args), prog_name="dimd")
 
 

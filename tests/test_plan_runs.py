@@ -8,26 +8,7 @@ are known exactly.
 """
 
 import pytest
-
-
-@pytest.fixture(scope="module")
-def comm():
-    from dimd.mpi import init_mpi
-
-    init_mpi("funneled")
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-def score_by_law(n_inf, alpha):
-    from dimd.train.evaluate import EvalResult
-
-    def evaluate(trainer):
-        reached = trainer.step >= n_inf + alpha / trainer.global_batch
-        return EvalResult(loss=0.0, top1=1.0 if reached else 0.0, top5=1.0, samples=48, seconds=0.0)
-
-    return evaluate
+from mpi_cases import score_by_law
 
 
 def config(data, **changes):
@@ -39,13 +20,13 @@ def config(data, **changes):
     return ConvergenceConfig(**{**settings, **changes})
 
 
-def test_updates_to_target_and_a_run_out_of_budget(packed_sample, comm, monkeypatch):
+def test_updates_to_target_and_a_run_out_of_budget(packed_sample, world, monkeypatch):
     from dimd.train.engine import Trainer
     from dimd.train.plan.convergence import convergence_figures
     from dimd.train.plan.runs import run_convergence
 
-    monkeypatch.setattr(Trainer, "evaluate", score_by_law(3, 32))
-    swept = run_convergence(config(packed_sample), comm)
+    monkeypatch.setattr(Trainer, "evaluate", score_by_law(3, 32, samples=48))
+    swept = run_convergence(config(packed_sample), world)
     updates = {(r.batch, r.seed): r.updates for r in swept.records}
     # N = 3 + 32/M: 11 at M = 4 (evaluated every 2 steps: first at step 12), 7 at M = 8 (every step),
     # 3.7 at M = 48, which has 1 step an epoch and 2 in its budget: never reached
@@ -64,7 +45,7 @@ def test_updates_to_target_and_a_run_out_of_budget(packed_sample, comm, monkeypa
     assert figures["alpha"] == pytest.approx(40) and figures["n_inf"] == pytest.approx(2) and figures["r2"] == 1
 
 
-def test_a_diverging_run_is_reported_not_fatal(packed_sample, comm, monkeypatch):
+def test_a_diverging_run_is_reported_not_fatal(packed_sample, world, monkeypatch):
     from dimd.train.engine import Trainer
     from dimd.train.plan.runs import run_convergence
     from dimd.train.sgd import SSGD
@@ -78,9 +59,9 @@ def test_a_diverging_run_is_reported_not_fatal(packed_sample, comm, monkeypatch)
             result.finite = self.updates < 2
         return result
 
-    monkeypatch.setattr(Trainer, "evaluate", score_by_law(1, 8))
+    monkeypatch.setattr(Trainer, "evaluate", score_by_law(1, 8, samples=48))
     monkeypatch.setattr(SSGD, "step", step)
-    swept = run_convergence(config(packed_sample, batch_sizes=(4, 24), seeds=1, eval_every_images=100), comm)
+    swept = run_convergence(config(packed_sample, batch_sizes=(4, 24), seeds=1, eval_every_images=100), world)
     by_batch = {r.batch: r for r in swept.records}
     assert by_batch[4].reached and by_batch[4].updates == 12    # N = 3 at M = 4; evaluated at the epoch end
     assert not by_batch[24].reached and by_batch[24].reason == "diverged at step 2"

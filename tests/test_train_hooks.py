@@ -3,16 +3,6 @@
 import pytest
 
 
-@pytest.fixture(scope="module")
-def comm():
-    from dimd.mpi import init_mpi
-
-    init_mpi("funneled")
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
 def config(data, **changes):
     from dimd.train.config import TrainConfig
 
@@ -22,11 +12,11 @@ def config(data, **changes):
 
 
 @pytest.mark.parametrize("sync", ["ssgd", "sma"])
-def test_evaluations_every_n_images_besides_epoch_ends(packed_sample, comm, sync):
+def test_evaluations_every_n_images_besides_epoch_ends(packed_sample, world, sync):
     from dimd.train.engine import train
 
     extra = {"sync": "sma", "learners": 2} if sync == "sma" else {}
-    result = train(config(packed_sample, **extra), comm, eval_every_images=20)
+    result = train(config(packed_sample, **extra), world, eval_every_images=20)
     # 48 images per epoch (S-SGD: 6 steps of 8; SMA: 3 steps of 2 learners x 8): an evaluation at the
     # first step reaching 20, 40, 60... images, and at every epoch end (which counts as the one due)
     expected = [24, 40, 48, 64, 80, 96] if sync == "ssgd" else [32, 48, 64, 80, 96]
@@ -36,11 +26,11 @@ def test_evaluations_every_n_images_besides_epoch_ends(packed_sample, comm, sync
     assert result.stopped_by is None and len(result.epochs) == 2
 
 
-def test_a_target_accuracy_ends_the_run_at_the_first_evaluation_reaching_it(packed_sample, comm):
+def test_a_target_accuracy_ends_the_run_at_the_first_evaluation_reaching_it(packed_sample, world):
     from dimd.train.engine import train
 
     events = []
-    result = train(config(packed_sample, epochs=5), comm, eval_every_images=16, target_top1=0.0,
+    result = train(config(packed_sample, epochs=5), world, eval_every_images=16, target_top1=0.0,
                    on_event=events.append)
     assert result.stopped_by == "target" and len(result.evaluations) == 1 and result.evaluations[0].images == 16
     assert result.epochs == [] and any("reaches the target" in e for e in events)

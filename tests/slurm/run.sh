@@ -321,7 +321,7 @@ ok "a rerun of pack.sbatch keeps the finished, verified output"
 # --allreduce ring: no start-up measurement of the algorithms (10 s and more on a busy machine).
 long_train=(--model resnet20 --image-size 32 --epochs 1000 --batch-size 8 --lr 0.2 --allreduce ring)
 stop_test() {    # NAME HOW: submit, wait for training, stop it with HOW, check the ending
-    local name=$1 how=$2 job log run stopped
+    local name=$1 how=$2 job log stopped
     job=$(submit sbatch --parsable --job-name="$name" "$repo/bin/slurm/train.sbatch" packed "${long_train[@]}")
     log=$work/dimd-train-$job.out
     wait_log "$log" 180 "2 ranks x batch"   # loaded and set up: the next thing is training
@@ -331,7 +331,6 @@ stop_test() {    # NAME HOW: submit, wait for training, stop it with HOW, check 
     cancel) as_user scancel "$job" ;;
     esac
     wait_state "$job" 120 COMPLETED CANCELLED FAILED TIMEOUT
-    run=$work/packed/runs/$name
     wait_log "$log" 30 "stopped by SIGTERM"
     stopped=$(grep -o "checkpoint [^;]*\.pt" "$log" | tail -n 1 | cut -d' ' -f2)
     [[ -f $work/$stopped ]] || fail "$name: no checkpoint written at the stop"
