@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 from dimd.host import available_cores
 from dimd.report import read_result, result_document, spread, write_json
 
-__all__ = ["BENCH", "BIN", "JobError", "Context", "Reproduction", "SampleSet", "dimd_job", "machine",
+__all__ = ["BENCH", "BIN", "JobError", "Context", "Reproduction", "SampleSet", "dimd_job", "json_job", "machine",
            "mpi_python", "read_result", "run", "sample_set", "spread", "write_result"]
 
 BENCH = Path(__file__).resolve().parent
@@ -93,6 +93,14 @@ def _stop_group(proc: subprocess.Popen) -> None:
 _FIRST = object()
 
 
+def json_job(argv: Sequence[Any], json_path: Path, *, env: dict[str, str] | None = None,
+             timeout: float = JOB_TIMEOUT_S) -> None:
+    """Run ``ARGV --json JSON_PATH`` (output logged beside it as .log), no stale JSON left to be read back."""
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.unlink(missing_ok=True)
+    run([*argv, "--json", json_path], env=env, timeout=timeout, log=json_path.with_suffix(".log"))
+
+
 def dimd_job(args: Sequence[Any], json_path: Path, *, ranks: int | None = None,
              env: dict[str, str] | None = None, wrap: Sequence[Any] = (), timeout: float = JOB_TIMEOUT_S,
              command: Any = _FIRST) -> dict:
@@ -101,31 +109,23 @@ def dimd_job(args: Sequence[Any], json_path: Path, *, ranks: int | None = None,
     ``wrap`` goes in front of the whole command (e.g. bench/netfs.sh run ... --).
     The envelope must come from ``command`` (default: ARGS[0]; None: any).
     """
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.unlink(missing_ok=True)
     launcher = [BIN / "mpiexec", "-n", ranks] if ranks else []
-    run([*wrap, *launcher, BIN / "dimd", *args, "--json", json_path], env=env, timeout=timeout,
-        log=json_path.with_suffix(".log"))
+    json_job([*wrap, *launcher, BIN / "dimd", *args], json_path, env=env, timeout=timeout)
     return read_result(json_path, str(args[0]) if command is _FIRST else command)
 
 
 def mpi_python(ranks: int, script: Path, args: Sequence[Any], json_path: Path, command: str,
                *, env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT_S) -> dict:
     """Run a bench/ MPI script under ``python -m mpi4py`` (one rank's error ends the job) and read its envelope."""
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.unlink(missing_ok=True)
-    run([BIN / "mpiexec", "-n", ranks, sys.executable, "-m", "mpi4py", script, *args, "--json", json_path],
-        env=env, timeout=timeout, log=json_path.with_suffix(".log"))
+    json_job([BIN / "mpiexec", "-n", ranks, sys.executable, "-m", "mpi4py", script, *args], json_path,
+             env=env, timeout=timeout)
     return read_result(json_path, command)
 
 
 def python_job(script: Path, args: Sequence[Any], json_path: Path, command: str, *,
                env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT_S) -> dict:
     """Run a bench/ script in a Python process of its own and read the envelope it wrote."""
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.unlink(missing_ok=True)
-    run([sys.executable, script, *args, "--json", json_path], env=env, timeout=timeout,
-        log=json_path.with_suffix(".log"))
+    json_job([sys.executable, script, *args], json_path, env=env, timeout=timeout)
     return read_result(json_path, command)
 
 

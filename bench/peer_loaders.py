@@ -33,7 +33,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from _common import BENCH, BIN, Context, JobError, Reproduction, dimd_job, run, spread, write_records_as_files
+from _common import BENCH, BIN, Context, JobError, Reproduction, dimd_job, json_job, run, spread, write_records_as_files
 
 ROOT = BENCH.parent
 PEERS_DIR = Path(os.environ.get("DIMD_PEERS_DIR", ROOT / "build" / "peers"))
@@ -81,10 +81,7 @@ def peer_job(peer: str, command: str, args: list[Any], json_path: Path) -> dict:
     python, why = peer_python(peer)
     if python is None:
         raise JobError(f"{peer} is unavailable: {why}")
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.unlink(missing_ok=True)
-    run([python, SCRIPTS / f"{peer}_peer.py", command, *args, "--json", json_path],
-        log=json_path.with_suffix(".log"), env={"PYTHONDONTWRITEBYTECODE": "1"})
+    json_job([python, SCRIPTS / f"{peer}_peer.py", command, *args], json_path, env={"PYTHONDONTWRITEBYTECODE": "1"})
     import json
 
     return json.loads(json_path.read_text())
