@@ -74,14 +74,16 @@ RANKS = (1, 2)                   # the time check's rank counts
 CHECK_SEED = 100                 # the check's runs use seeds the sweep did not
 STEP_BATCHES = {"full": "1,2,4,8,16,32,64,128,256", "quick": "1,4,16,64,256"}
 BENCH_RANKS = (2, 3)
-FULL = {"threads": 1, "ranks": list(RANKS), "bench_ranks": list(BENCH_RANKS), "check_seed": CHECK_SEED}
+#: Torch threads per rank in every command: 1. With dimd train's rule (cores / ranks) a P = 1 run on this
+#: shared 2-core machine measured about 15 times slower per LeNet image, its two threads waiting for each other.
+THREADS_PER_RANK = 1
+THREADS = ["--threads", THREADS_PER_RANK]
+FULL = {"threads": THREADS_PER_RANK, "ranks": list(RANKS), "bench_ranks": list(BENCH_RANKS), "check_seed": CHECK_SEED}
 QUICK: dict[str, Any] = {}
-THREADS: list[Any] = []          # ["--threads", N] for every command (measure() sets it); empty: dimd's rule
-LOG = [lambda line: print(line, file=sys.stderr, flush=True)]
 
 
 def say(line: str) -> None:
-    LOG[0](line)
+    print(line, file=sys.stderr, flush=True)
 
 
 def run(command: list[Any], *, allow_failure: bool = False, log: Path | None = None) -> int:
@@ -295,8 +297,6 @@ def check_rank_count(ranks: int, plan: dict[str, Any], data: tuple[Path, Path], 
 def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
     p = ctx.size(FULL, QUICK)
     size_name = "quick" if ctx.quick else "full"
-    LOG[0] = ctx.log
-    THREADS[:] = ["--threads", p["threads"]] if p.get("threads") else []
     work = ctx.folder(size_name)
     figures: dict[str, Any] = {"size": size_name, "sets": {}}
 

@@ -30,16 +30,14 @@ from _common import Context, Reproduction
 NAME = "plan_batch_plan"
 PLAN_RANKS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 ALGORITHMS = "ring,recursive-doubling,tree,ps,rabenseifner"
-FULL = {"threads": 1, "step_ranks": 2, "bench_ranks": [2, 3, 4], "runs": 3, "plan_ranks": PLAN_RANKS,
-        "max_holdout_error": 0.5, "training_images": 4000}
+FULL = {"threads": check.THREADS_PER_RANK, "step_ranks": 2, "bench_ranks": [2, 3, 4], "runs": 3,
+        "plan_ranks": PLAN_RANKS, "max_holdout_error": 0.5, "training_images": 4000}
 QUICK = {"bench_ranks": [2, 3], "runs": 1}
 
 
 def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
     p = ctx.size(FULL, QUICK)
     size_name = "quick" if ctx.quick else "full"
-    check.LOG[0] = ctx.log
-    check.THREADS[:] = ["--threads", p["threads"]] if p.get("threads") else []
     work = ctx.folder(size_name)
     data = check.prepare("mnist", ctx.work)
     size = check.SETS["mnist"][size_name]
