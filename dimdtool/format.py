@@ -26,7 +26,7 @@ import numpy as np
 
 from dimd import __version__
 from dimd.errors import DimdError
-from dimd.fsutil import (StaleTemporaries, check_output, disk_errors, make_folders,
+from dimd.fsutil import (check_output, disk_errors, make_folders,
                          remove_stale_temporaries, temporary_sibling)
 
 FORMAT_NAME = "dimd-pack"
@@ -84,22 +84,19 @@ class PackWriter:
     listed in :attr:`stale`). Leaving the ``with`` block without a commit (an
     error, Ctrl-C, SIGTERM, a full disk) deletes the temporaries, so an
     interrupted pack leaves nothing that looks valid, and nothing at all.
-    ``expected`` (records the caller will add, if known) sizes the estimate a
-    full-disk message gives.
+    ``expected`` (records the caller will add, set once it knows) sizes the
+    estimate a full-disk message gives.
     """
 
-    def __init__(self, out: str | os.PathLike, *, force: bool = False,
-                 expected: int | None = None) -> None:
+    def __init__(self, out: str | os.PathLike, *, force: bool = False) -> None:
         self.data_path, self.index_path = dataset_paths(out)
         for path in (self.data_path, self.index_path):
             check_output(path, kind="file", create=True, what="output")
             if not force and path.exists():
                 raise DimdError(f"{path}: output exists (set `force` to overwrite it)")
         make_folders(self.data_path.parent, "output")
-        removed = [remove_stale_temporaries(p) for p in (self.data_path, self.index_path)]
-        self.stale = StaleTemporaries(sum((r.removed for r in removed), ()),
-                                      sum((r.foreign for r in removed), ()))
-        self.expected = expected
+        self.stale = remove_stale_temporaries(self.data_path, self.index_path)
+        self.expected: int | None = None
         self._tmp_data = temporary_sibling(self.data_path)
         self._tmp_index = temporary_sibling(self.index_path)
         self._committed = False

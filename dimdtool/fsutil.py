@@ -109,22 +109,24 @@ class StaleTemporaries:
     foreign: tuple[Path, ...] = ()  # written on another host: their writer cannot be checked from here
 
 
-def remove_stale_temporaries(path: str | os.PathLike) -> StaleTemporaries:
-    """Delete the temporaries of ``path`` whose writer (a process on this host) no longer runs.
+def remove_stale_temporaries(*paths: str | os.PathLike) -> StaleTemporaries:
+    """Delete the temporaries of ``paths`` (files of one folder) whose writer (a process on this host)
+    no longer runs; the folder is listed once.
 
     A SIGKILLed or crashed writer leaves ``.NAME.tmp-HOST-PID``; the next
-    writer of the same ``path`` removes it. A temporary of a live process, or
+    writer of the same path removes it. A temporary of a live process, or
     of another host (a shared file system), is never touched: it may be a
     pack running now.
     """
-    target = Path(path)
-    prefix = f".{target.name}.tmp-"
+    targets = [Path(p) for p in paths]
+    prefixes = tuple(f".{t.name}.tmp-" for t in targets)
     removed, foreign = [], []
     try:
-        entries = [e for e in os.scandir(target.parent) if e.name.startswith(prefix)]
+        entries = [e for e in os.scandir(targets[0].parent) if e.name.startswith(prefixes)]
     except OSError:
         return StaleTemporaries()
     for entry in entries:
+        prefix = next(p for p in prefixes if entry.name.startswith(p))
         host, _, pid_text = entry.name[len(prefix):].rpartition("-")  # HOST-PID (or PID: older dimd)
         if not pid_text.isdigit():
             continue
