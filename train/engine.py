@@ -367,6 +367,11 @@ class Trainer:
         self.last_checkpoint: str | None = None
 
     @property
+    def steps_per_epoch(self) -> int:
+        """Steps in an epoch: one per batch under S-SGD, one per K batches (one each) under SMA."""
+        return self.batches_per_epoch // self.strategy.learners
+
+    @property
     def global_batch(self) -> int:
         """Images per step over all ranks (and all learners)."""
         return self.config.batch_size * self.world * self.strategy.learners
@@ -580,7 +585,7 @@ class Trainer:
         result = TrainResult(
             config=self.config, model=self.model_info, world_size=self.world, device=str(self.device),
             allreduce=self.algorithm, allreduce_choice=self.algorithm_choice,
-            steps_per_epoch=self.batches_per_epoch // self.strategy.learners, global_batch=self.global_batch,
+            steps_per_epoch=self.steps_per_epoch, global_batch=self.global_batch,
             lr_batch=self.lr_batch,
             schedule={"kind": self.schedule.kind, "peak_lr": self.schedule.peak_lr,
                       "warmup_steps": self.schedule.warmup_steps, "milestones": list(self.schedule.milestones),

@@ -265,7 +265,7 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
             f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
             f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {trainer.algorithm}; "
             f"device {trainer.device}")
-        remaining = trainer.batches_per_epoch // trainer.strategy.learners * config.epochs - trainer.step
+        remaining = trainer.steps_per_epoch * config.epochs - trainer.step
         advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader))
 
     # The flag mpi_command's handlers set since MPI started: a signal while loading is not lost.
