@@ -51,8 +51,7 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     folder = Path(directory)
     if not folder.is_dir():
         return []
-    found = [(int(m.group(2)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found)]
+    return sorted((p for p in folder.iterdir() if _NAME.match(p.name)), key=lambda p: (checkpoint_step(p), p))
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
@@ -72,14 +71,14 @@ def save_checkpoint(directory: str | os.PathLike, state: dict[str, Any], *, keep
                 torch.save(document, f)
                 f.flush()
                 os.fsync(f.fileno())
-    except DimdError as exc:   # a full disk, said the way every full disk is (dimd.fsutil)
-        raise DimdError(f"{exc}; the {len(list_checkpoints(folder))} older checkpoint(s) in {folder} "
+    except (DimdError, OSError, RuntimeError) as exc:   # torch.save wraps a failed write in a RuntimeError
+        if isinstance(exc, DimdError):   # a full disk, said the way every full disk is (dimd.fsutil)
+            problem = str(exc)
+        else:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+            problem = f"{path}: cannot write the checkpoint ({reason})"
+        raise DimdError(f"{problem}; the {len(list_checkpoints(folder))} older checkpoint(s) in {folder} "
                         f"are kept") from None
-    except (OSError, RuntimeError) as exc:   # torch.save wraps a failed write in a RuntimeError
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
-        kept = len(list_checkpoints(folder))
-        raise DimdError(f"{path}: cannot write the checkpoint ({reason}); the {kept} older "
-                        f"checkpoint(s) in {folder} are kept") from None
     if keep > 0:
         for old in list_checkpoints(folder)[:-keep]:
             with contextlib.suppress(FileNotFoundError):
