@@ -25,6 +25,8 @@ BIN = Path(sys.executable).parent
 DIMD = [sys.executable, "-m", "dimd"]
 #: The MPI test cases, one function each, run by :func:`mpi_run`.
 MPI_CASES = Path(__file__).with_name("mpi_cases.py")
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+PEERS = BENCH / "peers"
 
 
 def run_dimd(*args: str, check: bool = False, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -195,3 +197,13 @@ def colour_set(tmp_path_factory):
                 writer.add(PackedRecord(data.getvalue(), label, f"{name}/{i}.jpg", 16, 16))
         writer.commit(list(COLOURS), short_side=16, quality=90, source="colours")
     return out
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """bench/'s modules (and bench/peers/'s) importable, as when their scripts run: ``bench("reproduce")``."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.syspath_prepend(str(PEERS))
+    return lambda name: importlib.import_module(name)

@@ -4,7 +4,6 @@ The measurements themselves are benchmarks (`make reproduce`), not tests; these
 check the machinery around them. No timing is asserted.
 """
 
-import importlib
 import json
 import os
 import shutil
@@ -12,18 +11,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from conftest import BENCH
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-@pytest.fixture
-def bench(monkeypatch):
-    """bench/'s modules importable, as when a script in bench/ runs (its folder first on sys.path)."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    return lambda name: importlib.import_module(name)
 
 
 def test_the_runner_lists_every_reproduction_once():

@@ -4,7 +4,6 @@ the peers' harness end to end with dimd's own peer (the other peers' venvs are n
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -12,17 +11,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from conftest import PEERS
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-PEERS = BENCH / "peers"
-
-
-@pytest.fixture
-def bench(monkeypatch):
-    """bench/ and bench/peers/ importable, as when their scripts run."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    monkeypatch.syspath_prepend(str(PEERS))
-    return lambda name: importlib.import_module(name)
 
 
 def test_the_peer_figure_is_opt_in(bench):

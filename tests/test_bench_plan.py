@@ -1,17 +1,11 @@
 """bench/plan_batch_check.py's arithmetic: which batches it checks, what it predicts, how it reads B_simple."""
 
-import importlib
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
 @pytest.fixture
-def check(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    return importlib.import_module("plan_batch_check")
+def check(bench):
+    return bench("plan_batch_check")
 
 
 def test_the_other_batches_straddle_m_opt_by_a_factor_4_where_the_sweep_allows(check):

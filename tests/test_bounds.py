@@ -15,7 +15,7 @@ import subprocess
 
 import lmdb
 import pytest
-from conftest import DIMD, run_dimd, run_mpi_dimd
+from conftest import run_dimd, run_mpi_dimd
 from hostile import jpeg, one_error_line, small_tree, temporaries
 
 from dimd.format import PackedDataset
@@ -31,8 +31,7 @@ def run_capped(*args, memory: int = 3 * _GIB, timeout: float = 120) -> subproces
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
-    return subprocess.run([*DIMD, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=cap)
+    return run_dimd(*args, timeout=timeout, preexec_fn=cap)
 
 
 @pytest.fixture

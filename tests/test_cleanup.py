@@ -182,8 +182,7 @@ def test_a_file_size_limit_is_one_line_and_nothing_is_left(tmp_path):
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (32 << 10, 32 << 10))
 
-    proc = subprocess.run([*DIMD, "pack", root, "-o", tmp_path / "out" / "x", "-q"],
-                          capture_output=True, text=True, timeout=120, preexec_fn=limit)
+    proc = run_dimd("pack", root, "-o", tmp_path / "out" / "x", "-q", timeout=120, preexec_fn=limit)
     line = one_error_line(proc)
     assert line.startswith(f"{tmp_path / 'out' / 'x.dimd'}: file too large (a limit of the file system, "
                            "or of `ulimit -f`) on the file system at ")

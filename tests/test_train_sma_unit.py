@@ -4,6 +4,7 @@ the learners' gradient computations against plain modules, and the auto-tuner's 
 import numpy as np
 import pytest
 import torch
+from mpi_cases import small_bn_model
 from torch import nn
 
 from dimd.train.autotune import AutoTuner
@@ -23,22 +24,8 @@ class Tiny(nn.Module):
         return self.fc(x.flatten(1))
 
 
-class TinyBN(nn.Module):
-    """Convolution, batch norm, pooling, linear: batch-norm statistics per learner, quickly."""
-
-    def __init__(self, classes: int = 5) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, stride=2, bias=False)
-        self.bn = nn.BatchNorm2d(4)
-        self.fc = nn.Linear(4, classes)
-
-    def forward(self, x):
-        x = torch.relu(self.bn(self.conv(x)))
-        return self.fc(nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
-
-
 def make(model):
-    return TinyBN(5) if model == "tinybn" else build_model(model, 5)
+    return small_bn_model(5) if model == "tinybn" else build_model(model, 5)
 
 
 def tiny_sma(k, world=1, **options):
@@ -167,7 +154,7 @@ def test_every_compute_gives_each_learner_the_gradient_of_its_own_batch(model, c
 
 def test_resize_adds_copies_of_learner_zero_and_drops_the_last():
     torch.manual_seed(0)
-    group = Learners(TinyBN(3), 2, compute="vmap")
+    group = Learners(small_bn_model(3), 2, compute="vmap")
     with torch.no_grad():
         group.W.detach()[1].add_(1.0)
     group.V[0].fill_(0.5)
