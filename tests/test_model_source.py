@@ -1,4 +1,4 @@
-"""``--model package.module:callable`` and ``--model path/file.py:callable``: the user's network, or one line why not."""
+"""`--model package.module:callable` and `--model path/file.py:callable`: the network, or one line why not."""
 
 import re
 from pathlib import Path
