@@ -1,10 +1,11 @@
-"""Every Markdown file and ``#section`` the tree refers to exists, inside the repository.
+"""Every Markdown file, ``#section`` and repository file the tree refers to exists, inside the repository.
 
 Code comments, docstrings, help texts and the docs themselves point readers at
-``docs/NAME.md`` or ``docs/NAME.md#a-section``; a renamed heading or file
+``docs/NAME.md#a-section`` or ``bench/NAME.py``; a renamed heading or file
 would leave them pointing nowhere, as sqlite-utils' docs tests guard against.
 Anchors are GitHub's: the heading in lower case, punctuation dropped, spaces
-as hyphens.
+as hyphens. Paths with a placeholder (``NAME``) and what runs write under
+``bench/work/`` are not files of the tree.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ SKIPPED_FOLDERS = {".git", ".venv", "build", "demo", "node_modules", "__pycache_
 MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 #: A Markdown file named anywhere (a comment, a docstring, prose), with an optional section.
 MARKDOWN_MENTION = re.compile(r"(?<![\w/.-])((?:\.\.?/)*[\w.-]+(?:/[\w.-]+)*\.md)(#[\w-]+)?(?![\w])")
+#: A file of the tree named by its path from the root (``bench/netfs.sh``, ``tests/mpi_cases.py``).
+TREE_PATH = re.compile(r"(?<![\w/.-])((?:bench|bin|docs|examples|tests|dimdtool|pack|shuffle|allreduce|train)"
+                       r"/[\w./-]*\.(?:py|sh|json|png|sbatch|lsf|toml|txt))(?![\w])")
 
 
 def tree_files() -> list[Path]:
@@ -91,6 +95,10 @@ def references(source: Path):
     for match in MARKDOWN_MENTION.finditer(text):
         target, anchor = match.group(1), (match.group(2) or "#")[1:]
         yield target, anchor, [source.parent / target, ROOT / target]
+    for match in TREE_PATH.finditer(text):
+        target = match.group(1)
+        if "NAME" not in target and not target.startswith("bench/work/"):
+            yield target, "", [ROOT / target]
 
 
 def test_every_markdown_file_and_section_referred_to_exists():
