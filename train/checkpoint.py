@@ -99,8 +99,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
                         f"checkpoints as plain tensors and lists only and will not load this file") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise DimdError(f"{path}: not a dimd checkpoint")
-    if int(document.get("version", -1)) > VERSION:
-        raise DimdError(f"{path}: checkpoint version {document['version']} is newer than this dimd reads")
+    version = int(document.get("version", 1))   # version 1 wrote no number
+    if version != VERSION:
+        raise DimdError(f"{path}: checkpoint version {version}; this dimd reads version {VERSION} only "
+                        f"(start the run afresh without `resume`)")
     return decode(document)
 
 

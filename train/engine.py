@@ -674,7 +674,7 @@ class Trainer:
 
     def restore(self, path: str) -> None:
         """Continue from the checkpoint at ``path``: exactly on the same layout, from an epoch boundary otherwise."""
-        state = upgrade(load_checkpoint(path), self.store.total)
+        state = load_checkpoint(path)
         cfg = self.config
         saved_sync = state.get("sync", "ssgd")
         if saved_sync != cfg.sync:
@@ -733,19 +733,6 @@ class Trainer:
         return (f"{path}: written mid-epoch (epoch {state['epoch'] + 1}, step {state['step']}) with "
                 f"{describe_layout(old)}; this run has {describe_layout(self.layout())}: resume it with "
                 f"that layout{alternative}")
-
-
-def upgrade(state: dict[str, Any], total: int) -> dict[str, Any]:
-    """A version-1 checkpoint (S-SGD only, before the strategies) in today's terms."""
-    if int(state.get("version", 1)) >= 2:
-        return state
-    config = state["config"]
-    per_epoch = total // (state["world_size"] * config["batch_size"])
-    return {**state, "sync": "ssgd", "layout": None, "strategy": {"optimizer": state["optimizer"]},
-            "position": {"epoch": state["epoch"], "batch": state["step"] - state["epoch"] * per_epoch,
-                         "batches_per_epoch": per_epoch},
-            "images": 0, "next_eval_images": 0, "tally": {}, "since_sync": 0, "lr_phase": 0,
-            "ranks": [{**r, "strategy": {"buffers": r["buffers"]}} for r in state["ranks"]]}
 
 
 def describe_layout(layout: dict[str, Any]) -> str:

@@ -143,8 +143,6 @@ def print_models() -> None:
 @config_option(TrainConfig, "device", type=click.Choice(DEVICES),
                help="auto: one GPU per rank when CUDA is available, else CPU.")
 @config_option(TrainConfig, "decode_threads", help="Decoding threads of each rank's loader.")
-@click.option("--workers", "legacy_workers", type=int, default=None, hidden=True,
-              help="Old name of --decode-threads.")
 @config_option(TrainConfig, "threads", help="Torch compute threads per rank [default: cores / ranks on the node].")
 @config_option(TrainConfig, "seed")
 @config_option(TrainConfig, "eval_batch_size", help="Validation batch per rank [default: --batch-size].")
@@ -168,8 +166,8 @@ def print_models() -> None:
               help="Append one JSON line per epoch here.")
 @json_option("the run's summary")
 @defer_output_checks  # --metrics and --json: checked on rank 0 once MPI is up (mpi_command)
-def train(train_set: str | None, val_set: str | None, list_models: bool, legacy_workers: int | None,
-          metrics_path: Path | None, json_path: Path | None, **fields: Any) -> None:
+def train(train_set: str | None, val_set: str | None, list_models: bool, metrics_path: Path | None,
+          json_path: Path | None, **fields: Any) -> None:
     """Synchronous data-parallel SGD or model averaging on packed data held in memory (run under mpirun).
 
     Every rank holds its share of TRAIN (a `dimd pack` output) in memory,
@@ -199,9 +197,6 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, legacy_
         raise click.UsageError("missing argument TRAIN (a packed data set, e.g. demo/train)")
     if not val_set:
         raise click.UsageError("missing option --val (the packed validation set)")
-    if legacy_workers is not None:
-        click.echo("dimd: note: train's --workers is now --decode-threads", err=True)
-        fields["decode_threads"] = legacy_workers
     from dimd.commands.mpi_job import mpi_command
     from dimd.train.signals import install_stop_handlers
 
