@@ -238,7 +238,7 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
          json_path: Path | None, fields: dict[str, Any]) -> None:
     from dimd.commands.mpi_job import check_outputs
     from dimd.report import result_document, write_json
-    from dimd.train.engine import Trainer
+    from dimd.train.engine import Hooks, Trainer
     from dimd.train.signals import stop_request
 
     config = build_config(TrainConfig, train=train_set, val=val_set, **fields)
@@ -260,17 +260,17 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
             f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
             f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {trainer.algorithm}; "
             f"device {trainer.device}")
-        remaining = trainer.steps_per_epoch * config.epochs - trainer.step
+        remaining = trainer.steps_per_epoch * config.epochs - trainer.state.step
         advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader))
 
     # The flag mpi_command's handlers set since MPI started: a signal while loading is not lost.
     with stop_request() as stop:
-        trainer = Trainer(config, comm, stop=stop, on_epoch=on_epoch, on_step=lambda n: advance[0](n),
-                          on_event=say, on_start=on_start)
+        hooks = Hooks(on_start=on_start, on_step=lambda n: advance[0](n), on_epoch=on_epoch, on_event=say)
+        trainer = Trainer(config, comm, stop=stop, hooks=hooks)
         with stack:
             result = trainer.run()
     if result.stopped_by:
-        say(f"stopped by {result.stopped_by} after step {trainer.step}; checkpoint {result.checkpoint}; "
+        say(f"stopped by {result.stopped_by} after step {trainer.state.step}; checkpoint {result.checkpoint}; "
             f"run again with --resume to continue")
     elif result.final is not None:
         final = result.final
