@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from dimd.errors import DimdError
+from dimd.mpi import require_on_every_rank
 from dimd.train.checkpoint import (checkpoint_step, latest_checkpoint, list_checkpoints, load_checkpoint,
                                   save_checkpoint)
 from dimd.train.config import TrainConfig
@@ -158,6 +159,7 @@ class TrainResult:
     checkpoint: str | None = None       # the last checkpoint written
     replicas_identical: bool | None = None
     seconds: float = 0.0
+    threads: int = 0                    # torch compute threads per rank
 
     @property
     def final(self) -> EpochMetrics | None:
@@ -180,7 +182,7 @@ class TrainResult:
             "lr_batch": self.lr_batch, "schedule": self.schedule, "resumed_from": self.resumed_from,
             "stopped_by": self.stopped_by,
             "checkpoint": self.checkpoint, "replicas_identical": self.replicas_identical,
-            "seconds": self.seconds, "epochs_run": len(run),
+            "seconds": self.seconds, "threads": self.threads, "epochs_run": len(run),
             "images_per_s": images / train_s if train_s > 0 else 0.0,
             "time_split": split,
             "final": final.as_dict() if final else None,
@@ -195,19 +197,23 @@ Callback = Callable[..., None]
 
 
 def default_threads(comm: Any) -> int:
-    """Torch threads per rank by default: the node's cores shared by its ranks (MPI: node-local ranks)."""
-    from dimd.host import available_cores
-    from dimd.mpi import node_local_ranks
+    """Collective: torch threads per rank by default, the rank's cores over the node's ranks bound to them."""
+    from dimd.mpi import node_cores
 
-    return max(1, available_cores() // node_local_ranks(comm))
+    return node_cores(comm).threads   # MPI: gathered over the node's ranks
 
 
-def set_threads(threads: int | None, comm: Any) -> int:
-    """Torch threads as ``dimd train`` sets them: ``threads``, else :func:`default_threads`
-    (left alone when OMP_NUM_THREADS is set and ``threads`` is not); returns the count in force."""
+def set_threads(threads: int | None, comm: Any) -> tuple[int, str | None]:
+    """Collective: torch threads as ``dimd train`` sets them, ``threads`` else :func:`default_threads`
+    (left alone when OMP_NUM_THREADS is set and ``threads`` is not). Returns the count in force
+    and, when the launcher's binding leaves some rank less than its share of the node, why."""
+    from dimd.mpi import node_cores
+
+    cores = node_cores(comm)   # MPI: every rank takes part, whichever count it uses
     if threads or "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(threads or default_threads(comm))
-    return torch.get_num_threads()
+        torch.set_num_threads(threads or cores.threads)
+    warnings = comm.allgather(None if threads else cores.tight_binding())
+    return torch.get_num_threads(), next((w for w in warnings if w), None)
 
 
 def pick_device(choice: str, comm) -> torch.device:
@@ -304,7 +310,9 @@ class Trainer:
         # -- hardware and data
         if cfg.model not in MODELS:
             build_model(cfg.model, 1)  # raises the clear "unknown model" error
-        set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks
+        self.threads, binding = set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks
+        if binding:
+            self.on_event(f"note: {binding}")
         # ``device``: chosen by a caller whose ``comm`` is a part of the job (a rank's place on its node is not)
         self.device = device if device is not None else pick_device(cfg.device, comm)
         t0 = time.perf_counter()
@@ -592,7 +600,7 @@ class Trainer:
                       "total_steps": self.schedule.total_steps, "counts": "batches per rank"},
             sync=self.strategy.name, strategy={k: v for k, v in figures.items() if k != "learners_per_rank"},
             epochs=self.history, evaluations=self.evaluations, resumed_from=self.resumed_from,
-            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint)
+            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads)
         result.replicas_identical = self.strategy.identical(self.comm)   # MPI: the ranks' models agree
         result.seconds = time.perf_counter() - self.started
         return result
@@ -670,7 +678,10 @@ class Trainer:
             elif cfg.resume:
                 found = latest_checkpoint(cfg.checkpoint_dir)  # type: ignore[arg-type]
                 path = str(found) if found else None
-        return self.comm.bcast(path, root=0)   # MPI: rank 0 chooses for everyone
+        path = self.comm.bcast(path, root=0)   # MPI: rank 0 chooses for everyone
+        if path is not None:
+            require_on_every_rank(self.comm, path, "checkpoint")   # MPI: a folder one node alone sees
+        return path
 
     def restore(self, path: str) -> None:
         """Continue from the checkpoint at ``path``: exactly on the same layout, from an epoch boundary otherwise."""

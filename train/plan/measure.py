@@ -74,7 +74,7 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     from dimd.train.sgd import Normalize, make_optimizer
 
     advance = on_step or (lambda n: None)
-    threads = set_threads(config.threads, comm)
+    threads, _ = set_threads(config.threads, comm)
     device = pick_device(config.device, comm)
     torch.manual_seed(config.seed + comm.Get_rank())
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
