@@ -2,13 +2,15 @@
 
 mpi4py's default (THREAD_MULTIPLE, initialised at import) turns off MPICH's
 shared-memory collectives, and oversubscribed ranks that spin while they wait
-cost an order of magnitude on one node (docs/allreduce.md). Every dimd command that
-uses MPI starts it through :func:`init_mpi`. When a node's ranks outnumber its
-cores it sets each MPI's own remedy before MPI starts (MPICH's progress
-throttle, Open MPI's ``mpi_yield_when_idle``) and records only the one the
-running library honours. It also refuses the singleton trap: a launcher that
-started N processes which each see an MPI world of one (plain ``srun`` with
-the mpich wheel, docs/batch-jobs.md) would otherwise run N silent, separate jobs.
+cost an order of magnitude on one node (docs/mpi.md#mpi-on-one-machine). Every
+dimd command that uses MPI starts it through :func:`init_mpi`. When a node's
+ranks outnumber its cores it sets each MPI's own remedy before MPI starts
+(MPICH's progress throttle, Open MPI's ``mpi_yield_when_idle``) and records
+only the one the running library honours. It also refuses the singleton trap:
+a launcher that started N processes which each see an MPI world of one (plain
+``srun`` with the mpich wheel, see
+docs/batch-jobs.md#mpi-under-slurm-one-job-not-n-singletons) would otherwise run N
+silent, separate jobs.
 """
 
 from __future__ import annotations
