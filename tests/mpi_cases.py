@@ -67,14 +67,17 @@ def mpi_command_setup() -> None:
     """Under dimd's ``mpi_command``, every rank says its thread level and throttle, then ``done``.
 
         mpiexec -n 4 python -m mpi4py tests/mpi_cases.py mpi_command_setup
-        -> level funneled throttle True   (x4, when 4 ranks outnumber the cores)
+        -> level funneled throttle True yield False oversubscribed True (MPICH)
+           (x4, when 4 ranks outnumber the cores; under Open MPI: throttle False yield True)
            done 0 ... done 3
     """
     from dimd.commands.mpi_job import mpi_command
 
     @mpi_command("funneled")
     def job(comm: Any, mpi_setup: Any) -> None:
-        say(f"level {mpi_setup.thread_level_provided} throttle {mpi_setup.progress_throttle}")
+        say(f"level {mpi_setup.thread_level_provided} throttle {mpi_setup.progress_throttle} "
+            f"yield {mpi_setup.yield_when_idle} oversubscribed {mpi_setup.oversubscribed} "
+            f"({mpi_setup.library_version.split()[0]})")
         comm.Barrier()
         say(f"done {comm.rank}")
 
