@@ -1,6 +1,6 @@
 """Decoding worker processes: fresh interpreters that decode chunks of batches into shared memory.
 
-Each worker is ``python -m dimd.shuffle.workers FD``, started with
+Each worker is ``python -m dimd.shuffle.decode_worker FD``, started with
 ``subprocess`` (fork-exec: a new interpreter with no MPI state, no torch, no
 copy of the rank's memory; the "spawn" start method done directly) and one
 Unix socket to its rank. Over the socket come the shared segments' file
@@ -139,6 +139,8 @@ def worker_main(argv: list[str]) -> None:
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(number, signal.SIG_IGN)   # the rank handles stop requests; we end when it closes
     sock = socket.socket(fileno=int(argv[0]))
+    import dimd.shuffle.decode  # noqa: F401  (Pillow and the decoder load before "ready": start-up counts them)
+
     sock.send(pickle.dumps(("ready", 0, None)))
     try:
         serve(sock)
@@ -175,8 +177,8 @@ class DecodeWorkers:
             for _ in range(count):
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 with theirs:
-                    process = subprocess.Popen([sys.executable, "-m", "dimd.shuffle.workers", str(theirs.fileno())],
-                                               pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+                    command = [sys.executable, "-m", "dimd.shuffle.decode_worker", str(theirs.fileno())]
+                    process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
                 self._sockets.append(ours)
                 self._processes.append(process)
             for w in range(count):
@@ -317,6 +319,3 @@ def _anonymous_resident(pid: int) -> int:
         pass
     return 0
 
-
-if __name__ == "__main__":
-    worker_main(sys.argv[1:])

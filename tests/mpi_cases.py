@@ -195,7 +195,7 @@ def loader_batches(dataset: str, groups: str) -> None:
     workers = train.worker_pids
     store.shuffle(seed=4, round=0)   # the workers move to the received share at this round boundary
     seen = sum(len(labels) for _, labels in train.epoch(1))
-    restarted = comm.allreduce(train.worker_pids != workers)
+    restarted = bool(comm.allreduce(int(train.worker_pids != workers)))
     evaluation = BatchLoader(store, batch_size=5, image_size=32, train=False, workers=2)
     pairs: list[tuple[int, int, int]] = []
     for images, labels in evaluation.epoch(0):
