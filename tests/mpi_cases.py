@@ -730,7 +730,7 @@ def score_by_law(n_inf: float, alpha: float, samples: int = 1) -> Callable[[Any]
     from dimd.train.evaluate import EvalResult
 
     def evaluate(trainer: Any) -> EvalResult:
-        reached = trainer.step >= n_inf + alpha / trainer.global_batch
+        reached = trainer.state.step >= n_inf + alpha / trainer.global_batch
         return EvalResult(loss=0.0, top1=1.0 if reached else 0.0, top5=1.0, samples=samples, seconds=0.0)
 
     return evaluate

@@ -15,6 +15,7 @@ the whole job (``MPI_Abort``) when one rank fails, so no rank is left waiting.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from typing import Any, NamedTuple
 
@@ -22,6 +23,10 @@ import torch
 
 from dimd.errors import DimdError
 from dimd.mpi import LaunchMismatch, ThreadLevel, init_mpi
+
+
+#: MPI_Abort ends the job at once; the launcher may not yet have forwarded the error line.
+_FORWARD_GRACE_S = 0.5
 
 
 class Job(NamedTuple):
@@ -56,20 +61,20 @@ def init(*, device: str = "auto", threads: int | None = None,
 
     comm = MPI.COMM_WORLD
     if abort_on_error and comm.Get_size() > 1:
-        sys.excepthook = _abort_job_hook(comm, sys.excepthook)
+        sys.excepthook = _abort_job_hook(comm)
     set_threads(threads, comm)   # MPI: the node's cores are shared by its ranks
     return Job(comm, pick_device(device, comm))
 
 
-def _abort_job_hook(comm: Any, previous: Any) -> Any:
+def _abort_job_hook(comm: Any) -> Any:
     def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
         if issubclass(kind, DimdError):
             print(f"dimd: error: rank {comm.Get_rank()}: {error}", file=sys.stderr, flush=True)
         else:
             print(f"rank {comm.Get_rank()}: " + "".join(traceback.format_exception(kind, error, trace)),
                   file=sys.stderr, end="", flush=True)
+        time.sleep(_FORWARD_GRACE_S)   # the launcher forwards the line before the abort tears it down
         comm.Abort(1)   # MPI: end every rank, none left waiting in a collective
-        previous(kind, error, trace)
     return hook
 
 
