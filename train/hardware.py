@@ -1,0 +1,45 @@
+"""Where a rank computes: its torch threads and its device, chosen the same way by training and the planner."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from dimd.errors import DimdError
+
+
+def default_threads(comm: Any) -> int:
+    """Collective: torch threads per rank by default, the rank's cores over the node's ranks bound to them."""
+    from dimd.mpi import node_cores
+
+    return node_cores(comm).threads   # MPI: gathered over the node's ranks
+
+
+def set_threads(threads: int | None, comm: Any) -> tuple[int, str | None]:
+    """Collective: torch threads as ``dimd train`` sets them, ``threads`` else :func:`default_threads`
+    (left alone when OMP_NUM_THREADS is set and ``threads`` is not). Returns the count in force
+    and, when the launcher's binding leaves some rank less than its share of the node, why."""
+    from dimd.mpi import node_cores
+
+    cores = node_cores(comm)   # MPI: every rank takes part, whichever count it uses
+    if threads or "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(threads or cores.threads)
+    warnings = comm.allgather(None if threads else cores.tight_binding())
+    return torch.get_num_threads(), next((w for w in warnings if w), None)
+
+
+def pick_device(choice: str, comm: Any) -> torch.device:
+    """``auto``: CUDA when present (one GPU per rank on a node, by node-local rank), else CPU."""
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DimdError("device cuda: this torch build or machine has no CUDA device")
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)   # MPI: one GPU per rank of this node
+    index = local.Get_rank() % torch.cuda.device_count()
+    local.Free()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
