@@ -18,6 +18,12 @@ def default_threads(comm: Any) -> int:
     return max(1, available_cores() // node_local_ranks(comm))
 
 
+def default_decode_workers(comm: Any) -> int:
+    """Decoding worker processes per rank by default: the rank's share of the node's cores, but one
+    (the training process's); at least one."""
+    return max(1, default_threads(comm) - 1)
+
+
 def set_threads(threads: int | None, comm: Any) -> int:
     """Torch threads as ``dimd train`` sets them: ``threads``, else :func:`default_threads`
     (left alone when OMP_NUM_THREADS is set and ``threads`` is not); returns the count in force."""

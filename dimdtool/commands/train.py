@@ -142,7 +142,8 @@ def print_models() -> None:
                     "compared with the averaged gradient's. S-SGD on 2 ranks or more (docs/plan-batch.md).")
 @config_option(TrainConfig, "device", type=click.Choice(DEVICES),
                help="auto: one GPU per rank when CUDA is available, else CPU.")
-@config_option(TrainConfig, "decode_threads", help="Decoding threads of each rank's loader.")
+@config_option(TrainConfig, "decode_workers",
+               help="Decoding worker processes of each rank's loader [default: the rank's cores but one].")
 @config_option(TrainConfig, "threads", help="Torch compute threads per rank [default: cores / ranks on the node].")
 @config_option(TrainConfig, "seed")
 @config_option(TrainConfig, "eval_batch_size", help="Validation batch per rank [default: --batch-size].")
@@ -189,7 +190,7 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, metrics
       mpirun -n 2 dimd train mnist/train --val mnist/val --model lenet --image-size 28 \\
           --epochs 10 --batch-size 8 --lr 0.05 --no-lr-scaling --sync sma --learners auto
       mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --model resnet50 \\
-          --device cuda --decode-threads 8 --checkpoint-dir ckpt --resume
+          --device cuda --decode-workers 8 --checkpoint-dir ckpt --resume
     """
     if list_models:
         return print_models()
@@ -200,7 +201,7 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, metrics
     from dimd.commands.mpi_job import mpi_command
     from dimd.train.signals import install_stop_handlers
 
-    # funneled: the loader's decoding threads never call MPI, only the main thread does.
+    # funneled: only the main thread calls MPI (the loader decodes in worker processes, without MPI).
     # The stop signals (a scheduler's warning, scancel) are caught from MPI's start-up on.
     mpi_command("funneled", install_handlers=install_stop_handlers)(_run)(
         train_set=train_set, val_set=val_set, metrics_path=metrics_path, json_path=json_path,
