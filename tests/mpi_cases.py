@@ -360,7 +360,7 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
 
     from dimd.allreduce import allreduce
     from dimd.train.models import build_model
-    from dimd.train.sgd import SyncSGD, broadcast_state, make_optimizer, replicas_identical
+    from dimd.train.sgd import SSGD, broadcast_state, make_optimizer, replicas_identical
 
     from dimd.host import available_cores
 
@@ -369,12 +369,12 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
     torch.set_num_threads(max(1, available_cores() // size))   # as dimd train does: ranks share the cores
     b = 6
 
-    def engine(replicas: int, reduce: Callable[[Any], Any] | None) -> tuple[Any, SyncSGD]:
+    def engine(replicas: int, reduce: Callable[[Any], Any] | None) -> tuple[Any, SSGD]:
         torch.manual_seed(rank)           # different on purpose: the broadcast must fix it
         model = build_model("lenet", 10)
         broadcast_state(model, comm)
         opt = make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True)
-        return model, SyncSGD(model, opt, reduce, replicas)
+        return model, SSGD(model, opt, reduce, replicas)
 
     g = torch.Generator().manual_seed(42)
     steps = [(torch.randn(size * b, 3, 32, 32, generator=g), torch.randint(0, 10, (size * b,), generator=g))
@@ -384,8 +384,8 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
         single, single_sgd = engine(1, lambda a: None)
         for images, labels in steps:
             mine = slice(rank * b, (rank + 1) * b)
-            out = sgd.step(images[mine], labels[mine])
-            ref = single_sgd.step(images, labels)
+            out = sgd.step([(images[mine], labels[mine])], lr=0.05)
+            ref = single_sgd.step([(images, labels)], lr=0.05)
             assert out.samples == size * b and abs(out.loss_sum - ref.loss_sum) < 1e-3 * ref.loss_sum
         diff = max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), single.parameters()))
         moved = max(float((p - q).detach().abs().max())

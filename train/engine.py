@@ -150,7 +150,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
                    normalize=normalize, threads=torch.get_num_threads(),
                    autotune_threshold=cfg.autotune_threshold,
                    max_learners=batches_per_epoch, synchronize=sync)
-    from dimd.train.sgd import SSGD, SyncSGD, make_optimizer
+    from dimd.train.sgd import SSGD, make_optimizer
 
     optimizer = make_optimizer(model, lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
@@ -160,8 +160,8 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
         from dimd.train.plan.noise import NoiseScale
 
         noise = NoiseScale()
-    return SSGD(SyncSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes,
-                        normalize=normalize, synchronize=sync, noise=noise))
+    return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes,
+                normalize=normalize, synchronize=sync, noise=noise)
 
 
 # -- the run ----------------------------------------------------------------------------------
