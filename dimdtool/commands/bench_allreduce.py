@@ -9,10 +9,19 @@ from typing import Any
 
 import click
 
-from dimd.allreduce.api import ALGORITHMS
+from dimd.allreduce.api import STANDALONE
 from dimd.allreduce.bench import DTYPE_NAMES, PEERS, BenchConfig
 from dimd.commands.mpi_job import mpi_command
 from dimd.options import SIZE, NameListType, build_config, config_option, json_option
+
+
+def idle_ranks(mpi_setup) -> str:
+    """How waiting ranks behave, as set for this run: only a remedy the running MPI honours is named."""
+    if mpi_setup.progress_throttle:
+        return "progress throttle on"
+    if mpi_setup.yield_when_idle:
+        return "mpi_yield_when_idle on"
+    return "idle ranks poll"
 
 
 def _columns() -> str:
@@ -29,9 +38,9 @@ def _line(row) -> str:
 
 
 @click.command("bench-allreduce")
-@config_option(BenchConfig, "algorithms", "--algorithms", "-a", type=NameListType(lambda: ALGORITHMS),
+@config_option(BenchConfig, "algorithms", "--algorithms", "-a", type=NameListType(lambda: STANDALONE),
                default="all", show_default=True,
-               help=f"Comma list of algorithms, or 'all' ({', '.join(ALGORITHMS)}).")
+               help=f"Comma list of algorithms, or 'all' ({', '.join(STANDALONE)}).")
 @config_option(BenchConfig, "min_bytes", "--min-bytes", "-b", type=SIZE, help="Smallest message (8, 64K, 1M...).")
 @config_option(BenchConfig, "max_bytes", "--max-bytes", "-e", type=SIZE, help="Largest message.")
 @config_option(BenchConfig, "factor", "--factor", "-f", help="Multiply the size by this each step.")
@@ -97,8 +106,8 @@ def bench_allreduce(json_path: Path | None, model: str | None, classes: int | No
         if not root:
             return
         click.echo(f"# dimd bench-allreduce: {size} ranks, {library}, thread level "
-                   f"{mpi_setup.thread_level_provided}, progress throttle "
-                   f"{'on' if mpi_setup.progress_throttle else 'off'}, {mpi_setup.cores} cores")
+                   f"{mpi_setup.thread_level_provided}, {idle_ranks(mpi_setup)}, {mpi_setup.local_ranks} "
+                   f"rank(s) on {mpi_setup.cores} cores")
         click.echo(f"# time: per-iteration mean of each rank's timed loop; avg/min/max over ranks. "
                    f"busbw = algbw x 2(P-1)/P. colors {min(config.colors, size)}, segment "
                    f"{config.segment_bytes or 'auto'}")
