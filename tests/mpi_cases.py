@@ -667,6 +667,58 @@ def sma_distribution(learners_per_rank: str, compute: str = "vmap", algorithm: s
         say(f"z diff {z_diff:.3g} buffers diff {buffers_diff:.3g} moved {moved:.3g} identical {identical}")
 
 
+@case
+def sma_losses_around_a_reshuffle(data: str) -> None:
+    """SMA on ``data`` (a packed set in class order) twice at equal seeds: reshuffled at every epoch,
+    and with every reshuffle after the first placement keeping the records where they are.
+
+    Rank 0 prints each run's per-synchronisation training loss and each rank prints the
+    classes its learners drew in epoch 1, one JSON line each::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py sma_losses_around_a_reshuffle colours
+        -> {"run": "reshuffled", "losses": [...], "steps_per_epoch": 6}
+           {"rank": 0, "epoch_1_classes": [7, 5, 6, 6]}
+    """
+    import numpy as np
+
+    from dimd.shuffle import DistributedStore
+    from dimd.train.config import TrainConfig
+    from dimd.train.engine import Trainer
+
+    comm = world()
+    config = TrainConfig(train=data, val=data, model="resnet20", image_size=16, epochs=2, batch_size=4, momentum=0.0,
+                         lr=0.05, lr_scaling=False, schedule="constant", decode_threads=1, threads=1,
+                         allreduce="ring", sync="sma", learners=1)
+    shuffle = DistributedStore.shuffle
+
+    def keep_after_the_first_step(store: Any, seed: int, round: int) -> Any:
+        if trainer.step == 0:
+            return shuffle(store, seed, round)
+        store.round = round                     # the reshuffle replaced by the identity
+        return None
+
+    for run in ("reshuffled", "kept"):
+        if run == "kept":
+            DistributedStore.shuffle = keep_after_the_first_step  # type: ignore[method-assign]
+        trainer = Trainer(config, comm)
+        step, losses, labels = trainer.strategy.step, [], []
+
+        def recorded(batches: Any, lr: float, **options: Any) -> Any:
+            result = step(batches, lr, **options)
+            losses.append(result.loss_sum / result.samples)
+            if len(labels) < trainer.steps_per_epoch:
+                labels.append(np.bincount(np.concatenate([b[1].numpy() for b in batches]), minlength=4))
+            return result
+
+        trainer.strategy.step = recorded  # type: ignore[method-assign]
+        trainer.run()
+        if comm.Get_rank() == 0:
+            say(json.dumps({"run": run, "losses": losses, "steps_per_epoch": trainer.steps_per_epoch}))
+        if run == "reshuffled":
+            say(json.dumps({"rank": comm.Get_rank(), "epoch_1_classes": np.sum(labels, axis=0).tolist()}))
+    DistributedStore.shuffle = shuffle  # type: ignore[method-assign]
+
+
 # -- plan-batch: the gradient noise scale and the convergence step ---------------------------
 
 @case

@@ -362,19 +362,22 @@ class Trainer:
 
     # -- the step's helpers -------------------------------------------------------------------
 
-    def shuffle_round(self) -> int | None:
-        """The store round this position should hold (None: still in load order)."""
+    def shuffle_round(self) -> int:
+        """The store round this position should hold.
+
+        Round 0 comes before the first step, whatever ``shuffle_every``: a rank's share in load
+        order is a contiguous slice of the pack, which is in class order, and learners (SMA) or
+        batch-norm statistics (both) fitted to a few classes are knocked back when the rest arrive.
+        """
         every, state = self.config.shuffle_every, self.state
         if every is None:
-            return None
-        if every == 0:
-            return state.epoch if state.epoch > 0 else None
-        return state.step // every if state.step >= every else None
+            return 0
+        return state.epoch if every == 0 else state.step // every
 
     def reshuffle(self) -> float:
         t0 = time.perf_counter()
         self.loader.close()  # no decoder may read the store while records move
-        self.store.shuffle(self.config.seed, self.shuffle_round())  # type: ignore[arg-type]  # MPI: records move between ranks
+        self.store.shuffle(self.config.seed, self.shuffle_round())  # MPI: records move between ranks
         return time.perf_counter() - t0
 
     def maybe_restart(self, position: int) -> None:

@@ -111,7 +111,8 @@ def print_models() -> None:
                help="Zero the last batch-norm scale of each residual block (every ResNet).")
 @config_option(TrainConfig, "groups", help="Shuffle groups: each group of consecutive ranks holds the whole set.")
 @config_option(TrainConfig, "shuffle_every", type=ShuffleEvery(), show_default="epoch",
-               help="Reshuffle the store across each group every N steps, every 'epoch' or 'never'.")
+               help="Reshuffle the store across each group every N steps, every 'epoch' or 'never' "
+                    "(it is shuffled once before the first step in any case).")
 @config_option(TrainConfig, "allreduce", type=RegistryChoice(allreduce_algorithms, "ALGORITHM"),
                help="Allreduce algorithm (see `dimd bench-allreduce --help`) [default: the fastest "
                     "measured at start-up for the model's gradient size].")
