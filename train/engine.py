@@ -212,6 +212,11 @@ class Trainer:
         #: Batches of ``batch_size`` per rank per epoch; the schedule counts these, so its
         #: position is the same whatever the learners per rank.
         self.batches_per_epoch = self.loader.steps_per_epoch
+        learners = int(cfg.learners) if cfg.sync == "sma" and cfg.learners not in (None, "auto") else 1
+        if learners > self.batches_per_epoch:   # not one step per epoch: nothing would train
+            raise DimdError(f"`learners` {learners} per rank take {learners} batches per step, but a rank has "
+                            f"{self.batches_per_epoch} batches of {cfg.batch_size} per epoch: lower `learners` "
+                            f"to at most {self.batches_per_epoch}, or `batch_size`")
 
         # -- model and synchronisation
         torch.manual_seed(cfg.seed)
@@ -356,7 +361,8 @@ class Trainer:
             return
         self.state, notes = restore_run(self, path)
         self.resumed_from = path
-        self.hooks.on_event(f"resumed from {path} at epoch {self.state.epoch}, step {self.state.step}")
+        self.hooks.on_event(f"resumed from {path} at epoch {self.state.epoch}, step {self.state.step} "
+                            f"(run {self.state.run_id})")
         for note in notes:
             self.hooks.on_event(note)
 
@@ -455,7 +461,8 @@ class Trainer:
                       "total_steps": schedule.total_steps, "counts": "batches per rank"},
             sync=self.strategy.name, strategy={k: v for k, v in figures.items() if k != "learners_per_rank"},
             epochs=self.state.history, evaluations=self.state.evaluations, resumed_from=self.resumed_from,
-            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads)
+            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads,
+            run_id=self.state.run_id)
         result.replicas_identical = self.strategy.identical(self.comm)   # MPI: the ranks' models agree
         result.seconds = time.perf_counter() - self.started
         return result

@@ -57,9 +57,12 @@ def test_a_stop_signal_to_the_launcher_checkpoints_across_hosts(packed_sample, t
     ckpt = tmp_path / "ckpt"
     job = on_hosts("h1,h2", "train", packed_sample, "--val", packed_sample, *TRAIN, "--epochs", "200",
                    "--checkpoint-dir", ckpt, "--json", tmp_path / "train.json", popen=True)
+    seen = []
     try:
-        header = job.stdout.readline()   # the run's first line: the data is loaded, training starts
-        assert "thread(s) per rank" in header, header + job.stderr.read()
+        for line in job.stdout:          # up to the run's header: the data is loaded, training starts
+            seen.append(line)
+            if "thread(s) per rank" in line:
+                break
         time.sleep(2)                    # a few steps in
         launcher = launcher_of(job.pid)
         subprocess.run(["kill", f"-{stop_signal().name}", str(launcher)], check=True)
@@ -67,7 +70,8 @@ def test_a_stop_signal_to_the_launcher_checkpoints_across_hosts(packed_sample, t
     finally:
         if job.poll() is None:
             job.kill()
-    assert job.returncode == 0, err
+    out = "".join(seen) + out
+    assert job.returncode == 0, out + err
     assert f"stopped by {stop_signal().name}" in out
     result = json.loads((tmp_path / "train.json").read_text())["result"]
     assert result["stopped_by"] == stop_signal().name and list(ckpt.glob("*.pt"))
