@@ -36,6 +36,7 @@ from torch import nn
 from dimd.errors import DimdError
 from dimd.fsutil import atomic_path
 from dimd.train.config import TrainConfig
+from dimd.train.model_source import recorded_source
 from dimd.train.results import EpochMetrics, EpochTally, Evaluation
 from dimd.train.schedule import Schedule
 from dimd.train.steps import Strategy
@@ -244,7 +245,9 @@ def run_document(run: Run, state: RunState) -> dict[str, Any] | None:
     epoch, done = run.loader.position
     per_epoch = run.loader.steps_per_epoch
     return {
-        "sync": run.strategy.name, "model_name": run.config.model, "classes": list(run.store.classes),
+        "sync": run.strategy.name, "model_name": run.config.model,
+        "model_source": recorded_source(run.config.model).get("source"),   # a user's: spec, path, sha256
+        "classes": list(run.store.classes),
         "config": run.config.as_dict(), "layout": run_layout(run.config, comm.Get_size()),
         "world_size": comm.Get_size(), "epoch": state.epoch, "step": state.step,
         # The schedule's position, in epochs and batches of the loader: it does not depend on P.

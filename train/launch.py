@@ -51,7 +51,7 @@ def init(*, device: str = "auto", threads: int | None = None,
     launcher that started N processes each in a world of one rank ends them
     all, with one line from the first.
     """
-    from dimd.train.engine import pick_device, set_threads
+    from dimd.train.hardware import pick_device, set_threads
 
     try:
         init_mpi(thread_level)

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dimd.train.flatgrad import FlatGradients, Reduce
+from dimd.train.buckets import GradientBuckets
+from dimd.train.flatgrad import Reduce
 from dimd.train.plan.noise import NoiseScale
 from dimd.train.steps import Batches, StepResult, StepTimes
 
@@ -71,7 +72,11 @@ class Normalize:
 
 
 class SyncSGD:
-    """The S-SGD engine's inner step over a model whose gradients live in a :class:`FlatGradients`.
+    """The S-SGD engine's inner step over a model whose gradients live in :class:`GradientBuckets`.
+
+    ``overlap``: reduce each bucket on the communication thread while backward
+    goes on (off with ``noise``, whose local |g|^2 needs every gradient before
+    any is reduced); the weights are the same either way (docs/library.md).
 
     ``noise``: estimate McCandlish et al.'s gradient noise scale as a side
     effect of every step (needs ``world_size`` >= 2): each rank puts its own
@@ -82,7 +87,8 @@ class SyncSGD:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduce: Reduce,
                  world_size: int, *, bucket_bytes: int = 0, normalize: Normalize | None = None,
-                 synchronize: Callable[[], None] | None = None, noise: NoiseScale | None = None) -> None:
+                 synchronize: Callable[[], None] | None = None, noise: NoiseScale | None = None,
+                 overlap: bool = False) -> None:
         if noise is not None and world_size < 2:
             raise ValueError("the gradient noise scale needs at least 2 ranks")
         self.noise = noise
@@ -90,7 +96,9 @@ class SyncSGD:
         self.optimizer = optimizer
         self.reduce = reduce
         self.world_size = world_size
-        self.flat = FlatGradients(model.parameters(), extras=EXTRAS, bucket_bytes=bucket_bytes)
+        self.buckets = GradientBuckets(model.parameters(), reduce, world_size, extras=EXTRAS, bucket_bytes=bucket_bytes,
+                                       overlap=overlap and noise is None)
+        self.flat = self.buckets.flat
         self.normalize = normalize
         self._sync = synchronize or (lambda: None)
 
@@ -105,7 +113,7 @@ class SyncSGD:
         self.model.train()
         x = self.normalize(images) if self.normalize is not None else images
         y = labels.to(x.device, non_blocking=True)
-        self.flat.zero()
+        self.buckets.zero()
         logits = self.model(x)
         loss = F.cross_entropy(logits, y)
         loss.backward()
@@ -119,7 +127,7 @@ class SyncSGD:
                 extras[EXTRA_SQNORM] = squared_norm(self.flat.grads)   # before the allreduce: this rank's
         self._sync()
         t1 = time.perf_counter()
-        self.flat.allreduce(self.reduce, self.world_size)   # MPI: the gradients (and extras) summed over ranks
+        self.buckets.synchronize()   # MPI: the gradients (and extras) summed over ranks; with overlap, the rest
         if self.noise is not None:   # before the optimizer, which may change .grad in place (Nesterov)
             with torch.no_grad():
                 averaged = float(squared_norm(self.flat.grads))   # the mean of the ranks' gradients
@@ -225,4 +233,4 @@ class SSGD:
         return replicas_identical(self.model, comm)
 
     def close(self) -> None:
-        pass
+        self.sgd.buckets.close()
