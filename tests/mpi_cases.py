@@ -680,26 +680,27 @@ def noise_scale_matches_offline_estimator(data: str) -> None:
         -> ok 8 steps; B_simple per epoch ...
 
     Every rank trains lenet with ``noise_scale`` on and keeps a float64 copy of
-    its gradient just before each allreduce (the flat buffer's ``allreduce`` is
-    wrapped); rank 0 gathers the copies, feeds the estimator with norms computed
-    from them in float64, and compares per epoch.
+    its gradient just before each allreduce (the buckets' ``synchronize`` is
+    wrapped; the noise scale keeps overlap off, so nothing is reduced before it);
+    rank 0 gathers the copies, feeds the estimator with norms computed from them
+    in float64, and compares per epoch.
     """
     import numpy as np
 
+    from dimd.train.buckets import GradientBuckets
     from dimd.train.config import TrainConfig
     from dimd.train.engine import train
-    from dimd.train.flatgrad import FlatGradients
     from dimd.train.plan.noise import NoiseScale, noise_estimates_from_gradients
 
     comm = world("funneled")
     seen: list[Any] = []
-    real_allreduce = FlatGradients.allreduce
+    real_synchronize = GradientBuckets.synchronize
 
-    def allreduce(self: FlatGradients, reduce: Any, world_size: int) -> Any:   # this rank's gradient, as computed
-        seen.append(self.grads.detach().double().numpy().copy())
-        return real_allreduce(self, reduce, world_size)
+    def synchronize(self: GradientBuckets) -> None:   # this rank's gradient, as computed
+        seen.append(self.flat.grads.detach().double().numpy().copy())
+        real_synchronize(self)
 
-    FlatGradients.allreduce = allreduce  # type: ignore[method-assign]
+    GradientBuckets.synchronize = synchronize  # type: ignore[method-assign]
     batch = 6
     config = TrainConfig(train=data, val=data, model="lenet", image_size=16, epochs=2, batch_size=batch, lr=0.1,
                          lr_scaling=False, schedule="constant", decode_threads=1, threads=1, noise_scale=True)
