@@ -67,14 +67,17 @@ def mpi_command_setup() -> None:
     """Under dimd's ``mpi_command``, every rank says its thread level and throttle, then ``done``.
 
         mpiexec -n 4 python -m mpi4py tests/mpi_cases.py mpi_command_setup
-        -> level funneled throttle True   (x4, when 4 ranks outnumber the cores)
+        -> level funneled throttle True yield False oversubscribed True (MPICH)
+           (x4, when 4 ranks outnumber the cores; under Open MPI: throttle False yield True)
            done 0 ... done 3
     """
     from dimd.commands.mpi_job import mpi_command
 
     @mpi_command("funneled")
     def job(comm: Any, mpi_setup: Any) -> None:
-        say(f"level {mpi_setup.thread_level_provided} throttle {mpi_setup.progress_throttle}")
+        say(f"level {mpi_setup.thread_level_provided} throttle {mpi_setup.progress_throttle} "
+            f"yield {mpi_setup.yield_when_idle} oversubscribed {mpi_setup.oversubscribed} "
+            f"({mpi_setup.library_version.split()[0]})")
         comm.Barrier()
         say(f"done {comm.rank}")
 
@@ -172,23 +175,30 @@ def assert_fails_on_one_rank(failing_rank: str) -> None:
 
 @case
 def loader_batches(dataset: str, groups: str) -> None:
-    """Shuffle DATASET in GROUPS groups, then load one training and one evaluation epoch.
+    """Load DATASET in GROUPS groups, train an epoch, shuffle, train one more and evaluate one.
 
-    Rank 0 prints one JSON line: every rank's steps per epoch, how many training
-    images rank 0 saw, and each rank's evaluation (global index, label, crc32 of
-    the decoded image), for the test to check against the packed set::
+    The decoding workers read the load-order share in epoch 0 and the shuffled
+    one after it, without restarting. Rank 0 prints one JSON line: every rank's
+    steps per epoch, how many training images rank 0 saw after the shuffle,
+    whether any rank's workers restarted, and each rank's evaluation (global
+    index, label, crc32 of the decoded image), for the test to check against
+    the packed set::
 
         mpiexec -n 3 python -m mpi4py tests/mpi_cases.py loader_batches packed/sample 1
-        -> {"steps": [4, 4, 4], "seen": 16, "pairs": [[[0, 2, 123...], ...], ...]}
+        -> {"steps": [4, 4, 4], "seen": 16, "restarted": false, "pairs": [[[0, 2, 123...], ...], ...]}
     """
     from dimd.shuffle import BatchLoader, DistributedStore
 
     comm = world("funneled")
     store = DistributedStore.load(dataset, comm, groups=int(groups))
-    store.shuffle(seed=4, round=0)
     train = BatchLoader(store, batch_size=4, image_size=32, workers=2, seed=1)
     steps = comm.allgather(train.steps_per_epoch)
-    seen = sum(len(labels) for _, labels in train.epoch(0))
+    for _ in train.epoch(0):
+        pass
+    workers = train.worker_pids
+    store.shuffle(seed=4, round=0)   # the workers move to the received share at this round boundary
+    seen = sum(len(labels) for _, labels in train.epoch(1))
+    restarted = bool(comm.allreduce(int(train.worker_pids != workers)))
     evaluation = BatchLoader(store, batch_size=5, image_size=32, train=False, workers=2)
     pairs: list[tuple[int, int, int]] = []
     for images, labels in evaluation.epoch(0):
@@ -196,7 +206,30 @@ def loader_batches(dataset: str, groups: str) -> None:
                    zlib.crc32(images[j].numpy().tobytes())) for j in range(len(labels))]
     everything = comm.gather(pairs)
     if comm.rank == 0:
-        say(json.dumps({"steps": steps, "seen": seen, "pairs": everything}))
+        say(json.dumps({"steps": steps, "seen": seen, "restarted": restarted, "pairs": everything}))
+
+
+@case
+def loader_as_a_library(dataset: str, hold: str = "") -> None:
+    """What a user's own script does, with no launcher: load DATASET, read one training epoch.
+
+    Prints one JSON line: the crc32 of each batch's images and labels and the
+    decoding workers' process ids. With HOLD, then waits (for a test to kill it)::
+
+        python tests/mpi_cases.py loader_as_a_library packed/sample
+        -> {"batches": [[123, 456], ...], "workers": [4242, 4243]}
+    """
+    import time
+
+    from dimd.shuffle import BatchLoader, DistributedStore
+
+    store = DistributedStore.load(dataset, world("funneled"))
+    with BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=3) as loader:
+        batches = [(zlib.crc32(images.numpy().tobytes()), zlib.crc32(labels.numpy().tobytes()))
+                   for images, labels in loader.epoch(0)]
+        say(json.dumps({"batches": batches, "workers": loader.worker_pids}))
+        while hold:
+            time.sleep(1)
 
 
 # -- allreduce -------------------------------------------------------------------------
@@ -361,7 +394,7 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
 
     from dimd.allreduce import allreduce
     from dimd.train.models import build_model
-    from dimd.train.sgd import SyncSGD, broadcast_state, make_optimizer, replicas_identical
+    from dimd.train.sgd import SSGD, broadcast_state, make_optimizer, replicas_identical
 
     from dimd.host import available_cores
 
@@ -370,12 +403,12 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
     torch.set_num_threads(max(1, available_cores() // size))   # as dimd train does: ranks share the cores
     b = 6
 
-    def engine(replicas: int, reduce: Callable[[Any], Any] | None) -> tuple[Any, SyncSGD]:
+    def engine(replicas: int, reduce: Callable[[Any], Any] | None) -> tuple[Any, SSGD]:
         torch.manual_seed(rank)           # different on purpose: the broadcast must fix it
         model = build_model("lenet", 10)
         broadcast_state(model, comm)
         opt = make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True)
-        return model, SyncSGD(model, opt, reduce, replicas)
+        return model, SSGD(model, opt, reduce, replicas)
 
     g = torch.Generator().manual_seed(42)
     steps = [(torch.randn(size * b, 3, 32, 32, generator=g), torch.randint(0, 10, (size * b,), generator=g))
@@ -385,8 +418,8 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
         single, single_sgd = engine(1, lambda a: None)
         for images, labels in steps:
             mine = slice(rank * b, (rank + 1) * b)
-            out = sgd.step(images[mine], labels[mine])
-            ref = single_sgd.step(images, labels)
+            out = sgd.step([(images[mine], labels[mine])], lr=0.05)
+            ref = single_sgd.step([(images, labels)], lr=0.05)
             assert out.samples == size * b and abs(out.loss_sum - ref.loss_sum) < 1e-3 * ref.loss_sum
         diff = max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), single.parameters()))
         moved = max(float((p - q).detach().abs().max())
@@ -398,7 +431,7 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
 
 @case
 def sgd_overlap_on_and_off_alike() -> None:
-    """dimd train's S-SGD step (SyncSGD) with its buckets reduced during backward and after it: four
+    """dimd train's S-SGD step (SSGD) with its buckets reduced during backward and after it: four
     steps each, LeNet, small buckets; rank 0 says whether the weights and the step figures are identical::
 
         mpiexec -n 3 python -m mpi4py tests/mpi_cases.py sgd_overlap_on_and_off_alike
@@ -408,7 +441,7 @@ def sgd_overlap_on_and_off_alike() -> None:
 
     from dimd.allreduce import allreduce
     from dimd.train.models import build_model
-    from dimd.train.sgd import SyncSGD, broadcast_state, make_optimizer
+    from dimd.train.sgd import SSGD, broadcast_state, make_optimizer
 
     comm = world("serialized")
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -419,10 +452,10 @@ def sgd_overlap_on_and_off_alike() -> None:
         model = build_model("lenet", 10)
         broadcast_state(model, comm)
         opt = make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True)
-        sgd = SyncSGD(model, opt, lambda a: allreduce(a, comm, "ring"), size, bucket_bytes=40_000, overlap=overlap)
+        sgd = SSGD(model, opt, lambda a: allreduce(a, comm, "ring"), size, bucket_bytes=40_000, overlap=overlap)
         g = torch.Generator().manual_seed(rank)
-        figures = [sgd.step(torch.randn(6, 3, 32, 32, generator=g), torch.randint(0, 10, (6,), generator=g))
-                   for _ in range(4)]
+        figures = [sgd.step([(torch.randn(6, 3, 32, 32, generator=g), torch.randint(0, 10, (6,), generator=g))],
+                            lr=0.05) for _ in range(4)]
         sgd.buckets.close()
         return model, [(r.loss_sum, r.correct, r.samples) for r in figures], sgd.buckets.buckets
 
@@ -668,6 +701,58 @@ def sma_distribution(learners_per_rank: str, compute: str = "vmap", algorithm: s
         buffers_diff = float(((mine.z_floats - single.z_floats).abs() / single.z_floats.abs().clamp(min=1)).max())
         moved = float((mine.z - start).abs().max())
         say(f"z diff {z_diff:.3g} buffers diff {buffers_diff:.3g} moved {moved:.3g} identical {identical}")
+
+
+@case
+def sma_losses_around_a_reshuffle(data: str) -> None:
+    """SMA on ``data`` (a packed set in class order) twice at equal seeds: reshuffled at every epoch,
+    and with every reshuffle after the first placement keeping the records where they are.
+
+    Rank 0 prints each run's per-synchronisation training loss and each rank prints the
+    classes its learners drew in epoch 1, one JSON line each::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py sma_losses_around_a_reshuffle colours
+        -> {"run": "reshuffled", "losses": [...], "steps_per_epoch": 6}
+           {"rank": 0, "epoch_1_classes": [7, 5, 6, 6]}
+    """
+    import numpy as np
+
+    from dimd.shuffle import DistributedStore
+    from dimd.train.config import TrainConfig
+    from dimd.train.engine import Trainer
+
+    comm = world()
+    config = TrainConfig(train=data, val=data, model="resnet20", image_size=16, epochs=2, batch_size=4, momentum=0.0,
+                         lr=0.05, lr_scaling=False, schedule="constant", decode_threads=1, threads=1,
+                         allreduce="ring", sync="sma", learners=1)
+    shuffle = DistributedStore.shuffle
+
+    def keep_after_the_first_step(store: Any, seed: int, round: int) -> Any:
+        if trainer.step == 0:
+            return shuffle(store, seed, round)
+        store.round = round                     # the reshuffle replaced by the identity
+        return None
+
+    for run in ("reshuffled", "kept"):
+        if run == "kept":
+            DistributedStore.shuffle = keep_after_the_first_step  # type: ignore[method-assign]
+        trainer = Trainer(config, comm)
+        step, losses, labels = trainer.strategy.step, [], []
+
+        def recorded(batches: Any, lr: float, **options: Any) -> Any:
+            result = step(batches, lr, **options)
+            losses.append(result.loss_sum / result.samples)
+            if len(labels) < trainer.steps_per_epoch:
+                labels.append(np.bincount(np.concatenate([b[1].numpy() for b in batches]), minlength=4))
+            return result
+
+        trainer.strategy.step = recorded  # type: ignore[method-assign]
+        trainer.run()
+        if comm.Get_rank() == 0:
+            say(json.dumps({"run": run, "losses": losses, "steps_per_epoch": trainer.steps_per_epoch}))
+        if run == "reshuffled":
+            say(json.dumps({"rank": comm.Get_rank(), "epoch_1_classes": np.sum(labels, axis=0).tolist()}))
+    DistributedStore.shuffle = shuffle  # type: ignore[method-assign]
 
 
 # -- plan-batch: the gradient noise scale and the convergence step ---------------------------

@@ -25,6 +25,23 @@ def test_p_ranks_of_k_learners_equal_one_process_of_p_times_k(ranks, per_rank, c
     assert identical == "True", line            # bit-identical on every rank
 
 
+@pytest.mark.mpi
+def test_a_reshuffle_does_not_knock_smas_learners_back(colour_set):
+    """The colour set is packed in class order, so a rank's share in load order holds two of its
+    four classes. Every rank's learners must draw from every class from the first step, and the
+    epoch after a reshuffle must train about as well as the same epoch with the records kept in
+    place (in load order the learners fit two classes, and the reshuffle raised the loss 10x)."""
+    proc = mpi_run("sma_losses_around_a_reshuffle", 2, str(colour_set), timeout=240, check=True)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    classes = [line["epoch_1_classes"] for line in lines if "rank" in line]
+    assert len(classes) == 2 and all(sum(1 for n in seen if n) >= 3 for seen in classes), classes
+    runs = {line["run"]: line for line in lines if "run" in line}
+    steps = runs["kept"]["steps_per_epoch"]
+    reshuffled, kept = (sum(runs[r]["losses"][steps:]) / steps for r in ("reshuffled", "kept"))
+    assert runs["reshuffled"]["losses"][:steps] == runs["kept"]["losses"][:steps]   # equal seeds
+    assert reshuffled < 3 * kept, (runs["reshuffled"]["losses"], runs["kept"]["losses"])
+
+
 # -- `dimd train --sync sma` end to end ------------------------------------------------------
 
 EPOCHS = 4

@@ -162,7 +162,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
                    normalize=normalize, threads=torch.get_num_threads(),
                    autotune_threshold=cfg.autotune_threshold,
                    max_learners=batches_per_epoch, synchronize=sync)
-    from dimd.train.sgd import SSGD, SyncSGD, make_optimizer
+    from dimd.train.sgd import SSGD, make_optimizer
 
     optimizer = make_optimizer(model, lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
@@ -172,8 +172,8 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
         from dimd.train.plan.noise import NoiseScale
 
         noise = NoiseScale()
-    return SSGD(SyncSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
-                        normalize=normalize, synchronize=sync, noise=noise, overlap=overlap))
+    return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
+                normalize=normalize, synchronize=sync, noise=noise, overlap=overlap)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -208,7 +208,9 @@ class Trainer:
         self.eval_every_images, self.target_top1 = eval_every_images, target_top1
 
         # -- hardware: threads and device
-        set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks
+        self.threads, binding = set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks
+        if binding:
+            self.hooks.on_event(f"note: {binding}")
         self.device = device if device is not None else pick_device(cfg.device, comm)
 
         # -- data: each rank's share in memory, and the loaders over it
@@ -222,6 +224,11 @@ class Trainer:
         #: Batches of ``batch_size`` per rank per epoch; the schedule counts these, so its
         #: position is the same whatever the learners per rank.
         self.batches_per_epoch = self.loader.steps_per_epoch
+        learners = int(cfg.learners) if cfg.sync == "sma" and cfg.learners not in (None, "auto") else 1
+        if learners > self.batches_per_epoch:   # not one step per epoch: nothing would train
+            raise DimdError(f"`learners` {learners} per rank take {learners} batches per step, but a rank has "
+                            f"{self.batches_per_epoch} batches of {cfg.batch_size} per epoch: lower `learners` "
+                            f"to at most {self.batches_per_epoch}, or `batch_size`")
 
         # -- model and synchronisation
         torch.manual_seed(cfg.seed)
@@ -368,25 +375,29 @@ class Trainer:
             return
         self.state, notes = restore_run(self, path)
         self.resumed_from = path
-        self.hooks.on_event(f"resumed from {path} at epoch {self.state.epoch}, step {self.state.step}")
+        self.hooks.on_event(f"resumed from {path} at epoch {self.state.epoch}, step {self.state.step} "
+                            f"(run {self.state.run_id})")
         for note in notes:
             self.hooks.on_event(note)
 
     # -- the step's helpers -------------------------------------------------------------------
 
-    def shuffle_round(self) -> int | None:
-        """The store round this position should hold (None: still in load order)."""
+    def shuffle_round(self) -> int:
+        """The store round this position should hold.
+
+        Round 0 comes before the first step, whatever ``shuffle_every``: a rank's share in load
+        order is a contiguous slice of the pack, which is in class order, and learners (SMA) or
+        batch-norm statistics (both) fitted to a few classes are knocked back when the rest arrive.
+        """
         every, state = self.config.shuffle_every, self.state
         if every is None:
-            return None
-        if every == 0:
-            return state.epoch if state.epoch > 0 else None
-        return state.step // every if state.step >= every else None
+            return 0
+        return state.epoch if every == 0 else state.step // every
 
     def reshuffle(self) -> float:
         t0 = time.perf_counter()
         self.loader.close()  # no decoder may read the store while records move
-        self.store.shuffle(self.config.seed, self.shuffle_round())  # type: ignore[arg-type]  # MPI: records move between ranks
+        self.store.shuffle(self.config.seed, self.shuffle_round())  # MPI: records move between ranks
         return time.perf_counter() - t0
 
     def maybe_restart(self, position: int) -> None:
@@ -464,7 +475,8 @@ class Trainer:
                       "total_steps": schedule.total_steps, "counts": "batches per rank"},
             sync=self.strategy.name, strategy={k: v for k, v in figures.items() if k != "learners_per_rank"},
             epochs=self.state.history, evaluations=self.state.evaluations, resumed_from=self.resumed_from,
-            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint)
+            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads,
+            run_id=self.state.run_id)
         result.replicas_identical = self.strategy.identical(self.comm)   # MPI: the ranks' models agree
         result.seconds = time.perf_counter() - self.started
         return result
