@@ -240,8 +240,10 @@ def sweep_sizes(ranks: int) -> list[int]:
 
 
 @case
-def allreduce_sweep(algorithms: str = "") -> None:
+def allreduce_sweep(algorithms: str = "", colors: str = "") -> None:
     """Every standalone algorithm (or the comma-separated ALGORITHMS), on sizes around P and a few MiB, each dtype.
+
+    ``colors`` sets the colour count of the algorithms that take one (multicolor's default is 4).
 
     Each result is checked against numpy's sum of every rank's input, and every
     rank must end with the same bits. Each rank prints a ``FAIL`` line per
@@ -262,6 +264,8 @@ def allreduce_sweep(algorithms: str = "") -> None:
     for name in names:
         # small segments so that the pipelined algorithms run many segments
         options = {"segment_bytes": 40000} if "segment_bytes" in ALGORITHMS[name].options else {}
+        if colors and "colors" in ALGORITHMS[name].options:
+            options["colors"] = int(colors)
         for count in sweep_sizes(P):
             for dtype in ("float32", "float64", "int32", "int64"):
                 rng = np.random.default_rng([rank, count, len(name)])
