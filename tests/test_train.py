@@ -165,13 +165,15 @@ def test_bad_inputs_give_one_clear_error_and_write_nothing(packed_sample, foreig
          "checkpoint of model 'resnet20', not 'lenet'"),
     ]
     # Each case is a process of its own (train sets torch's threads and seed); start them together.
+    # Each its own output folder: two runs may not share a checkpoint folder (the second is refused).
+    outs = [tmp_path / f"case{i}" for i in range(len(cases))]
     with ThreadPoolExecutor(len(cases)) as pool:
-        procs = list(pool.map(lambda case: run_dimd(*train_args(packed_sample, tmp_path), *case[0], timeout=120),
-                              cases))
-    for (extra, message), proc in zip(cases, procs):
+        procs = list(pool.map(lambda i: run_dimd(*train_args(packed_sample, outs[i]), *cases[i][0], timeout=120),
+                              range(len(cases))))
+    for (extra, message), proc, out in zip(cases, procs, outs):
         assert proc.returncode == 1, (extra, proc.stderr)
         assert message in proc.stderr and proc.stderr.count("dimd: error:") == 1, (extra, proc.stderr)
-        assert not (tmp_path / "train.json").exists() and not (tmp_path / "checkpoints").exists()
+        assert not (out / "train.json").exists() and not (out / "checkpoints").exists()
 
 
 @pytest.mark.mpi
