@@ -167,6 +167,8 @@ def test_bad_inputs_give_one_clear_error_and_write_nothing(packed_sample, foreig
     # Each case is a process of its own (train sets torch's threads and seed); start them together.
     # Each its own output folder: two runs may not share a checkpoint folder (the second is refused).
     outs = [tmp_path / f"case{i}" for i in range(len(cases))]
+    for out in outs:
+        out.mkdir()
     with ThreadPoolExecutor(len(cases)) as pool:
         procs = list(pool.map(lambda i: run_dimd(*train_args(packed_sample, outs[i]), *cases[i][0], timeout=120),
                               range(len(cases))))
