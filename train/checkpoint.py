@@ -39,6 +39,7 @@ from dimd.errors import DimdError
 from dimd.fsutil import atomic_path
 from dimd.mpi import require_on_every_rank
 from dimd.train.config import TrainConfig
+from dimd.train.model_source import recorded_source
 from dimd.train.results import EpochMetrics, EpochTally, Evaluation
 from dimd.train.schedule import Schedule
 from dimd.train.steps import Strategy
@@ -282,6 +283,7 @@ def run_document(run: Run, state: RunState) -> dict[str, Any] | None:
     per_epoch = run.loader.steps_per_epoch
     return {
         "run_id": state.run_id, "sync": run.strategy.name, "model_name": run.config.model,
+        "model_source": recorded_source(run.config.model).get("source"),   # a user's: spec, path, sha256
         "classes": list(run.store.classes),
         "config": run.config.as_dict(), "layout": run_layout(run.config, comm.Get_size()),
         "world_size": comm.Get_size(), "epoch": state.epoch, "step": state.step,

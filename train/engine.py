@@ -39,6 +39,7 @@ from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
 from dimd.train.config import TrainConfig
 from dimd.train.evaluate import EvalResult, local_counts, summarize
 from dimd.train.hardware import pick_device, set_threads
+from dimd.train.model_source import recorded_source
 from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
 from dimd.train.results import NOISE_FIELDS, EpochMetrics, EpochTally, Evaluation, TrainResult
 from dimd.train.schedule import Schedule, make_schedule
@@ -119,6 +120,16 @@ def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[
                                                        "bytes": nbytes}
 
 
+def overlap_choice(config: TrainConfig, device: torch.device, comm: Any) -> bool:
+    """``overlap``, or where unset: S-SGD on several ranks with a core or GPU free for the communication."""
+    if config.overlap is not None:
+        return config.overlap
+    from dimd.train.buckets import core_free_for_communication
+
+    free = core_free_for_communication(device, comm)   # MPI: collective (the node's ranks)
+    return config.sync == "ssgd" and not config.noise_scale and comm.Get_size() > 1 and free
+
+
 def learner_compute(choice: str) -> str:
     """``auto``: one replica after another, on CUDA each on its own stream (Crossbow's way); on a
     CPU core measured faster than one vectorised vmap pass at 1-4 learners (docs/sma.md)."""
@@ -135,8 +146,9 @@ def make_reducer(algorithm: str, comm) -> Callable[[np.ndarray], None]:
 
 
 def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[[np.ndarray], None],
-                  world_size: int, normalize: Any, batches_per_epoch: int) -> Strategy:
-    """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says."""
+                  world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False) -> Strategy:
+    """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says;
+    ``overlap``: S-SGD reduces gradient buckets during backward."""
     cfg = config
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -160,8 +172,8 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
         from dimd.train.plan.noise import NoiseScale
 
         noise = NoiseScale()
-    return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes,
-                normalize=normalize, synchronize=sync, noise=noise)
+    return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
+                normalize=normalize, synchronize=sync, noise=noise, overlap=overlap)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -226,11 +238,13 @@ class Trainer:
         self.normalize = Normalize(self.device)
         nbytes = gradient_bytes(self.model)
         self.model_info = {"name": cfg.model, "parameters": parameter_count(self.model),
-                           "gradient_bytes": nbytes, "classes": len(self.store.classes)}
+                           "gradient_bytes": nbytes, "classes": len(self.store.classes), **recorded_source(cfg.model)}
         # MPI: the allreduce algorithm, measured for this message size if not given
         self.algorithm, self.algorithm_choice = choose_allreduce(cfg, nbytes, comm)
+        self.overlap = overlap_choice(cfg, self.device, comm)
+        self.algorithm_choice["overlap"] = self.overlap
         self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
-                                                self.normalize, self.batches_per_epoch)
+                                                self.normalize, self.batches_per_epoch, self.overlap)
 
         # -- schedule
         #: The batch ``--lr`` is scaled by (linear scaling, lr x batch / 256): S-SGD's global batch

@@ -1,4 +1,11 @@
-"""dimd's jobs across two hosts (network namespaces h1 and h2), as on a cluster of two nodes."""
+"""dimd's jobs across two hosts (network namespaces h1 and h2), as on a cluster of two nodes.
+
+``run.sh`` makes the hosts (root), runs these tests with ``MULTIHOST_PREFIX`` set and
+removes the hosts on every way out; without it they are skipped. ``make test`` leaves this
+folder out (pyproject's ``norecursedirs``): CI runs it through ``run.sh``. Every job starts on
+h1 (its launcher too) and reaches h2 through ``on-host``, the launchers' stand-in for ssh, so
+no traffic leaves the two namespaces (``multihost.py`` starts them).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,10 @@ from pathlib import Path
 
 import pytest
 from multihost import MPI, on_hosts, ranks
+
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("MULTIHOST_PREFIX"),
+    reason="needs the namespace hosts: run tests/multihost/run.sh as root")
 
 LAYOUTS = ["h1,h2", "h1:2,h2:1"]
 TRAIN = ("--model", "lenet", "--image-size", "32", "--batch-size", "4", "--lr", "0.05", "--no-lr-scaling",
