@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import mpi_run, run_dimd, run_mpi_dimd
+from conftest import invoke_dimd, mpi_run, run_dimd, run_mpi_dimd
 
 
 @pytest.mark.mpi
@@ -51,7 +51,7 @@ BATCHES = 6                  # 48 records // (2 ranks x batch 4): batches per ra
 def sma_args(data: Path, out: Path, *extra: str, model: str = "resnet20") -> list:
     return ["train", data, "--val", data, "--model", model, "--image-size", "32", "--epochs", str(EPOCHS),
             "--batch-size", "4", "--lr", "0.02", "--no-lr-scaling", "--schedule", "step",
-            "--milestones", "2", "--decode-threads", "1", "--threads", "1", "--allreduce", "ring",
+            "--milestones", "2", "--decode-workers", "1", "--threads", "1", "--allreduce", "ring",
             "--shuffle-every", "5", "--sync", "sma", "--learners", "2",
             "--checkpoint-dir", out / "checkpoints", "--json", out / "train.json", *extra]
 
@@ -183,7 +183,7 @@ def test_the_config_refuses_bad_sma_settings_naming_the_field(changes, field, pr
 def test_bad_sma_options_are_one_clear_line_and_write_nothing(packed_sample, tmp_path):
     for extra, message in [(["--alpha", "1.5"], "Invalid value for '--alpha': must be in (0.0, 1.0]"),
                            (["--learners", "many"], "expected a number of learners per rank or 'auto'")]:
-        proc = run_dimd(*sma_args(packed_sample, tmp_path, *extra), timeout=120)
+        proc = invoke_dimd(*sma_args(packed_sample, tmp_path, *extra))
         assert proc.returncode == 2, (extra, proc.stderr)
         assert message in proc.stderr and proc.stderr.lower().count("error") == 1, (extra, proc.stderr)
     # on every rank of an MPI job: one line, exit 2, the other flag named
@@ -212,8 +212,8 @@ def test_checkpoints_of_the_other_sync_or_mid_epoch_on_another_layout_are_refuse
          "every 5; this run has 2 ranks, 2 learners per rank, groups 1, batch 3, shuffle every 5: resume it "
          "with that layout, or resume from "),
     ]
-    for args, message in cases:
-        proc = run_mpi_dimd(2, *args, timeout=120)
+    for ranks, (args, message) in zip((1, 1, 2), cases):   # the other sync is refused on any layout
+        proc = invoke_dimd(*args) if ranks == 1 else run_mpi_dimd(2, *args, timeout=120)
         assert proc.returncode == 1, (args, proc.stderr)
         assert message in proc.stderr and proc.stderr.count("dimd: error:") == 1, proc.stderr
         assert list(fresh.iterdir()) == []

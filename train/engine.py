@@ -39,7 +39,8 @@ from dimd.errors import DimdError
 from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
 from dimd.train.config import TrainConfig
 from dimd.train.evaluate import EvalResult, local_counts, summarize
-from dimd.train.hardware import pick_device, set_threads
+from dimd.train.hardware import default_decode_workers, pick_device, set_threads
+from dimd.train.model_source import recorded_source
 from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
 from dimd.train.results import NOISE_FIELDS, EpochMetrics, EpochTally, Evaluation, TrainResult
 from dimd.train.schedule import Schedule, make_schedule
@@ -91,7 +92,8 @@ def val_label_map(train_classes: list[str], val_classes: list[str], val: str,
     return torch.tensor([index[name] for name in val_classes], dtype=torch.int64)
 
 
-def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.device) -> tuple[Any, Any]:
+def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.device,
+                 workers: int) -> tuple[Any, Any]:
     """The training loader (over the store, or over the original files with ``read_from``) and the validation one."""
     from dimd.shuffle import BatchLoader
 
@@ -101,10 +103,10 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
         from dimd.train.filesource import OriginalFiles
 
         source = OriginalFiles(store, config.files_root, cold=config.read_from == "files-cold")
-    loader = BatchLoader(source, config.batch_size, config.image_size, train=True, workers=config.decode_threads,
+    loader = BatchLoader(source, config.batch_size, config.image_size, train=True, workers=workers,
                          seed=config.seed, pin_memory=pin, crop_scale=config.crop_scale)
     val_loader = BatchLoader(val_store, config.eval_batch_size or config.batch_size, config.image_size,
-                             train=False, workers=config.decode_threads, seed=config.seed, pin_memory=pin)
+                             train=False, workers=workers, seed=config.seed, pin_memory=pin)
     return loader, val_loader
 
 
@@ -134,6 +136,16 @@ def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[
                                                        "bytes": nbytes}
 
 
+def overlap_choice(config: TrainConfig, device: torch.device, comm: Any) -> bool:
+    """``overlap``, or where unset: S-SGD on several ranks with a core or GPU free for the communication."""
+    if config.overlap is not None:
+        return config.overlap
+    from dimd.train.buckets import core_free_for_communication
+
+    free = core_free_for_communication(device, comm)   # MPI: collective (the node's ranks)
+    return config.sync == "ssgd" and not config.noise_scale and comm.Get_size() > 1 and free
+
+
 def learner_compute(choice: str) -> str:
     """``auto``: one replica after another, on CUDA each on its own stream (Crossbow's way); on a
     CPU core measured faster than one vectorised vmap pass at 1-4 learners (docs/sma.md)."""
@@ -150,10 +162,11 @@ def make_reducer(algorithm: str, comm) -> Callable[[np.ndarray], None]:
 
 
 def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[[np.ndarray], None],
-                  world_size: int, normalize: Any, batches_per_epoch: int,
+                  world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False,
                   calibration: Callable[[int], Iterator[Any]] | None = None) -> Strategy:
     """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says;
-    ``calibration``: the training batches SMA recomputes z's batch-norm statistics on."""
+    ``overlap``: S-SGD reduces gradient buckets during backward; ``calibration``: the training
+    batches SMA recomputes z's batch-norm statistics on."""
     cfg = config
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -167,7 +180,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
                    normalize=normalize, threads=torch.get_num_threads(),
                    autotune_threshold=cfg.autotune_threshold,
                    max_learners=batches_per_epoch, synchronize=sync, calibration=calibration)
-    from dimd.train.sgd import SSGD, SyncSGD, make_optimizer
+    from dimd.train.sgd import SSGD, make_optimizer
 
     optimizer = make_optimizer(model, lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
@@ -177,8 +190,8 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
         from dimd.train.plan.noise import NoiseScale
 
         noise = NoiseScale()
-    return SSGD(SyncSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes,
-                        normalize=normalize, synchronize=sync, noise=noise))
+    return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
+                normalize=normalize, synchronize=sync, noise=noise, overlap=overlap)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -225,10 +238,16 @@ class Trainer:
         self.val_label_map = val_label_map(self.store.classes, self.val_store.classes, cfg.val, cfg.train)
         self.hooks.on_event(f"loaded {self.store.total} training and {self.val_store.total} validation records "
                             f"into memory in {time.perf_counter() - t0:.1f}s")
-        self.loader, self.val_loader = make_loaders(cfg, self.store, self.val_store, self.device)
+        workers = cfg.decode_workers or default_decode_workers(comm)   # MPI: the node's cores, shared by its ranks
+        self.loader, self.val_loader = make_loaders(cfg, self.store, self.val_store, self.device, workers)
         #: Batches of ``batch_size`` per rank per epoch; the schedule counts these, so its
         #: position is the same whatever the learners per rank.
         self.batches_per_epoch = self.loader.steps_per_epoch
+        learners = int(cfg.learners) if cfg.sync == "sma" and cfg.learners not in (None, "auto") else 1
+        if learners > self.batches_per_epoch:   # not one step per epoch: nothing would train
+            raise DimdError(f"`learners` {learners} per rank take {learners} batches per step, but a rank has "
+                            f"{self.batches_per_epoch} batches of {cfg.batch_size} per epoch: lower `learners` "
+                            f"to at most {self.batches_per_epoch}, or `batch_size`")
 
         # -- model and synchronisation
         torch.manual_seed(cfg.seed)
@@ -238,11 +257,13 @@ class Trainer:
         self.normalize = Normalize(self.device)
         nbytes = gradient_bytes(self.model)
         self.model_info = {"name": cfg.model, "parameters": parameter_count(self.model),
-                           "gradient_bytes": nbytes, "classes": len(self.store.classes)}
+                           "gradient_bytes": nbytes, "classes": len(self.store.classes), **recorded_source(cfg.model)}
         # MPI: the allreduce algorithm, measured for this message size if not given
         self.algorithm, self.algorithm_choice = choose_allreduce(cfg, nbytes, comm)
+        self.overlap = overlap_choice(cfg, self.device, comm)
+        self.algorithm_choice["overlap"] = self.overlap
         self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
-                                                self.normalize, self.batches_per_epoch,
+                                                self.normalize, self.batches_per_epoch, self.overlap,
                                                 calibration_source(cfg, self.store, self.device))
 
         # -- schedule
@@ -370,7 +391,8 @@ class Trainer:
             return
         self.state, notes = restore_run(self, path)
         self.resumed_from = path
-        self.hooks.on_event(f"resumed from {path} at epoch {self.state.epoch}, step {self.state.step}")
+        self.hooks.on_event(f"resumed from {path} at epoch {self.state.epoch}, step {self.state.step} "
+                            f"(run {self.state.run_id})")
         for note in notes:
             self.hooks.on_event(note)
 
@@ -478,7 +500,8 @@ class Trainer:
                       "total_steps": schedule.total_steps, "counts": "batches per rank"},
             sync=self.strategy.name, strategy={k: v for k, v in figures.items() if k != "learners_per_rank"},
             epochs=self.state.history, evaluations=self.state.evaluations, resumed_from=self.resumed_from,
-            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads)
+            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads,
+            run_id=self.state.run_id)
         result.replicas_identical = self.strategy.identical(self.comm)   # MPI: the ranks' models agree
         result.seconds = time.perf_counter() - self.started
         return result
