@@ -110,14 +110,15 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
     return loader, val_loader
 
 
-def calibration_source(config: TrainConfig, store: Any, device: torch.device) -> Callable[[int], Iterator[Any]]:
+def calibration_source(config: TrainConfig, store: Any, device: torch.device,
+                       workers: int) -> Callable[[int], Iterator[Any]]:
     """Training batches for SMA's batch-norm recompute (``round`` -> this rank's batches), from a
     loader of their own (seed + 1), so the training loader's position and batches stay as they are."""
     from dimd.shuffle import BatchLoader
 
     def batches(round: int) -> Iterator[Any]:
         with BatchLoader(store, config.eval_batch_size or config.batch_size, config.image_size, train=True,
-                         workers=config.decode_threads, seed=config.seed + 1, pin_memory=device.type == "cuda",
+                         workers=workers, seed=config.seed + 1, pin_memory=device.type == "cuda",
                          crop_scale=config.crop_scale) as loader:
             yield from loader.epoch(round)
 
@@ -264,7 +265,7 @@ class Trainer:
         self.algorithm_choice["overlap"] = self.overlap
         self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
                                                 self.normalize, self.batches_per_epoch, self.overlap,
-                                                calibration_source(cfg, self.store, self.device))
+                                                calibration_source(cfg, self.store, self.device, workers))
 
         # -- schedule
         #: The batch ``--lr`` is scaled by (linear scaling, lr x batch / 256): S-SGD's global batch
