@@ -23,7 +23,7 @@ def not_a_network(num_classes):
 def train_args(data, out, model, *extra):
     return ["train", data, "--val", data, "--model", model, "--image-size", "16", "--epochs", "2",
             "--batch-size", "4", "--lr", "0.05", "--no-lr-scaling", "--schedule", "constant",
-            "--decode-threads", "1", "--threads", "1", "--allreduce", "ring", "--checkpoint-dir", out / "checkpoints",
+            "--decode-workers", "1", "--threads", "1", "--allreduce", "ring", "--checkpoint-dir", out / "checkpoints",
             "--json", out / "train.json", *extra]
 
 
