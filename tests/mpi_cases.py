@@ -732,7 +732,7 @@ def sma_losses_around_a_reshuffle(data: str) -> None:
     shuffle = DistributedStore.shuffle
 
     def keep_after_the_first_step(store: Any, seed: int, round: int) -> Any:
-        if trainer.step == 0:
+        if trainer.state.step == 0:
             return shuffle(store, seed, round)
         store.round = round                     # the reshuffle replaced by the identity
         return None
