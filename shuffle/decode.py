@@ -53,6 +53,24 @@ def random_resized_crop_box(width: int, height: int, rng: np.random.Generator,
     return (width - w) // 2, (height - h) // 2, w, h
 
 
+def draw_train_crop(width: int, height: int, rng: np.random.Generator,
+                    scale: tuple[float, float] = SCALE) -> tuple[tuple[int, int, int, int], bool]:
+    """A training image's augmentation, drawn: its random-resized crop box and whether to flip it.
+
+    The CPU decoders and the GPU path (dimd.shuffle.gpu_decode) both draw through here, so the
+    same rng gives the same crops wherever the pixels are made.
+    """
+    box = random_resized_crop_box(width, height, rng, scale)
+    return box, bool(rng.random() < 0.5)
+
+
+def centre_crop_box(width: int, height: int, image_size: int) -> tuple[float, float, float, float]:
+    """(left, top, side, side) of evaluation's centre crop: the square that, resized to
+    ``image_size``, leaves the shorter side at ``image_size * 256 / 224``."""
+    side = image_size * min(width, height) / round(image_size * EVAL_RESIZE_RATIO)
+    return (width - side) / 2, (height - side) / 2, side, side
+
+
 def _open(data: bytes | memoryview):
     from PIL import Image
 
@@ -87,18 +105,14 @@ def train_hwc(data: bytes | memoryview, image_size: int, rng: np.random.Generato
               scale: tuple[float, float] = SCALE) -> tuple[np.ndarray, bool]:
     """The random-resized crop as HWC, and whether to flip it (the loader flips while copying)."""
     image = _open(data)
-    width, height = image.size
-    left, top, w, h = random_resized_crop_box(width, height, rng, scale)
-    flip = bool(rng.random() < 0.5)
+    (left, top, w, h), flip = draw_train_crop(*image.size, rng, scale)
     return _crop_resize(image, (left, top, left + w, top + h), image_size), flip
 
 
 def eval_hwc(data: bytes | memoryview, image_size: int) -> np.ndarray:
     """The resized centre crop as HWC."""
     image = _open(data)
-    width, height = image.size
-    side = image_size * min(width, height) / round(image_size * EVAL_RESIZE_RATIO)
-    left, top = (width - side) / 2, (height - side) / 2
+    left, top, side, _ = centre_crop_box(*image.size, image_size)
     return _crop_resize(image, (left, top, left + side, top + side), image_size)
 
 

@@ -149,8 +149,7 @@ class BatchLoader:
         images = torch.empty((len(indices), 3, size, size), dtype=torch.uint8, pin_memory=self._pin)
         labels = torch.from_numpy(self.store.labels[indices].astype(np.int64))
         target = images.numpy()
-        seeds = (np.random.SeedSequence([self.seed, self.rank, epoch, step]).spawn(len(indices))
-                 if self.train else [None] * len(indices))
+        seeds = image_seeds(self.seed, self.rank, epoch, step, len(indices)) if self.train else [None] * len(indices)
         chunks = np.array_split(np.arange(len(indices)), min(self.workers, len(indices)))
         futures = [pool.submit(self._decode_into, target, indices, seeds, chunk) for chunk in chunks]
         return images, labels, futures
@@ -223,6 +222,11 @@ class BatchLoader:
         if not 0 <= state["step"] <= self.steps_per_epoch:
             raise DimdError(f"loader state step {state['step']} is outside 0..{self.steps_per_epoch}")
         self.seek(int(state["epoch"]), int(state["step"]))
+
+
+def image_seeds(seed: int, rank: int, epoch: int, step: int, n: int) -> list[np.random.SeedSequence]:
+    """The seeds of a training batch's ``n`` augmentations: they depend on nothing but the position."""
+    return np.random.SeedSequence([seed, rank, epoch, step]).spawn(n)
 
 
 def _cuda_available() -> bool:

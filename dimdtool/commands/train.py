@@ -16,7 +16,7 @@ import click
 from dimd.console import progress
 from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
                           config_option, defer_output_checks, json_option)
-from dimd.train.config import DEVICES, LEARNER_COMPUTES, READ_FROM, SYNCS, TrainConfig
+from dimd.train.config import DECODES, DEVICES, LEARNER_COMPUTES, PRECISIONS, READ_FROM, SYNCS, TrainConfig
 from dimd.train.schedule import SCHEDULES
 
 
@@ -143,6 +143,16 @@ def print_models() -> None:
 @config_option(TrainConfig, "device", type=click.Choice(DEVICES),
                help="auto: one GPU per rank when CUDA is available, else CPU.")
 @config_option(TrainConfig, "decode_threads", help="Decoding threads of each rank's loader.")
+@config_option(TrainConfig, "decode", type=click.Choice(DECODES),
+               help="Where images are decoded: cpu (the loader's decoders) or gpu (one nvJPEG call per batch, "
+                    "then crop, resize and flip on the GPU; needs CUDA and torchvision, `pip install dimd[gpu]`).")
+@config_option(TrainConfig, "precision", type=click.Choice(PRECISIONS),
+               help="32-true; bf16-mixed or 16-mixed: autocast over the forward pass and the loss, the "
+                    "weights, optimizer state and allreduced gradients in float32; 16-mixed adds a dynamic "
+                    "loss scale (steps with overflowing gradients are skipped on every rank and counted).")
+@config_option(TrainConfig, "channels_last", "--channels-last/--no-channels-last", default=None,
+               help="Channels-last (NHWC) activations and weights [default: on for convolutional models "
+                    "on CUDA, off elsewhere].")
 @click.option("--workers", "legacy_workers", type=int, default=None, hidden=True,
               help="Old name of --decode-threads.")
 @config_option(TrainConfig, "threads", help="Torch compute threads per rank [default: cores / ranks on the node].")
