@@ -1,7 +1,7 @@
 """What every algorithm shares: block bounds, reusable scratch, a private communicator.
 
-Fresh multi-MiB temporaries per call cost more than the arithmetic (DESIGN.md,
-"MPI on one machine"), so scratch memory is one arena per process, grown to
+Fresh multi-MiB temporaries per call cost more than the arithmetic
+(docs/mpi.md#mpi-on-one-machine), so scratch memory is one arena per process, grown to
 the largest request and reused. Point-to-point algorithms talk on a duplicate
 of the caller's communicator (cached on it as an MPI attribute), so their
 messages can never match a receive the application posted itself.

@@ -6,8 +6,8 @@
 is the time of one NiN-sized allreduce against P.
 
 The cost model to P = 1024 is not fitted here: :func:`cost_model` hands these
-bench-allreduce JSONs to ``dimd plan-batch comm`` (DESIGN.md's plan-batch
-contract), the one place that fits FireCaffe's equations and the
+bench-allreduce JSONs to ``dimd plan-batch comm`` (docs/plan-batch.md#step-2-communication),
+the one place that fits FireCaffe's equations and the
 Thakur-Rabenseifner-Gropp costs to measurements; its held-out errors go into
 the result.
 """
@@ -54,7 +54,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
 def cost_model(ctx: Context, paths: list[Path], nbytes: int, max_ranks: int) -> dict[str, Any]:
     """The cost model ``dimd plan-batch comm`` fits to these bench-allreduce JSONs.
 
-    DESIGN.md's plan-batch contract: its JSON holds, per algorithm, the fitted
+    Its JSON (docs/plan-batch.md#step-2-communication) holds, per algorithm, the fitted
     parameters, the errors on held-out P, and ``predictions``: the time
     Delta(P) up to P = 1024. Nothing in bench/ fits a model of its own; when
     the fit fails the figure shows the measurements alone and says why.

@@ -9,9 +9,9 @@ times forward + backward + optimizer of MODEL at batch B (one torch thread, a
 fixed synthetic batch, as `dimd plan-batch step-time` does) alone and with 1
 and 2 threads decoding the packed set's records with dimd's training decode
 as fast as they can, then alone again; medians of ``--repeats`` x ``--steps``.
-It is the measurement behind docs/plan-batch.md's "the time per update does
-not hold": the free-running decoders here are the worst case, the loader's
-bounded prefetch a milder one.
+It is the measurement behind step-time's `--data`
+(docs/plan-batch.md#step-1-step-time): the free-running decoders here are the
+worst case, the loader's bounded prefetch a milder one.
 
     .venv/bin/python bench/decode_contention.py bench/work/data/mnist/train --json build/decode_contention.json
 """

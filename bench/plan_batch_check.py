@@ -519,6 +519,7 @@ def findings(envelope: dict[str, Any]) -> str:
             law += (f" (ratio {noise['ratio']:.2f})" if noise["ratio"] is not None else "")
             if noise["why_not_determined"]:
                 law += f": {noise['why_not_determined']}"
+            law += noise_reading(noise, conv)
         parts.append(law + ".")
     for ranks, check in figures["sets"]["mnist"].get("check", {}).items():
         cells = []
@@ -539,8 +540,38 @@ def findings(envelope: dict[str, Any]) -> str:
         parts.append(f"P = {ranks}: " + "; ".join(cells) + ". " + (
             f"At M_opt the prediction is {100 * error:+.0f}% off (aim: within 20%); the measured best M is "
             f"{check['measured_best_batch']} ({near})." if error is not None
-            else "M_opt's runs did not reach the target."))
+            else "M_opt's runs did not reach the target.") + split_reading(check["rows"], int(ranks)))
     return " ".join(parts)
+
+
+def noise_reading(noise: dict[str, Any], conv: dict[str, Any]) -> str:
+    """B_simple epoch by epoch, and, when it misses alpha/N_inf by more than 2x, what the figures say about why."""
+    epochs = [e["noise_scale"] for e in noise.get("per_epoch", []) if e.get("noise_scale") is not None]
+    if not epochs:
+        return ""
+    text = "; by epoch " + ", ".join(f"{b:.0f}" for b in epochs)
+    if noise.get("within_factor_2") is False:
+        text += (f". It falls as training goes on and the target was reached within {len(epochs)} epochs, so it "
+                 f"is taken early, where it is largest; and alpha/N_inf rests on {conv['batches_in_fit']} batches "
+                 "with the N_inf above. McCandlish et al. equate B_simple and B_crit only for a well-conditioned "
+                 "Hessian; a longer schedule on this set would tell which it is (not run)")
+    return text
+
+
+def split_reading(rows: list[dict[str, Any]], ranks: int) -> str:
+    """Which factor of T_C the error comes from: the updates or the seconds per update."""
+    timed = [r for r in rows if r["measured_median_s"] is not None and r["measured_split_per_update"]]
+    if not timed:
+        return ""
+    updates = [abs(r["measured_updates"]["median"] / r["predicted"]["updates"] - 1) for r in timed]
+    per_update = [sum(r["measured_split_per_update"].values()) / r["predicted"]["update_s"] for r in timed]
+    text = (f" The factors: the measured updates are within {min(updates):.0%}-{max(updates):.0%} of N_update(M); "
+            f"the measured seconds per update are {min(per_update):.1f}-{max(per_update):.1f}x the predicted")
+    if ranks > 1:
+        allreduce = [1e3 * r["measured_split_per_update"]["allreduce"] for r in timed]
+        text += (f", and the allreduce in training ({min(allreduce):.1f}-{max(allreduce):.1f} ms per update) "
+                 "includes waiting for the slower rank, which the fitted Delta(P) does not")
+    return text + "."
 
 
 REPRODUCTION = Reproduction(

@@ -26,6 +26,7 @@ from typing import Any
 
 import plan_batch_check as check
 from _common import Context, Reproduction
+from comm_vs_ranks import held_out
 
 NAME = "plan_batch_plan"
 PLAN_RANKS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
@@ -137,6 +138,10 @@ def findings(envelope: dict[str, Any]) -> str:
             f"{regime(last, 'weak')}. Fastest allreduce predicted at P = {last['ranks']}: {last['algorithm']} "
             f"({1e3 * last['delta_s']:.3g} ms)"
             + (f"; left out by their held-out check: {', '.join(left)}" if left else "")
+            + f". The allreduce models, fitted on the smaller P, have a {held_out(figures['comm']).removeprefix('; ')}"
+            ": ranks beyond 2 share "
+            "the 2 cores, so a held-out time is mostly the wait to be scheduled, which varies from run to run "
+            "(the shared-core term s models its mean) and moves these errors between runs"
             + ". The constants are this 2-core machine's (ranks beyond 2 share its cores), and the check "
             "(plan_batch_check) says how far its time to target is from a real run's.")
 

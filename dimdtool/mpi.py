@@ -2,11 +2,12 @@
 
 mpi4py's default (THREAD_MULTIPLE, initialised at import) turns off MPICH's
 shared-memory collectives, and oversubscribed MPICH ranks spin; both cost an
-order of magnitude on one node (see DESIGN.md, "MPI on one machine"). Every
+order of magnitude on one node (docs/mpi.md#mpi-on-one-machine). Every
 dimd command that uses MPI starts it through :func:`init_mpi`, which also
 refuses the singleton trap: a launcher that started N processes which each see
-an MPI world of one (plain ``srun`` with the mpich wheel, see DESIGN.md, "MPI
-under batch schedulers") would otherwise run N silent, separate jobs.
+an MPI world of one (plain ``srun`` with the mpich wheel, see
+docs/batch-jobs.md#mpi-under-slurm-one-job-not-n-singletons) would otherwise run N
+silent, separate jobs.
 """
 
 from __future__ import annotations

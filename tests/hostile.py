@@ -1,4 +1,4 @@
-"""Helpers for the hardening tests (issue 13): what "handled well" means, checked the same way everywhere.
+"""Images and trees for the tests, and what "handled well" means for bad input, checked the same way everywhere.
 
 Handled well: a non-zero exit with exactly one line on stderr, ``dimd: error:
 <the file> ...: <the problem>``, no traceback, no temporaries left behind.
@@ -6,13 +6,16 @@ Handled well: a non-zero exit with exactly one line on stderr, ``dimd: error:
 
 from __future__ import annotations
 
-import io
 import functools
+import io
 import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
+
+from dimd.format import PackedDataset
 
 
 def one_error_line(proc: subprocess.CompletedProcess, code: int = 1) -> str:
@@ -72,3 +75,13 @@ def in_tmpfs(mount: Path, size: str, script: str, *, read_only: bool = False,
         setup += f" && mkdir -p {mount}/out && mount -o remount,ro {mount}"
     return subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", f"{setup} && {script}"],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def decode(ds: PackedDataset, i: int) -> np.ndarray:
+    """Record ``i`` of a packed set as RGB pixels."""
+    return np.asarray(Image.open(io.BytesIO(ds.record(i))).convert("RGB"))
+
+
+def solid(size: tuple[int, int], colour, mode: str = "RGB") -> Image.Image:
+    """One colour, converted to ``mode``."""
+    return Image.new("RGB", size, colour).convert(mode)

@@ -1,9 +1,11 @@
-"""`mpirun dimd bench-allreduce` as a user runs it: the table, the check, the JSON, the errors."""
+"""`mpirun dimd bench-allreduce` as a user runs it: the table, the check, the JSON, the errors, and rows
+labelled with whole elements of the size asked for."""
 
 import json
 
 import pytest
 from conftest import invoke_dimd, run_mpi_dimd
+from hostile import one_error_line
 
 from dimd.allreduce import ALGORITHMS
 from dimd.allreduce.bench import message_sizes
@@ -91,3 +93,27 @@ def test_message_sizes_follow_nccl_tests():
     assert message_sizes(0, 4, 2) == [0, 1, 2, 4]
     assert message_sizes(0, 64, 4, itemsize=8) == [0, 8, 32]  # whole elements only
     assert message_sizes(1 << 10, 1 << 20, 32) == [1 << 10, 1 << 15, 1 << 20]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("args, dtype, size, got", [
+    (["-b", "7", "-e", "64"], "float32", 4, 7),
+    (["-b", "12", "-e", "64", "-d", "float64"], "float64", 8, 12),
+    (["-b", "1", "-e", "64", "-d", "int32"], "int32", 4, 1),
+])
+def test_bench_allreduce_sizes_are_whole_elements(args, dtype, size, got):
+    proc = run_mpi_dimd(1, "bench-allreduce", "-a", "mpi", *args, timeout=120)
+    assert one_error_line(proc, code=2) == (
+        f"Invalid value for '--min-bytes': must be a whole number of {dtype} elements, a multiple of "
+        f"{size} bytes (got {got}): a row is labelled with the bytes it reduces")
+
+
+@pytest.mark.mpi
+def test_bench_allreduce_rows_are_labelled_with_the_size_asked_for(tmp_path):
+    proc = run_mpi_dimd(1, "bench-allreduce", "-a", "mpi", "-b", "0", "-e", "40", "-f", "5", "-n", "2",
+                        "--json", tmp_path / "ar.json", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    rows = json.loads((tmp_path / "ar.json").read_text())["result"]["rows"]
+    assert [r["bytes"] for r in rows] == [0, 4, 20] and [r["count"] for r in rows] == [0, 1, 5]

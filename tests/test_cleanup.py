@@ -1,4 +1,4 @@
-"""Issue 13, group 3: every way out cleans up (Ctrl-C, SIGTERM, a full disk, a killed run).
+"""Every way out cleans up: Ctrl-C, SIGTERM, a full disk, a file-size limit, a killed run.
 
 Mechanisms: SIGTERM raises a ``KeyboardInterrupt`` (:mod:`dimd.signals`), so
 the one cleanup path handles both; :class:`dimd.format.PackWriter` removes its

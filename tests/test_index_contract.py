@@ -1,4 +1,4 @@
-"""Issue 13, group 5 (and group 1's absurd index values): the index is a contract, checked by every reader.
+"""The index is a contract, checked by every reader: missing or absurd values are one clear line.
 
 Mechanism: :func:`dimd.format.read_index` checks attributes, datasets (present,
 one-dimensional, declared dtype, ``count`` rows: before anything is

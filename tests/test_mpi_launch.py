@@ -1,7 +1,8 @@
 """MPI start-up under batch schedulers: the singleton trap is refused, early stop signals are kept.
 
-The environments below are what a real SLURM 22.05 sets (DESIGN.md, "MPI under
-batch schedulers"); tests/slurm/run.sh checks the same on a real cluster.
+The environments below are what a real SLURM 22.05 sets
+(docs/batch-jobs.md#mpi-under-slurm-one-job-not-n-singletons); tests/slurm/run.sh checks
+the same on a real cluster.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13, group 4: every output location is checked before the work, in one line, in every command.
+"""Every output location is checked before the work, in one line, in every command.
 
 Mechanism: options of type :data:`dimd.options.OUTPUT_FILE` / ``OUTPUT_DIR``
 are checked by :func:`dimd.fsutil.output_problem` as they are parsed, or,
@@ -17,6 +17,7 @@ from conftest import DIMD, run_dimd, run_mpi_dimd
 from hostile import can_mount_tmpfs, in_tmpfs, one_error_line, small_tree, temporaries
 
 from dimd.format import PackedDataset
+from dimd.pack.packer import PackConfig, pack
 
 
 @pytest.fixture
@@ -137,3 +138,8 @@ def test_train_checks_its_outputs_before_the_first_epoch(packed_sample, tmp_path
                         "--threads", "1", *[a.format(**fill) for a in extra], timeout=180)
     assert mpi_error(proc) == message.format(**fill)
     assert "epoch 1/" not in proc.stdout
+
+
+def test_missing_output_folders_are_created(sample_tree, tmp_path):
+    result = pack(PackConfig(sample_tree, tmp_path / "no" / "such" / "out", workers=1))
+    assert result.images == 48 and len(PackedDataset(tmp_path / "no" / "such" / "out")) == 48

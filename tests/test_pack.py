@@ -1,14 +1,18 @@
-"""`dimd pack` from a class tree: sizes, labels, colours, worker-count invariance, atomic outputs."""
+"""`dimd pack` from a class tree: sizes, labels, colours, worker-count invariance, atomic outputs, and
+one clear error for a bad source or option.
+
+(What pack makes of each image: ``test_pack_images.py``; bad records: ``test_pack_bad_records.py``.)
+"""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import run_dimd
+from hostile import decode, solid
 from PIL import Image
 
 from dimd.errors import DimdError
@@ -16,14 +20,6 @@ from dimd.format import PackedDataset, dataset_paths
 from dimd.pack.packer import PackConfig, pack
 
 COLOURS = {"blue": (0, 0, 255), "green": (0, 255, 0), "red": (255, 0, 0)}
-
-
-def decode(ds: PackedDataset, i: int) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(ds.record(i))).convert("RGB"))
-
-
-def solid(size: tuple[int, int], colour, mode: str = "RGB") -> Image.Image:
-    return Image.new("RGB", size, colour).convert(mode)
 
 
 @pytest.fixture
@@ -81,77 +77,6 @@ def test_short_side_and_quality_options(colour_tree, tmp_path):
     assert small.bytes_out < large.bytes_out
 
 
-def test_upscales_small_images_to_the_short_side(tmp_path):
-    (tmp_path / "src" / "a").mkdir(parents=True)
-    solid((100, 50), (10, 200, 30)).save(tmp_path / "src" / "a" / "tiny.png")
-    pack(PackConfig(tmp_path / "src", tmp_path / "out", workers=1))
-    ds = PackedDataset(tmp_path / "out")
-    assert (ds.records["height"][0], ds.records["width"][0]) == (256, 512)
-
-
-@pytest.mark.parametrize("mode", ["L", "CMYK", "P", "RGBA", "LA", "1", "I;16"])
-def test_every_mode_becomes_rgb(tmp_path, mode):
-    (tmp_path / "src" / "a").mkdir(parents=True)
-    image = solid((320, 300), (200, 40, 40), "RGB")
-    if mode == "I;16":
-        image = Image.fromarray(np.full((300, 320), 40000, np.uint16))
-    elif mode != "RGB":
-        image = image.convert(mode)
-    suffix = ".jpg" if mode in ("L", "CMYK") else (".tif" if mode == "I;16" else ".png")
-    image.save(tmp_path / "src" / "a" / f"img{suffix}")
-    pack(PackConfig(tmp_path / "src", tmp_path / "out", workers=1))
-    ds = PackedDataset(tmp_path / "out")
-    stored = Image.open(io.BytesIO(ds.record(0)))
-    assert stored.mode == "RGB" and min(stored.size) == 256
-
-
-def test_transparent_pixels_become_white(tmp_path):
-    (tmp_path / "src" / "a").mkdir(parents=True)
-    rgba = Image.new("RGBA", (300, 300), (0, 0, 0, 0))
-    rgba.paste((255, 0, 0, 255), (0, 0, 150, 300))  # left half opaque red, right transparent
-    rgba.save(tmp_path / "src" / "a" / "alpha.png")
-    pack(PackConfig(tmp_path / "src", tmp_path / "out", workers=1))
-    pixels = decode(PackedDataset(tmp_path / "out"), 0)
-    assert np.abs(pixels[128, 30].astype(int) - (255, 0, 0)).max() < 10
-    assert pixels[128, 225].min() > 245
-
-
-def test_exif_orientation_is_applied(tmp_path):
-    (tmp_path / "src" / "a").mkdir(parents=True)
-    image = Image.new("RGB", (600, 300), (0, 0, 255))
-    image.paste((255, 0, 0), (0, 0, 300, 300))  # stored: red on the left, blue on the right
-    exif = Image.Exif()
-    exif[0x0112] = 6  # "rotate 90 CW to display": red ends up on top
-    image.save(tmp_path / "src" / "a" / "rotated.jpg", exif=exif.tobytes(), quality=95)
-    pack(PackConfig(tmp_path / "src", tmp_path / "out", workers=1))
-    ds = PackedDataset(tmp_path / "out")
-    pixels = decode(ds, 0)
-    assert pixels.shape[:2] == (512, 256)  # portrait after rotation
-    assert pixels[60, 128, 0] > 200 and pixels[60, 128, 2] < 60  # top is red
-    assert pixels[450, 128, 2] > 200 and pixels[450, 128, 0] < 60  # bottom is blue
-
-
-def test_large_jpegs_use_draft_decoding_and_keep_quality(tmp_path):
-    """A 2400 px JPEG goes through DCT-domain downscaling; the result still matches a full decode."""
-    from dimd.pack.imaging import resize_encoded, target_size
-
-    rng = np.random.default_rng(0)
-    smooth = rng.integers(0, 255, (12, 16, 3), dtype=np.uint8)
-    big = Image.fromarray(smooth).resize((2400, 1800), Image.Resampling.BICUBIC)
-    buffer = io.BytesIO()
-    big.save(buffer, "JPEG", quality=95)
-    data = buffer.getvalue()
-    probe = Image.open(io.BytesIO(data))
-    probe.draft("RGB", target_size(2400, 1800, 256))
-    assert probe.size[0] < 2400  # libjpeg will decode at reduced scale
-    packed = resize_encoded(data, 256, 90)
-    assert (packed.width, packed.height) == (341, 256)
-    ours = np.asarray(Image.open(io.BytesIO(packed.data)), float)
-    reference = np.asarray(big.resize((341, 256), Image.Resampling.LANCZOS), float)
-    psnr = 10 * np.log10(255**2 / np.mean((ours - reference) ** 2))
-    assert psnr > 30
-
-
 def test_existing_output_is_refused_unless_force(colour_tree, tmp_path):
     pack(PackConfig(colour_tree, tmp_path / "out", workers=1))
     with pytest.raises(DimdError, match="output exists"):
@@ -181,19 +106,26 @@ def test_cli_pack_prints_summary_and_writes_json(colour_tree, tmp_path):
     assert run_dimd("pack", colour_tree, "-o", tmp_path / "out").returncode == 1
 
 
-@pytest.mark.parametrize("suffix", [".png", ".tif"])
-def test_sixteen_bit_grey_keeps_its_top_eight_bits(tmp_path, suffix):
-    (tmp_path / "src" / "a").mkdir(parents=True)
-    Image.fromarray(np.full((300, 320), 40000, np.uint16)).save(tmp_path / "src" / "a" / f"deep{suffix}")
-    pack(PackConfig(tmp_path / "src", tmp_path / "out", workers=1))
-    pixels = decode(PackedDataset(tmp_path / "out"), 0)
-    assert np.abs(pixels.astype(int) - (40000 >> 8)).max() <= 2
+def test_missing_and_empty_sources_are_clear_errors(tmp_path):
+    proc = run_dimd("pack", tmp_path / "absent", "-o", tmp_path / "out")
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"dimd: error: {tmp_path / 'absent'}: no such file or directory"
+    (tmp_path / "empty" / "class_a").mkdir(parents=True)
+    (tmp_path / "empty" / "class_a" / "readme.txt").write_text("no images here")
+    with pytest.raises(DimdError, match="empty: no images found"):
+        pack(PackConfig(tmp_path / "empty", tmp_path / "out"))
+    (tmp_path / "loose").mkdir()
+    Image.new("RGB", (10, 10)).save(tmp_path / "loose" / "a.jpg")
+    with pytest.raises(DimdError, match="not in class sub-folders: give `list_file`"):
+        pack(PackConfig(tmp_path / "loose", tmp_path / "out"))
+    assert not dataset_paths(tmp_path / "out")[1].exists()
 
 
-def test_broken_exif_keeps_the_image(tmp_path):
-    from dimd.pack.imaging import resize_encoded
-
-    buffer = io.BytesIO()
-    solid((300, 300), (0, 0, 200)).save(buffer, "JPEG", exif=b"Exif\x00\x00MM\x00*garbage")
-    packed = resize_encoded(buffer.getvalue(), 256, 90)
-    assert (packed.width, packed.height) == (256, 256)
+@pytest.mark.parametrize("option, value, message", [
+    ("--short-side", "0", "Invalid value for '--short-side': must be in [1, 65500] (got 0)"),
+    ("--quality", "101", "Invalid value for '--quality': must be in [1, 100] (got 101)"),
+    ("--workers", "0", "Invalid value for '--workers': must be at least 1 (got 0)"),
+])
+def test_bad_options_are_clear_errors(sample_tree, tmp_path, option, value, message):
+    proc = run_dimd("pack", sample_tree, "-o", tmp_path / "out", option, value)
+    assert proc.returncode == 2 and message in proc.stderr  # a usage error, named by its flag

@@ -1,4 +1,5 @@
-"""Issue 13, group 2: one bad record never loses the run; names are kept exactly; a cut LMDB is one line.
+"""One bad record never loses the run (skipped and named, or --strict stops); names are kept exactly;
+a cut LMDB is one line.
 
 Mechanisms: each record is processed inside one boundary that turns any
 failure into a named skip (:func:`dimd.pack.packer.process_task`), with the
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from pathlib import Path
 
 import h5py
 import lmdb
@@ -20,6 +23,7 @@ from conftest import run_dimd, run_mpi_dimd
 from hostile import jpeg, one_error_line, small_tree
 from PIL import Image
 
+from dimd.errors import DimdError
 from dimd.format import ESCAPED_NAMES, PackedDataset, escape_name, unescape_name
 from dimd.pack.caffe_datum import Datum
 from dimd.pack.packer import PackConfig, pack
@@ -163,3 +167,51 @@ def test_a_truncated_data_mdb_is_one_line_not_sigbus(tmp_path, keep):
         assert line == (f"{data}: truncated: the file is {cut:,} bytes but its LMDB header says its "
                         f"pages reach byte {size:,} (an interrupted copy?)")
     assert not (tmp_path / "x.dimd").exists()
+
+
+@pytest.fixture
+def tree_with_bad_images(sample_tree, tmp_path) -> Path:
+    root = tmp_path / "tree"
+    shutil.copytree(sample_tree, root)
+    first_class = sorted(p for p in root.iterdir())[0]
+    good = sorted(first_class.iterdir())[0]
+    (first_class / "empty.jpg").write_bytes(b"")
+    (first_class / "garbage.jpg").write_bytes(b"this is text, not a JPEG" * 10)
+    (first_class / "truncated.jpg").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    return root
+
+
+def test_bad_images_are_skipped_named_and_listed(tree_with_bad_images, tmp_path):
+    skipped = []
+    result = pack(PackConfig(tree_with_bad_images, tmp_path / "out", workers=2),
+                  on_skip=lambda name, reason: skipped.append((name, reason)))
+    assert result.images == 48
+    reasons = {name.split("/")[-1]: reason for name, reason in result.skipped}
+    assert skipped == result.skipped
+    assert reasons["empty.jpg"] == "empty file"
+    assert reasons["garbage.jpg"] == "not an image Pillow can read"
+    assert "truncated" in reasons["truncated.jpg"]
+    assert PackedDataset(tmp_path / "out").attrs["skipped"] == 3
+
+
+def test_cli_skipped_file_and_strict(tree_with_bad_images, tmp_path):
+    proc = run_dimd("pack", tree_with_bad_images, "-o", tmp_path / "out",
+                    "--skipped", tmp_path / "skipped.tsv", check=True)
+    assert "(3 skipped)" in proc.stdout
+    assert proc.stderr.count("dimd: skipped ") == 3
+    lines = (tmp_path / "skipped.tsv").read_text().splitlines()
+    assert [line.split("\t")[0].split("/")[-1] for line in lines] == \
+        ["empty.jpg", "garbage.jpg", "truncated.jpg"]
+    strict = run_dimd("pack", tree_with_bad_images, "-o", tmp_path / "strict", "--strict")
+    assert strict.returncode == 1
+    assert "empty.jpg: empty file (--strict stops at the first bad image)" in strict.stderr
+    assert "Traceback" not in strict.stderr
+    assert list(tmp_path.glob("strict*")) == [] and list(tmp_path.glob(".strict*")) == []
+
+
+def test_source_with_only_bad_images_fails(tmp_path):
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "x.jpg").write_bytes(b"")
+    with pytest.raises(DimdError, match="none of its 1 images could be packed"):
+        pack(PackConfig(tmp_path / "src", tmp_path / "out", workers=1))
+    assert list(tmp_path.glob("out*")) == []

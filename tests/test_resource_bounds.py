@@ -1,4 +1,4 @@
-"""Issue 13, group 1: inputs that could ask for unbounded resources get a clear line or a named skip.
+"""Inputs that could ask for unbounded resources get a clear line or a named skip.
 
 One mechanism each: labels pass :class:`dimd.pack.labels.LabelBound` (and the
 empty-class rule) before any class name is built; only regular files are read
