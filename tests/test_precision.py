@@ -1,5 +1,8 @@
 """Mixed precision: autocast over the forward pass and loss, float32 weights and gradients, 16-mixed's loss scale."""
 
+import json
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -92,3 +95,20 @@ def test_precision_and_decode_settings_are_checked_where_the_config_is_made(fiel
     with pytest.raises(ConfigError) as error:
         TrainConfig(train="t", val="v", **fields)
     assert error.value.field == field
+
+
+def test_an_epoch_in_bf16_mixed_on_the_cpu_records_its_precision(packed_sample, tmp_path):
+    from conftest import run_dimd
+
+    out = tmp_path / "bf16"
+    run_dimd("train", packed_sample, "--val", packed_sample, "--model", "resnet20", "--image-size", "32",
+             "--epochs", "1", "--batch-size", "8", "--lr", "0.01", "--no-lr-scaling", "--decode-threads", "1",
+             "--threads", "1", "--precision", "bf16-mixed", "--device", "cpu", "--checkpoint-dir", out,
+             "--json", tmp_path / "train.json", check=True, timeout=240)
+    document = json.loads((tmp_path / "train.json").read_text())
+    assert document["parameters"]["precision"] == "bf16-mixed"
+    assert document["result"]["precision"] == "bf16-mixed" and document["result"]["epochs_run"] == 1
+    assert math.isfinite(document["result"]["final"]["train_loss"])
+    checkpoint = torch.load(sorted(out.glob("checkpoint-*.pt"))[-1], weights_only=True)
+    assert checkpoint["config"]["precision"] == "bf16-mixed"
+    assert all(v.dtype == torch.float32 for v in checkpoint["model"].values() if v.is_floating_point())

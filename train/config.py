@@ -141,6 +141,8 @@ class TrainConfig:
             require(not self.noise_scale, "noise_scale", "is defined for S-SGD only: it compares each rank's "
                     "gradient with their average, and SMA averages models, not gradients; leave it out with "
                     "`sync` sma")
+            require(self.channels_last is not True, "channels_last", "is implemented for S-SGD's replica; leave "
+                    "it out with `sync` sma")
             require(self.precision == "32-true", "precision", "is implemented for S-SGD's step (its loss scale "
                     "is agreed through the gradient allreduce); leave it out with `sync` sma")
             require(not self.nesterov, "nesterov", "is not part of SMA (its learners use Polyak "

@@ -155,3 +155,15 @@ class DeviceFeed:
         for tensor in staged.batch:
             tensor.record_stream(compute)           # made on the copy stream, freed after compute uses it
         return staged.batch
+
+
+def device_feed(loader: Any, device: torch.device, decode: str = "cpu") -> DeviceFeed:
+    """``dimd train``'s feed: the loader's pinned batches copied ahead (``decode`` cpu), or its records'
+    bytes decoded by nvJPEG and cropped on the device, ahead (``decode`` gpu)."""
+    if decode == "cpu":
+        return DeviceFeed(loader, device)
+    from dimd.shuffle.gpu_decode import GpuDecoder
+    from dimd.shuffle.raw_batches import raw_batches
+
+    return DeviceFeed(loader, device, source=lambda epoch: raw_batches(loader, epoch),
+                      stage=GpuDecoder(device, loader.image_size, str(loader.store.path)))

@@ -307,6 +307,12 @@ class Trainer:
         set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks
         # ``device``: chosen by a caller whose ``comm`` is a part of the job (a rank's place on its node is not)
         self.device = device if device is not None else pick_device(cfg.device, comm)
+        if cfg.decode == "gpu":
+            from dimd.shuffle.gpu_decode import gpu_decode_problem
+
+            problem = gpu_decode_problem() if self.device.type == "cuda" else "decode gpu needs `device` cuda"
+            if problem:
+                raise DimdError(problem)
         t0 = time.perf_counter()
         self.store = DistributedStore.load(cfg.train, comm, groups=cfg.groups, memory_limit=cfg.memory_limit)
         self.val_store = DistributedStore.load(cfg.val, comm, groups=1, memory_limit=cfg.memory_limit)
@@ -319,24 +325,32 @@ class Trainer:
             from dimd.train.filesource import OriginalFiles
 
             source = OriginalFiles(self.store, cfg.files_root, cold=cfg.read_from == "files-cold")
-        self.loader = BatchLoader(source, cfg.batch_size, cfg.image_size, train=True,
-                                  workers=cfg.decode_threads, seed=cfg.seed, pin_memory=pin,
-                                  crop_scale=cfg.crop_scale)
-        self.val_loader = BatchLoader(self.val_store, cfg.eval_batch_size or cfg.batch_size,
-                                      cfg.image_size, train=False, workers=cfg.decode_threads, seed=cfg.seed,
-                                      pin_memory=pin)
+        from dimd.train.device_feed import device_feed
+
+        # The batches reach the device one step ahead, on a copy stream (decoded there with decode gpu).
+        self.loader = device_feed(BatchLoader(source, cfg.batch_size, cfg.image_size, train=True,
+                                              workers=cfg.decode_threads, seed=cfg.seed, pin_memory=pin,
+                                              crop_scale=cfg.crop_scale), self.device, cfg.decode)
+        self.val_loader = device_feed(BatchLoader(self.val_store, cfg.eval_batch_size or cfg.batch_size,
+                                                  cfg.image_size, train=False, workers=cfg.decode_threads,
+                                                  seed=cfg.seed, pin_memory=pin), self.device, cfg.decode)
         #: Batches of ``batch_size`` per rank per epoch; the schedule counts these, so its
         #: position is the same whatever the learners per rank.
         self.batches_per_epoch = self.loader.steps_per_epoch
 
         # -- model, synchronisation, schedule
         torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.model, len(self.store.classes),
-                                 zero_init_residual=cfg.zero_init_residual).to(self.device)
+        from dimd.train.precision import Precision, memory_format
+
+        self.model = build_model(cfg.model, len(self.store.classes), zero_init_residual=cfg.zero_init_residual)
+        self.memory_format = memory_format(cfg.channels_last if cfg.sync == "ssgd" else False, self.device,
+                                           self.model)
+        self.model.to(self.device, memory_format=self.memory_format)
+        self.precision = Precision(cfg.precision, self.device)
         from dimd.train.sgd import Normalize, broadcast_state
 
         broadcast_state(self.model, comm)   # MPI: every rank starts from rank 0's weights
-        self.normalize = Normalize(self.device)
+        self.normalize = Normalize(self.device, self.memory_format)
         nbytes = gradient_bytes(self.model)
         self.model_info = {"name": cfg.model, "parameters": parameter_count(self.model),
                            "gradient_bytes": nbytes, "classes": len(self.store.classes)}
@@ -401,7 +415,7 @@ class Trainer:
 
             noise = NoiseScale()
         return SSGD(SyncSGD(self.model, optimizer, reduce, self.world, bucket_bytes=cfg.bucket_bytes,
-                            normalize=self.normalize, synchronize=sync, noise=noise))
+                            normalize=self.normalize, synchronize=sync, noise=noise, precision=self.precision))
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -553,7 +567,8 @@ class Trainer:
 
         t0 = time.perf_counter()
         model = self.strategy.eval_model()
-        counts = local_counts(model, self.val_loader.epoch(0), self.normalize, label_map=self.val_label_map)
+        with self.precision.autocast():
+            counts = local_counts(model, self.val_loader.epoch(0), self.normalize, label_map=self.val_label_map)
         self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)   # MPI: every rank scored its share
         return summarize(counts, time.perf_counter() - t0)
 
