@@ -112,3 +112,17 @@ def test_an_epoch_in_bf16_mixed_on_the_cpu_records_its_precision(packed_sample, 
     checkpoint = torch.load(sorted(out.glob("checkpoint-*.pt"))[-1], weights_only=True)
     assert checkpoint["config"]["precision"] == "bf16-mixed"
     assert all(v.dtype == torch.float32 for v in checkpoint["model"].values() if v.is_floating_point())
+
+
+@pytest.mark.mpi
+def test_16_mixed_skips_an_overflowing_step_on_every_rank_and_the_replicas_stay_identical():
+    from conftest import mpi_run
+
+    proc = mpi_run("sixteen_mixed_skips_on_every_rank", 2, timeout=120, check=True)
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["ranks_agree"] and report["identical"]
+    first, overflowed, after = report["steps"]
+    assert not first["skipped"] and first["moved"]
+    assert overflowed == {"skipped": True, "finite": True, "moved": False, "scale": first["scale"] / 2,
+                          "events": 1}
+    assert not after["skipped"] and after["moved"]
