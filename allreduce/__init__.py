@@ -7,14 +7,16 @@
     best = choose_fastest(grads.nbytes, comm, grads.dtype, ["mpi", "ring", "multicolor"])
 
 ``ALGORITHMS`` maps each name to an :class:`Algorithm` (function, one-line
-description, options with their defaults).
+description, options with their defaults); ``STANDALONE`` names those that
+need nothing but the communicator (all but ``torch``, which runs on the
+``torch.distributed`` process group the caller set up).
 """
 
-from dimd.allreduce.api import (ALGORITHMS, SUPPORTED_DTYPES, Algorithm, AllreduceError,
+from dimd.allreduce.api import (ALGORITHMS, STANDALONE, SUPPORTED_DTYPES, Algorithm, AllreduceError,
                                 allreduce, get_algorithm)
 from dimd.allreduce.bench import choose_fastest
 from dimd.allreduce.buffers import release_scratch
 from dimd.allreduce.multicolor import ColorTree, color_trees
 
-__all__ = ["ALGORITHMS", "SUPPORTED_DTYPES", "Algorithm", "AllreduceError", "ColorTree", "allreduce",
+__all__ = ["ALGORITHMS", "STANDALONE", "SUPPORTED_DTYPES", "Algorithm", "AllreduceError", "ColorTree", "allreduce",
            "choose_fastest", "color_trees", "get_algorithm", "release_scratch"]

@@ -19,6 +19,7 @@ from dimd.allreduce.buffers import private_comm
 from dimd.allreduce.doubling import rabenseifner, recursive_doubling
 from dimd.allreduce.multicolor import multicolor
 from dimd.allreduce.ring import ring, ring_root
+from dimd.allreduce.torchdist import torch_allreduce
 from dimd.allreduce.tree import parameter_server, tree
 from dimd.errors import DimdError
 
@@ -43,6 +44,9 @@ class Algorithm:
     description: str
     options: Mapping[str, Any] = field(default_factory=dict)  # name -> default (None: automatic)
     point_to_point: bool = True  # runs on a private duplicate of the caller's comm
+    #: Needs nothing but the communicator. False (``torch``): needs a set-up of the caller's, so
+    #: automatic choices and sweeps over "every algorithm" leave it out (see STANDALONE).
+    standalone: bool = True
 
     def resolve(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The options this call uses: defaults overlaid with ``options``, each checked."""
@@ -81,8 +85,14 @@ ALGORITHMS: dict[str, Algorithm] = {
                   "butterfly exchanging the whole buffer log2(P) times (extra ranks folded in)"),
         Algorithm("rabenseifner", rabenseifner,
                   "recursive-halving reduce-scatter + recursive-doubling allgather (extra ranks folded in)"),
+        Algorithm("torch", torch_allreduce,
+                  "torch.distributed.all_reduce on the process group the caller initialised (gloo, NCCL)",
+                  point_to_point=False, standalone=False),
     )
 }
+
+#: The algorithms that run on the communicator alone: what choose_fastest and "all" sweep over.
+STANDALONE: tuple[str, ...] = tuple(name for name, a in ALGORITHMS.items() if a.standalone)
 
 
 def get_algorithm(name: str) -> Algorithm:

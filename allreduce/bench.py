@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, SUPPORTED_DTYPES, AllreduceError, allreduce,
-                                get_algorithm)
+from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, STANDALONE, SUPPORTED_DTYPES, AllreduceError,
+                                allreduce, get_algorithm)
 from dimd.checks import at_least, one_of, require
 
 DTYPE_NAMES = tuple(d.name for d in SUPPORTED_DTYPES)
@@ -179,7 +179,7 @@ def choose_fastest(nbytes: int, comm: Any, dtype: Any = np.float32, candidates: 
     candidate). ``options`` (``colors``, ``segment_bytes``) go to the
     candidates that take them.
     """
-    names = list(candidates) if candidates is not None else list(ALGORITHMS)
+    names = list(candidates) if candidates is not None else list(STANDALONE)
     if not names:
         raise AllreduceError("choose_fastest needs at least one candidate algorithm")
     for name in names:
@@ -199,7 +199,7 @@ def choose_fastest(nbytes: int, comm: Any, dtype: Any = np.float32, candidates: 
 class BenchConfig:
     """What ``dimd bench-allreduce`` measures: the only defaults, checked on construction."""
 
-    algorithms: tuple[str, ...] = tuple(ALGORITHMS)
+    algorithms: tuple[str, ...] = STANDALONE
     min_bytes: int = 8
     max_bytes: int = 64 << 20
     factor: int = 2

@@ -1,7 +1,7 @@
 """DIMD figure 6: epoch time by allreduce algorithm, for a model whose gradient is large against its compute.
 
 Runs ``mpiexec -n P dimd train ... --allreduce A --epochs 2 --json ...`` for
-every algorithm of ``dimd.allreduce.ALGORITHMS`` ("mpi" is MPICH's own
+every algorithm of ``dimd.allreduce.STANDALONE`` ("mpi" is MPICH's own
 MPI_Allreduce) at each P, ``runs`` times (interleaved), on the generated
 sample set. The figure is the second epoch's training time (the first warms
 up thread pools and buffers) and its allreduce share (the engine's per-rank
@@ -22,9 +22,9 @@ BASELINE = "mpi"
 
 
 def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
-    from dimd.allreduce import ALGORITHMS
+    from dimd.allreduce import STANDALONE
 
-    p = ctx.size({**FULL, "algorithms": list(ALGORITHMS)}, QUICK)
+    p = ctx.size({**FULL, "algorithms": list(STANDALONE)}, QUICK)
     data = sample_set(p["classes"], p["per_class"], p["val_per_class"], log=ctx.log)
     runs: dict[tuple[int, str], list[dict]] = {}
     timed_out: set[tuple[int, str]] = set()   # a set-up that overran once is not tried again

@@ -4,6 +4,14 @@ The package is one namespace over the project's top-level folders:
 ``dimd`` (this folder, ``dimdtool/``), ``dimd.pack``, ``dimd.shuffle``,
 ``dimd.allreduce`` and ``dimd.train``. Importing it is cheap: heavy
 dependencies (torch, mpi4py, PIL, h5py) load inside the code that needs them.
+
+The library for a user's own training script (docs/library.md) is here too,
+loaded on first use::
+
+    import dimd
+    comm, device = dimd.init()
+    loader = dimd.open_loader(TRAIN, comm, batch_size=64, image_size=32)
+    grads = dimd.DistributedGradients(model, optimizer=optimizer)
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -12,3 +20,22 @@ try:
     __version__ = version("dimd")  # declared once, in pyproject.toml
 except PackageNotFoundError:  # pragma: no cover - running from a tree that was never installed
     __version__ = "0+unknown"
+
+#: The public library, by name -> the module that defines it (imported on first use, PEP 562).
+_LIBRARY = {
+    "init": "dimd.train.launch",
+    "Job": "dimd.train.launch",
+    "open_loader": "dimd.train.launch",
+    "Normalize": "dimd.train.sgd",
+    "DistributedGradients": "dimd.train.distributed",
+}
+
+__all__ = ["__version__", *_LIBRARY]
+
+
+def __getattr__(name: str) -> object:
+    if name in _LIBRARY:
+        import importlib
+
+        return getattr(importlib.import_module(_LIBRARY[name]), name)
+    raise AttributeError(f"module 'dimd' has no attribute {name!r}")

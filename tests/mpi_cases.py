@@ -28,6 +28,7 @@ Keep cases in the section of their stage.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import zlib
@@ -207,7 +208,7 @@ def sweep_sizes(ranks: int) -> list[int]:
 
 @case
 def allreduce_sweep(algorithms: str = "") -> None:
-    """Every algorithm (or the comma-separated ALGORITHMS), on sizes around P and a few MiB, each dtype.
+    """Every standalone algorithm (or the comma-separated ALGORITHMS), on sizes around P and a few MiB, each dtype.
 
     Each result is checked against numpy's sum of every rank's input, and every
     rank must end with the same bits. Each rank prints a ``FAIL`` line per
@@ -219,11 +220,11 @@ def allreduce_sweep(algorithms: str = "") -> None:
     """
     import numpy as np
 
-    from dimd.allreduce import ALGORITHMS, allreduce
+    from dimd.allreduce import ALGORITHMS, STANDALONE, allreduce
 
     comm = world()
     P, rank = comm.Get_size(), comm.Get_rank()
-    names = algorithms.split(",") if algorithms else list(ALGORITHMS)
+    names = algorithms.split(",") if algorithms else list(STANDALONE)
     checked = failed = 0
     for name in names:
         # small segments so that the pipelined algorithms run many segments
@@ -436,6 +437,189 @@ def sixteen_mixed_skips_on_every_rank() -> None:
         say(json.dumps({"steps": steps, "ranks_agree": all(s == steps for s in everyone), "identical": same}))
 
 
+class BranchyNet:
+    """Builds a model with odd parameter counts, a frozen layer and two branches a step may leave unused."""
+
+    @staticmethod
+    def build(seed: int = 0) -> Any:
+        import torch
+        from torch import nn
+
+        class Branchy(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.conv = nn.Conv2d(3, 5, 3)       # 135 + 5 parameters
+                self.a = nn.Linear(180, 7)           # 1260 + 7
+                self.b = nn.Linear(180, 7)
+                self.frozen = nn.Linear(7, 7)
+                self.frozen.requires_grad_(False)
+                self.head = nn.Linear(7, 3)          # 21 + 3
+                self.branch = "ab"                   # which branches forward uses
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                h = self.conv(x).relu().flatten(1)
+                h = sum(getattr(self, name)(h) for name in self.branch)
+                return self.head(self.frozen(h).relu())
+
+        torch.manual_seed(seed)
+        return Branchy()
+
+    #: bucket sizes in bytes: one bucket, one per parameter, and cuts at every boundary in between
+    BUCKET_BYTES = (0, 1, 16, 30, 100, 600, 5100, 6000, 10_000, 1 << 20)
+
+
+def local_gradients(model: Any, batches: list, branches: list[str]) -> Any:
+    """This rank's summed gradients over ``batches`` by plain autograd, flat (zeros where none)."""
+    import torch
+    import torch.nn.functional as F
+
+    model.zero_grad(set_to_none=True)
+    for (x, y), branch in zip(batches, branches):
+        model.branch = branch
+        F.cross_entropy(model(x), y).backward()
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in model.parameters() if p.requires_grad])
+
+
+@case
+def distributed_gradients_match_flat_allreduce(*algorithms: str) -> None:
+    """DistributedGradients against one flat MPI_Allreduce of plain autograd's gradients, averaged.
+
+    For every bucket size of BranchyNet.BUCKET_BYTES, overlap on and off, and
+    each algorithm: each rank leaves a different branch unused, a layer is
+    frozen, and two of three backward passes run inside no_sync(). Rank 0
+    prints the largest difference per algorithm (0 at P = 2: sums of two are exact)::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py distributed_gradients_match_flat_allreduce mpi ring
+        -> mpi configurations 20 max_diff 5.96e-08
+    """
+    import copy
+
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    from dimd.train.distributed import DistributedGradients
+
+    comm = world("serialized")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(100 + rank)
+    batches = [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(3)]
+    branches = ["a", "b", "ab"] if rank % 2 == 0 else ["b", "b", "a"]   # rank 0 never uses b in pass 1...
+    if rank == size - 1:
+        branches = ["a", "a", "a"]          # ...and the last rank never uses b at all
+    reference_model = BranchyNet.build()
+    expected = local_gradients(reference_model, batches, branches).numpy().copy()
+    comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
+    expected /= size
+    for algorithm in algorithms:
+        worst, configurations = 0.0, 0
+        for bucket_bytes in BranchyNet.BUCKET_BYTES:
+            for overlap in (True, False):
+                model = copy.deepcopy(reference_model)
+                grads = DistributedGradients(model, comm, algorithm=algorithm, overlap=overlap,
+                                             bucket_mb=bucket_bytes / (1 << 20))
+                model.zero_grad(set_to_none=True)
+                for i, ((x, y), branch) in enumerate(zip(batches, branches)):
+                    model.branch = branch
+                    with grads.no_sync() if i < 2 else contextlib.nullcontext():
+                        torch.nn.functional.cross_entropy(model(x), y).backward()
+                grads.synchronize()
+                assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+                got = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad]).numpy()
+                diff = float(np.abs(got - expected).max())
+                assert diff <= (0.0 if size == 2 else 1e-6 * float(np.abs(expected).max())), (
+                    algorithm, bucket_bytes, overlap, diff)
+                worst, configurations = max(worst, diff), configurations + 1
+                grads.close()
+        if rank == 0:
+            say(f"{algorithm} configurations {configurations} max_diff {worst:.3g}")
+
+
+@case
+def overlap_on_and_off_train_alike(algorithm: str = "ring") -> None:
+    """Six SGD steps (momentum, the optimizer's step waiting for the buckets) with overlap on and off.
+
+    Each rank leaves a branch unused in some steps. Rank 0 prints whether the two runs' weights are
+    bit-identical and whether every rank holds the same weights::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py overlap_on_and_off_train_alike ring
+        -> identical True replicas True moved 0.0731
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from dimd.train.distributed import DistributedGradients
+    from dimd.train.sgd import replicas_identical
+
+    comm = world("serialized")
+    rank = comm.Get_rank()
+    torch.set_num_threads(1)
+
+    def train(overlap: bool) -> Any:
+        model = BranchyNet.build(seed=rank)   # different on purpose: the broadcast must fix it
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+        grads = DistributedGradients(model, comm, algorithm=algorithm, overlap=overlap, bucket_mb=0.001,
+                                     optimizer=optimizer)
+        g = torch.Generator().manual_seed(7 + rank)
+        for step in range(6):
+            model.branch = "ab" if (step + rank) % 3 else "a"
+            x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        grads.close()
+        return model
+
+    on, off = train(True), train(False)
+    identical = all(torch.equal(p, q) for p, q in zip(on.parameters(), off.parameters()))
+    replicas = replicas_identical(on, comm)
+    moved = max(float((p - q).detach().abs().max()) for p, q in zip(on.parameters(), BranchyNet.build().parameters()))
+    if rank == 0:
+        say(f"identical {identical} replicas {replicas} moved {moved:.3g}")
+
+
+@case
+def torch_algorithm_sums_with_gloo() -> None:
+    """The registry's ``torch`` algorithm over a gloo group set up over MPI: sums, and DistributedGradients on it.
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py torch_algorithm_sums_with_gloo
+        -> torch sum ok gradients ok
+    """
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from mpi4py import MPI
+
+    from dimd.allreduce import allreduce
+    from dimd.allreduce.gloo import gloo_reducer
+    from dimd.train.distributed import DistributedGradients
+
+    comm = world("serialized")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    _, close = gloo_reducer(comm)
+    try:
+        for count in (1, 7, 100_003):
+            mine = np.arange(count, dtype=np.float32) * (rank + 1)
+            allreduce(mine, comm, "torch")
+            assert np.array_equal(mine, np.arange(count, dtype=np.float32) * sum(range(1, size + 1))), count
+        model = BranchyNet.build()
+        x, y = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(rank)), torch.tensor([0, 1, 2, 0])
+        expected = local_gradients(BranchyNet.build(), [(x, y)], ["ab"]).numpy().copy()
+        comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
+        grads = DistributedGradients(model, comm, algorithm="torch", bucket_mb=0.002)
+        F.cross_entropy(model(x), y).backward()
+        grads.synchronize()
+        got = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad]).numpy()
+        assert np.allclose(got, expected / size, rtol=1e-6, atol=1e-7)
+        grads.close()
+    finally:
+        close()
+    if rank == 0:
+        say("torch sum ok gradients ok")
+
+
 def small_bn_model(classes: int = 5) -> Any:
     """A convolution, batch norm and a linear layer: quick, and it has running statistics."""
     from torch import nn
@@ -557,7 +741,7 @@ def score_by_law(n_inf: float, alpha: float, samples: int = 1) -> Callable[[Any]
     from dimd.train.evaluate import EvalResult
 
     def evaluate(trainer: Any) -> EvalResult:
-        reached = trainer.step >= n_inf + alpha / trainer.global_batch
+        reached = trainer.state.step >= n_inf + alpha / trainer.global_batch
         return EvalResult(loss=0.0, top1=1.0 if reached else 0.0, top5=1.0, samples=samples, seconds=0.0)
 
     return evaluate

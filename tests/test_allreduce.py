@@ -5,7 +5,7 @@ import pytest
 from conftest import mpi_run
 from mpi_cases import sweep_sizes
 
-from dimd.allreduce import ALGORITHMS, AllreduceError, allreduce, color_trees
+from dimd.allreduce import ALGORITHMS, STANDALONE, AllreduceError, allreduce, color_trees
 from dimd.allreduce.multicolor import internal_count
 
 
@@ -17,7 +17,7 @@ def test_every_algorithm_sums_like_numpy(ranks):
     proc = mpi_run("allreduce_sweep", ranks, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert "FAIL" not in proc.stdout, proc.stdout
-    per_rank = len(ALGORITHMS) * len(sweep_sizes(ranks)) * 4
+    per_rank = len(STANDALONE) * len(sweep_sizes(ranks)) * 4
     for rank in range(ranks):
         assert f"rank {rank} checked {per_rank} failed 0" in proc.stdout
 
@@ -67,7 +67,8 @@ def test_read_only_buffer_is_refused():
 
 def test_registry_describes_every_algorithm():
     assert list(ALGORITHMS) == ["mpi", "ring", "ring-root", "multicolor", "tree", "ps",
-                                "recursive-doubling", "rabenseifner"]
+                                "recursive-doubling", "rabenseifner", "torch"]
+    assert STANDALONE == tuple(name for name in ALGORITHMS if name != "torch")
     for name, algorithm in ALGORITHMS.items():
         assert algorithm.name == name and algorithm.description and "\n" not in algorithm.description
 

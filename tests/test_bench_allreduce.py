@@ -7,7 +7,7 @@ import pytest
 from conftest import invoke_dimd, run_mpi_dimd
 from hostile import one_error_line
 
-from dimd.allreduce import ALGORITHMS
+from dimd.allreduce import STANDALONE
 from dimd.allreduce.bench import message_sizes
 
 
@@ -25,10 +25,10 @@ def test_checked_sweep_of_every_algorithm_writes_table_and_json(tmp_path):
     assert doc["command"] == "bench-allreduce" and doc["result"]["world_size"] == 2
     assert doc["mpi"]["thread_level_provided"] == "single"
     assert "progress_throttle" in doc["mpi"] and doc["versions"]["mpi"].startswith("MPICH")
-    assert doc["parameters"]["algorithms"] == list(ALGORITHMS)
+    assert doc["parameters"]["algorithms"] == list(STANDALONE)
     rows = doc["result"]["rows"]
-    assert [r["bytes"] for r in rows[:: len(ALGORITHMS)]] == [8, 64, 512, 4096, 32768]
-    assert {r["algorithm"] for r in rows} == set(ALGORITHMS)
+    assert [r["bytes"] for r in rows[:: len(STANDALONE)]] == [8, 64, 512, 4096, 32768]
+    assert {r["algorithm"] for r in rows} == set(STANDALONE)
     for row in rows:
         assert row["wrong"] == 0 and row["iters"] == 3
         assert row["count"] * 4 == row["bytes"] and row["dtype"] == "float32"

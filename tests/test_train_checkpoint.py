@@ -63,3 +63,15 @@ def test_another_programs_torch_file_is_not_a_dimd_checkpoint(tmp_path):
     torch.save({"w": torch.ones(2)}, path)
     with pytest.raises(DimdError, match="not a dimd checkpoint"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("version", [None, 1, 3])
+def test_a_checkpoint_of_another_version_is_refused_in_one_line_naming_it(tmp_path, version):
+    path = tmp_path / "checkpoint-e0001-s00000010.pt"
+    document = {"format": "dimd-checkpoint", "epoch": 1, "step": 10}   # version 1 wrote no number
+    torch.save(document if version is None else {**document, "version": version}, path)
+    with pytest.raises(DimdError) as caught:
+        load_checkpoint(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: checkpoint version {version or 1}; this dimd reads version 2")
+    assert "\n" not in message

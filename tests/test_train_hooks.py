@@ -27,10 +27,10 @@ def test_evaluations_every_n_images_besides_epoch_ends(packed_sample, world, syn
 
 
 def test_a_target_accuracy_ends_the_run_at_the_first_evaluation_reaching_it(packed_sample, world):
-    from dimd.train.engine import train
+    from dimd.train.engine import Hooks, train
 
     events = []
     result = train(config(packed_sample, epochs=5), world, eval_every_images=16, target_top1=0.0,
-                   on_event=events.append)
+                   hooks=Hooks(on_event=events.append))
     assert result.stopped_by == "target" and len(result.evaluations) == 1 and result.evaluations[0].images == 16
     assert result.epochs == [] and any("reaches the target" in e for e in events)

@@ -14,6 +14,10 @@ encoded as tensors and tagged lists on the way in.
 A checkpoint that cannot be written (a full disk) raises a one-line error and
 leaves the older checkpoints alone: they are rotated out only after the new
 one is complete.
+
+A run saves and resumes through one pair, :func:`save_run` and
+:func:`restore_run`, over :class:`RunState` (the run's counters and records)
+and the pieces a :class:`Run` has (model, strategy, loader, store, schedule).
 """
 
 from __future__ import annotations
@@ -21,14 +25,20 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
 from dimd.errors import DimdError
 from dimd.fsutil import atomic_path
+from dimd.train.config import TrainConfig
+from dimd.train.results import EpochMetrics, EpochTally, Evaluation
+from dimd.train.schedule import Schedule
+from dimd.train.steps import Strategy
 
 FORMAT = "dimd-checkpoint"
 VERSION = 2
@@ -99,8 +109,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
                         f"checkpoints as plain tensors and lists only and will not load this file") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise DimdError(f"{path}: not a dimd checkpoint")
-    if int(document.get("version", -1)) > VERSION:
-        raise DimdError(f"{path}: checkpoint version {document['version']} is newer than this dimd reads")
+    version = int(document.get("version", 1))   # version 1 wrote no number
+    if version != VERSION:
+        raise DimdError(f"{path}: checkpoint version {version}; this dimd reads version {VERSION} only "
+                        f"(start the run afresh without `resume`)")
     return decode(document)
 
 
@@ -142,3 +154,205 @@ def decode(value: Any) -> Any:
     if isinstance(value, list):
         return [decode(v) for v in value]
     return value
+
+
+# -- a run's checkpoint: what it saves, how it resumes -------------------------------------------
+
+
+@dataclass
+class RunState:
+    """Where a run stands: what a checkpoint restores besides the model, the strategy, the loader and the store."""
+
+    epoch: int = 0                 # epochs finished
+    step: int = 0                  # steps taken (each consumes one batch per learner)
+    since_sync: int = 0            # SMA: learner steps since the last synchronisation
+    lr_phase: int = 0              # milestones passed when the last step ran (SMA restarts)
+    images: int = 0                # training images processed, all ranks
+    train_seconds: float = 0.0     # in training steps so far (this rank's clock)
+    next_eval_images: int = 0      # the periodic evaluation is due once ``images`` reaches this
+    tally: EpochTally = field(default_factory=EpochTally)
+    history: list[EpochMetrics] = field(default_factory=list)
+    evaluations: list[Evaluation] = field(default_factory=list)
+
+
+class Run(Protocol):
+    """The pieces of a run that a checkpoint covers (:class:`dimd.train.engine.Trainer` has them)."""
+
+    config: TrainConfig
+    comm: Any
+    model: nn.Module
+    strategy: Strategy
+    store: Any      # dimd.shuffle.DistributedStore: its classes and last shuffle round
+    loader: Any     # the training loader: its position and sampler state
+    schedule: Schedule
+
+
+def run_layout(config: TrainConfig, world_size: int) -> dict[str, Any]:
+    """What a mid-epoch resume needs unchanged: the data's split over ranks and learners."""
+    return {"world_size": world_size, "groups": config.groups, "batch_size": config.batch_size,
+            "learners": config.learners if config.sync == "sma" else None, "sync_every": config.sync_every,
+            "shuffle_every": config.shuffle_every}
+
+
+def resume_point(config: TrainConfig, comm: Any) -> str | None:
+    """The checkpoint to continue from (``resume_from``, or the newest in the folder with ``resume``), if any."""
+    path = None
+    if comm.Get_rank() == 0:
+        if config.resume_from:
+            path = config.resume_from
+        elif config.resume:
+            found = latest_checkpoint(config.checkpoint_dir)  # type: ignore[arg-type]
+            path = str(found) if found else None
+    return comm.bcast(path, root=0)   # MPI: rank 0 chooses for everyone
+
+
+def save_run(run: Run, state: RunState, *, last_good: str | None = None) -> str | None:
+    """Collective: rank 0 writes a checkpoint of ``run`` at ``state``; every rank learns its path (or the error).
+
+    A model that is not finite is never saved (it would rotate a good checkpoint out).
+    """
+    config, comm = run.config, run.comm
+    if config.checkpoint_dir is None:
+        return None
+    document = run_document(run, state)
+    outcome: tuple[str | None, str | None] = (None, None)
+    if document is not None:
+        bad = [k for k, v in document["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        if bad:
+            outcome = (None, f"the model is not finite ({bad[0]}); not saved, the last good checkpoint "
+                             f"is {last_good or 'none'}")
+        else:
+            try:
+                outcome = (str(save_checkpoint(config.checkpoint_dir, document, keep=config.keep_checkpoints)), None)
+            except DimdError as exc:
+                outcome = (None, str(exc))
+    path, problem = comm.bcast(outcome, root=0)   # MPI: every rank learns the outcome
+    if problem is not None:
+        raise DimdError(problem)
+    return path
+
+
+def run_document(run: Run, state: RunState) -> dict[str, Any] | None:
+    """Collective: gather every rank's local state; the whole checkpoint on rank 0, else None."""
+    comm = run.comm
+    model = run.strategy.eval_model()   # collective for SMA (averaged batch-norm statistics)
+    local = {"strategy": run.strategy.local_state(), "loader": run.loader.state_dict(),
+             "torch_rng": torch.get_rng_state()}
+    everyone = comm.gather(local, root=0)   # MPI: rank 0 writes every rank's state
+    if comm.Get_rank() != 0:
+        return None
+    epoch, done = run.loader.position
+    per_epoch = run.loader.steps_per_epoch
+    return {
+        "sync": run.strategy.name, "model_name": run.config.model, "classes": list(run.store.classes),
+        "config": run.config.as_dict(), "layout": run_layout(run.config, comm.Get_size()),
+        "world_size": comm.Get_size(), "epoch": state.epoch, "step": state.step,
+        # The schedule's position, in epochs and batches of the loader: it does not depend on P.
+        "position": {"epoch": state.epoch, "batch": done if epoch == state.epoch else 0,
+                     "batches_per_epoch": per_epoch},
+        "since_sync": state.since_sync, "lr_phase": state.lr_phase, "images": state.images,
+        "train_seconds": state.train_seconds,
+        "next_eval_images": state.next_eval_images,
+        "lr": run.schedule.lr(max(state.epoch * per_epoch + done - 1, 0)),
+        "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        "strategy": run.strategy.global_state(),
+        "ranks": everyone, "store_round": run.store.round,
+        "tally": state.tally.as_dict(),
+        "history": [m.as_dict() for m in state.history],
+        "evaluations": [e.__dict__ for e in state.evaluations],
+    }
+
+
+def restore_run(run: Run, path: str) -> tuple[RunState, list[str]]:
+    """Continue ``run`` from the checkpoint at ``path``: exactly on the same layout, from an epoch
+    boundary otherwise. Collective (the store's shuffle is replayed); returns the state to go on
+    from and what had to change, as log lines."""
+    document = load_checkpoint(path)
+    config, comm = run.config, run.comm
+    check_fits(path, document, config, list(run.store.classes))
+    layout = run_layout(config, comm.Get_size())
+    position = document.get("position") or {"epoch": document["epoch"], "batch": 0}
+    same_layout = document.get("layout") == layout
+    if not same_layout and position["batch"]:
+        raise DimdError(mid_epoch_problem(path, document, layout))
+    try:
+        run.model.load_state_dict(document["model"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise DimdError(f"{path}: does not fit this model ({str(exc).splitlines()[0]})") from None
+    mine: dict[str, Any] = document["ranks"][comm.Get_rank()] if same_layout else {}
+    try:
+        notes = run.strategy.load_state(document["strategy"], mine["strategy"] if same_layout else None)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise DimdError(f"{path}: does not fit this run ({str(exc).splitlines()[0]})") from None
+    state = RunState(epoch=int(document["epoch"]), step=int(document["step"]), images=int(document["images"]),
+                     next_eval_images=int(document["next_eval_images"]),
+                     train_seconds=float(document.get("train_seconds", 0.0)),
+                     history=[EpochMetrics.from_dict(m) for m in document["history"]],
+                     evaluations=[Evaluation(**e) for e in document.get("evaluations", [])])
+    if document["store_round"] is not None:
+        run.store.shuffle(config.seed, int(document["store_round"]))   # MPI: the records' placement, replayed
+    if same_layout:
+        run.loader.load_state_dict(mine["loader"])
+        torch.set_rng_state(mine["torch_rng"])
+        state.tally = EpochTally.from_dict(document["tally"])
+        state.since_sync, state.lr_phase = int(document["since_sync"]), int(document["lr_phase"])
+    else:
+        run.loader.seek(state.epoch)
+        state.lr_phase = run.schedule.phase(max(state.epoch * run.loader.steps_per_epoch - 1, 0))
+        old = document.get("layout") or {"world_size": document["world_size"]}
+        notes.insert(0, f"the checkpoint's layout ({describe_layout(old)}) differs from this run's "
+                        f"({describe_layout(layout)}); continuing from the end of epoch {state.epoch}")
+    return state, notes
+
+
+def check_fits(path: str, document: dict[str, Any], config: TrainConfig, classes: list[str]) -> None:
+    """The checkpoint is of this run's synchronisation, model and classes (one line naming what differs)."""
+    saved_sync = document.get("sync", "ssgd")
+    if saved_sync != config.sync:
+        raise DimdError(f"{path}: a checkpoint of a `sync` {saved_sync} run, this run is `sync` "
+                        f"{config.sync}; resume it with `sync` {saved_sync} (or start afresh without `resume`)")
+    if document["model_name"] != config.model:
+        raise DimdError(f"{path}: checkpoint of model {document['model_name']!r}, not {config.model!r}")
+    if list(document["classes"]) != classes:
+        raise DimdError(f"{path}: checkpoint has {len(document['classes'])} classes, {config.train} has "
+                        f"{len(classes)}")
+
+
+def mid_epoch_problem(path: str, document: dict[str, Any], layout: dict[str, Any]) -> str:
+    """What to do with a mid-epoch checkpoint on another layout: the exact alternatives."""
+    old = document.get("layout") or {"world_size": document["world_size"], "groups": document["config"]["groups"],
+                                     "batch_size": document["config"]["batch_size"]}
+    folder = os.path.dirname(os.path.abspath(path))
+    earlier = [p for p in list_checkpoints(folder) if checkpoint_step(p) <= int(document["step"])]
+    boundary = [p for p in earlier if at_epoch_boundary(p)]
+    alternative = (f", or resume from {boundary[-1]} (an epoch boundary) on any layout" if boundary
+                   else "; no epoch-boundary checkpoint is beside it")
+    return (f"{path}: written mid-epoch (epoch {document['epoch'] + 1}, step {document['step']}) with "
+            f"{describe_layout(old)}; this run has {describe_layout(layout)}: resume it with "
+            f"that layout{alternative}")
+
+
+def describe_layout(layout: dict[str, Any]) -> str:
+    parts = [f"{layout.get('world_size')} ranks"]
+    if layout.get("learners") is not None:
+        parts.append(f"{layout['learners']} learners per rank")
+    if layout.get("groups") is not None:
+        parts.append(f"groups {layout['groups']}")
+    if layout.get("batch_size") is not None:
+        parts.append(f"batch {layout['batch_size']}")
+    if layout.get("sync_every", 1) != 1:
+        parts.append(f"sync every {layout['sync_every']}")
+    if "shuffle_every" in layout:
+        every = layout["shuffle_every"]
+        parts.append("shuffle " + ("never" if every is None else "every epoch" if every == 0 else f"every {every}"))
+    return ", ".join(parts)
+
+
+def at_epoch_boundary(path: str | os.PathLike) -> bool:
+    """Whether a checkpoint file was written at an epoch's end (reads only its position)."""
+    try:
+        document = load_checkpoint(path)
+    except DimdError:
+        return False
+    position = document.get("position") or {}
+    return position.get("batch", 1) == 0

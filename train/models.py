@@ -321,10 +321,16 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
 
 
 def build_model(name: str, num_classes: int, *, zero_init_residual: bool = False) -> nn.Module:
-    """A freshly initialised model from the registry; a clear error for an unknown name."""
+    """A freshly initialised model from the registry, or a user's (``module:callable``, ``file.py:callable``,
+    see :mod:`dimd.train.model_source`); a clear error for an unknown name."""
+    from dimd.train.model_source import build_user_model, is_model_spec
+
+    if is_model_spec(name):
+        return build_user_model(name, num_classes)
     spec = MODELS.get(name)
     if spec is None:
-        raise DimdError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+        raise DimdError(f"unknown model {name!r}; choose from {', '.join(MODELS)}, or name your own as "
+                        f"package.module:callable or path/to/file.py:callable")
     return spec.build(num_classes, zero_init_residual=zero_init_residual)
 
 

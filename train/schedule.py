@@ -95,6 +95,12 @@ class Schedule:
     def warmup_steps(self) -> int:
         return min(round(self.warmup_epochs * self.steps_per_epoch), self.total_steps)
 
+    def phase(self, step: int) -> int:
+        """How many milestones of a step schedule lie at or before ``step`` (SMA restarts at each)."""
+        if self.kind != "step":
+            return 0
+        return sum(1 for m in self.milestones if step >= m * self.steps_per_epoch)
+
     def lr(self, step: int) -> float:
         """The rate for optimizer step ``step`` (0-based, counted over the whole run)."""
         warm = self.warmup_steps

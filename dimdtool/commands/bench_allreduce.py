@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from dimd.allreduce.api import ALGORITHMS
+from dimd.allreduce.api import STANDALONE
 from dimd.allreduce.bench import DTYPE_NAMES, PEERS, BenchConfig
 from dimd.commands.mpi_job import mpi_command
 from dimd.options import SIZE, NameListType, build_config, config_option, json_option
@@ -29,9 +29,9 @@ def _line(row) -> str:
 
 
 @click.command("bench-allreduce")
-@config_option(BenchConfig, "algorithms", "--algorithms", "-a", type=NameListType(lambda: ALGORITHMS),
+@config_option(BenchConfig, "algorithms", "--algorithms", "-a", type=NameListType(lambda: STANDALONE),
                default="all", show_default=True,
-               help=f"Comma list of algorithms, or 'all' ({', '.join(ALGORITHMS)}).")
+               help=f"Comma list of algorithms, or 'all' ({', '.join(STANDALONE)}).")
 @config_option(BenchConfig, "min_bytes", "--min-bytes", "-b", type=SIZE, help="Smallest message (8, 64K, 1M...).")
 @config_option(BenchConfig, "max_bytes", "--max-bytes", "-e", type=SIZE, help="Largest message.")
 @config_option(BenchConfig, "factor", "--factor", "-f", help="Multiply the size by this each step.")

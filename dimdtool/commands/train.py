@@ -153,8 +153,6 @@ def print_models() -> None:
 @config_option(TrainConfig, "channels_last", "--channels-last/--no-channels-last", default=None,
                help="Channels-last (NHWC) activations and weights [default: on for convolutional models "
                     "on CUDA, off elsewhere].")
-@click.option("--workers", "legacy_workers", type=int, default=None, hidden=True,
-              help="Old name of --decode-threads.")
 @config_option(TrainConfig, "threads", help="Torch compute threads per rank [default: cores / ranks on the node].")
 @config_option(TrainConfig, "seed")
 @config_option(TrainConfig, "eval_batch_size", help="Validation batch per rank [default: --batch-size].")
@@ -178,8 +176,8 @@ def print_models() -> None:
               help="Append one JSON line per epoch here.")
 @json_option("the run's summary")
 @defer_output_checks  # --metrics and --json: checked on rank 0 once MPI is up (mpi_command)
-def train(train_set: str | None, val_set: str | None, list_models: bool, legacy_workers: int | None,
-          metrics_path: Path | None, json_path: Path | None, **fields: Any) -> None:
+def train(train_set: str | None, val_set: str | None, list_models: bool, metrics_path: Path | None,
+          json_path: Path | None, **fields: Any) -> None:
     """Synchronous data-parallel SGD or model averaging on packed data held in memory (run under mpirun).
 
     Every rank holds its share of TRAIN (a `dimd pack` output) in memory,
@@ -209,9 +207,6 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, legacy_
         raise click.UsageError("missing argument TRAIN (a packed data set, e.g. demo/train)")
     if not val_set:
         raise click.UsageError("missing option --val (the packed validation set)")
-    if legacy_workers is not None:
-        click.echo("dimd: note: train's --workers is now --decode-threads", err=True)
-        fields["decode_threads"] = legacy_workers
     from dimd.commands.mpi_job import mpi_command
     from dimd.train.signals import install_stop_handlers
 
@@ -253,7 +248,7 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
          json_path: Path | None, fields: dict[str, Any]) -> None:
     from dimd.commands.mpi_job import check_outputs
     from dimd.report import result_document, write_json
-    from dimd.train.engine import Trainer
+    from dimd.train.engine import Hooks, Trainer
     from dimd.train.signals import stop_request
 
     config = build_config(TrainConfig, train=train_set, val=val_set, **fields)
@@ -275,17 +270,17 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
             f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
             f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {trainer.algorithm}; "
             f"device {trainer.device}")
-        remaining = trainer.steps_per_epoch * config.epochs - trainer.step
+        remaining = trainer.steps_per_epoch * config.epochs - trainer.state.step
         advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader))
 
     # The flag mpi_command's handlers set since MPI started: a signal while loading is not lost.
     with stop_request() as stop:
-        trainer = Trainer(config, comm, stop=stop, on_epoch=on_epoch, on_step=lambda n: advance[0](n),
-                          on_event=say, on_start=on_start)
+        hooks = Hooks(on_start=on_start, on_step=lambda n: advance[0](n), on_epoch=on_epoch, on_event=say)
+        trainer = Trainer(config, comm, stop=stop, hooks=hooks)
         with stack:
             result = trainer.run()
     if result.stopped_by:
-        say(f"stopped by {result.stopped_by} after step {trainer.step}; checkpoint {result.checkpoint}; "
+        say(f"stopped by {result.stopped_by} after step {trainer.state.step}; checkpoint {result.checkpoint}; "
             f"run again with --resume to continue")
     elif result.final is not None:
         final = result.final

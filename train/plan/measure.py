@@ -68,7 +68,7 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     from mpi4py import MPI
 
     from dimd.train.config import TrainConfig
-    from dimd.train.engine import pick_device, set_threads
+    from dimd.train.hardware import pick_device, set_threads
     from dimd.train.flatgrad import FlatGradients
     from dimd.train.models import build_model, gradient_bytes, parameter_count
     from dimd.train.sgd import Normalize, make_optimizer

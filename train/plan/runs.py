@@ -194,7 +194,7 @@ def run_convergence(config: ConvergenceConfig, comm: Any, *,
     ``on_run(record, number, runs)`` is called on each group's first rank after
     each of its runs (the run's ``number`` in the hand-out order, of ``runs``).
     """
-    from dimd.train.engine import default_threads, pick_device
+    from dimd.train.hardware import default_threads, pick_device
 
     size, rank = comm.Get_size(), comm.Get_rank()
     g = config.ranks_per_run
@@ -242,19 +242,20 @@ def run_convergence(config: ConvergenceConfig, comm: Any, *,
 def train_one(config: ConvergenceConfig, spec: RunSpec, comm: Any, group: int, threads: int,
               eval_every_images: int, device: Any, on_step: Callable[..., None] | None = None) -> RunRecord:
     """Collective over the group's ``comm``: one run, to the target or to the end of its budget."""
-    from dimd.train.engine import Trainer, TrainingDiverged
+    from dimd.train.engine import Hooks, Trainer, TrainingDiverged
 
     train_config = config.train_config(spec.batch, spec.seed, threads)
     started = time.perf_counter()
     trainer = Trainer(train_config, comm, eval_every_images=eval_every_images,
-                      target_top1=config.target_top1, device=device, on_step=on_step)
+                      target_top1=config.target_top1, device=device,
+                      hooks=Hooks(on_step=on_step) if on_step is not None else None)
     budget = trainer.batches_per_epoch * config.max_epochs
     reason: str | None = None
     try:
         result = trainer.run()
     except TrainingDiverged:
-        reason = f"diverged at step {trainer.step}"
-        evaluations = trainer.evaluations
+        reason = f"diverged at step {trainer.state.step}"
+        evaluations = trainer.state.evaluations
     else:
         if result.stopped_by not in (None, "target"):
             raise DimdError(f"the run at batch {spec.batch}, seed {spec.seed} was stopped by {result.stopped_by}")
@@ -265,14 +266,14 @@ def train_one(config: ConvergenceConfig, spec: RunSpec, comm: Any, group: int, t
         reason = "budget"
     schedule = trainer.schedule
     # finished epochs (averaged over the group's ranks) and the epoch under way when it stopped (this rank's)
-    split = {k: sum(e.time_split.get(k, 0.0) for e in trainer.history) + v
-             for k, v in trainer.tally.times.as_dict().items()}
+    split = {k: sum(e.time_split.get(k, 0.0) for e in trainer.state.history) + v
+             for k, v in trainer.state.tally.times.as_dict().items()}
     return RunRecord(
         batch=spec.batch, seed=spec.seed, group=group, ranks=comm.Get_size(), reached=updates is not None,
         updates=updates, budget=budget, reason=reason, lr=schedule.peak_lr, warmup_steps=schedule.warmup_steps,
         steps_per_epoch=trainer.batches_per_epoch, images_to_target=hit.images if hit else None,
         train_seconds_to_target=hit.train_seconds if hit else None, elapsed_to_target=hit.elapsed if hit else None,
-        steps=trainer.step, seconds=time.perf_counter() - started,
+        steps=trainer.state.step, seconds=time.perf_counter() - started,
         final_top1=evaluations[-1].top1 if evaluations else None,
         evaluations=[[e.step, e.top1, round(e.train_seconds, 4)] for e in evaluations],
         time_split={k: round(v, 4) for k, v in split.items()}, classes=len(trainer.store.classes))

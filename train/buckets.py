@@ -1,0 +1,220 @@
+"""Gradient buckets reduced while backward still runs (PyTorch DDP's reducer, Horovod's hooks).
+
+The trainable parameters' gradients live in one :class:`FlatGradients` buffer
+laid out in *reverse* parameter order, because backward produces the last
+layers' gradients first. The buffer is cut into buckets at parameter ends.
+A hook on every parameter (``register_post_accumulate_grad_hook``) counts the
+gradients of its bucket; when a bucket is complete, and every bucket before
+it has been started, it goes to the one communication thread, which sums it
+across ranks with the caller's ``reduce`` and averages it, while autograd
+goes on with earlier layers. :meth:`GradientBuckets.synchronize` starts what
+is left (buckets holding parameters that got no gradient this step, the
+extras tail), waits for the thread, and re-raises what it raised.
+
+Why one thread, in bucket order: every rank must issue the same collectives
+in the same order, whatever its own backward did (an unused branch, a frozen
+layer on one rank only). A bucket is therefore never started before the ones
+in front of it, and a single thread runs them one after another. Why a
+thread and not ``MPI_Iallreduce``: a non-blocking collective only advances
+inside MPI calls (MPICH's asynchronous progress is off by default), and
+dimd's own algorithms are point-to-point Python loops that need a caller
+anyway; bench/overlap.py measures the two (docs/library.md).
+
+``overlap=False`` reduces the same buckets with the same code, in the same
+order, on the caller's thread at :meth:`synchronize`: the sums are the same
+numbers, so the weights after N steps are identical with and without it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import queue
+import threading
+from functools import partial
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+
+from dimd.train.flatgrad import FlatGradients, Reduce
+
+#: Reduces a contiguous slice of the device buffer in place (the ``torch`` algorithm on CUDA: NCCL).
+DeviceReduce = Callable[[torch.Tensor], None]
+
+
+class GradientBuckets:
+    """The gradients of ``parameters`` in buckets of about ``bucket_bytes``, summed (and averaged) over ranks.
+
+    ``reduce`` sums a contiguous float32 numpy array in place across the job
+    (on a GPU, a pinned host copy of the bucket); ``device_reduce``, if given,
+    sums the device slice itself instead. ``extras`` scalars after the
+    gradients ride in the last bucket, which therefore starts only at
+    :meth:`synchronize` (the caller fills them after backward); they are
+    summed, never averaged.
+    """
+
+    def __init__(self, parameters: Iterable[torch.nn.Parameter], reduce: Reduce, world_size: int, *,
+                 extras: int = 0, bucket_bytes: int = 0, overlap: bool = True, average: bool = True,
+                 device_reduce: DeviceReduce | None = None) -> None:
+        trainable = [p for p in parameters if p.requires_grad]
+        self.flat = FlatGradients(reversed(trainable), extras=extras, bucket_bytes=bucket_bytes)
+        self.parameters = self.flat.parameters   # in buffer order: last layer first
+        self.reduce = reduce
+        self.device_reduce = device_reduce
+        self.world_size = world_size
+        self.overlap = overlap
+        self.average = average and world_size > 1
+        self.syncing = True
+        self.bounds = self.flat.bucket_bounds
+        starts = [start for start, _ in self.bounds]
+        self.bucket_of = [bisect.bisect_right(starts, int(offset)) - 1 for offset in self.flat.offsets]
+        self.sizes = [self.bucket_of.count(b) for b in range(len(self.bounds))]
+        self.sizes[-1] += 1 if extras else 0   # the extras: released by synchronize()
+        self._views = [self.flat.buffer[int(o): int(o) + p.numel()].view_as(p)
+                       for p, o in zip(self.parameters, self.flat.offsets)]
+        self._host = self.flat._host is not self.flat.buffer and device_reduce is None
+        self._events: dict[int, torch.cuda.Event] = {}
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._reset()
+        self._hooks = [p.register_post_accumulate_grad_hook(partial(self._on_gradient, i))
+                       for i, p in enumerate(self.parameters)]
+
+    @property
+    def buckets(self) -> int:
+        return len(self.bounds)
+
+    def _reset(self) -> None:
+        self._pending = list(self.sizes)
+        self._ready = [False] * len(self.parameters)
+        self._next = 0   # the next bucket to start; every rank starts them in this order
+
+    # -- during backward ------------------------------------------------------------------
+
+    def _on_gradient(self, index: int, parameter: torch.nn.Parameter) -> None:
+        """Autograd finished ``parameter``'s gradient for this backward pass."""
+        view = self._views[index]
+        grad = parameter.grad
+        if grad is not None and grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)          # zero_grad(set_to_none=True) replaced it: back into the buffer
+            parameter.grad = view
+        if not (self.syncing and self.overlap):
+            return
+        if self._ready[index]:
+            raise RuntimeError("a second backward pass reached a gradient whose bucket is already being "
+                               "reduced; call step()/synchronize() after each backward, or run the "
+                               "accumulation passes inside no_sync()")
+        self._ready[index] = True
+        bucket = self.bucket_of[index]
+        self._pending[bucket] -= 1
+        if self._pending[bucket] == 0:
+            self._start_ready()
+
+    def _start_ready(self) -> None:
+        """Start every complete bucket from the next one on, stopping at the first incomplete one."""
+        while self._next < len(self.bounds) and self._pending[self._next] == 0:
+            self._start(self._next)
+            self._next += 1
+
+    def _start(self, bucket: int) -> None:
+        if not self.overlap:
+            self._reduce_bucket(bucket)
+            return
+        if self.flat.buffer.is_cuda:   # the bucket's gradients are queued on the stream, not yet written
+            event = torch.cuda.Event()
+            event.record()
+            self._events[bucket] = event
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="dimd-allreduce", daemon=True)
+            self._thread.start()
+        self._queue.put(bucket)
+
+    def _serve(self) -> None:
+        """The communication thread: reduce buckets in the order they come, one at a time."""
+        while True:
+            bucket = self._queue.get()
+            try:
+                if bucket is None:
+                    return
+                if self._error is None:
+                    self._reduce_bucket(bucket)
+            except BaseException as exc:  # handed to the caller's thread at synchronize()
+                self._error = exc
+            finally:
+                self._queue.task_done()
+
+    def _reduce_bucket(self, bucket: int) -> None:
+        start, stop = self.bounds[bucket]
+        flat = self.flat
+        event = self._events.pop(bucket, None)
+        if event is not None:
+            event.synchronize()
+        if self.device_reduce is not None:
+            self.device_reduce(flat.buffer[start:stop])   # MPI: the bucket summed over ranks (on the device)
+            if self.average:
+                flat.buffer[start:min(stop, flat.numel)].div_(self.world_size)
+            return
+        if self._host:
+            flat._host[start:stop].copy_(flat.buffer[start:stop])
+        self.reduce(flat.host_array[start:stop])   # MPI: the bucket summed over ranks
+        if self.average:
+            grads = flat.host_array[start:min(stop, flat.numel)]
+            np.divide(grads, self.world_size, out=grads)
+        if self._host:
+            flat.buffer[start:stop].copy_(flat._host[start:stop])
+
+    # -- after backward -------------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        """Collective: every bucket reduced and averaged, every ``.grad`` pointing into the buffer.
+
+        Parameters that got no gradient since the last call reduce as zeros
+        (their ``.grad`` is set), so every rank takes the same optimizer step.
+        Inside :meth:`no_sync` this does nothing.
+        """
+        if not self.syncing:
+            return
+        try:
+            for view, parameter in zip(self._views, self.parameters):
+                grad = parameter.grad
+                if grad is None or grad.data_ptr() != view.data_ptr():
+                    if grad is None:
+                        view.zero_()
+                    else:
+                        view.copy_(grad)
+                    parameter.grad = view
+            self._pending = [0] * len(self.bounds)
+            self._start_ready()
+            if self._thread is not None:
+                self._queue.join()
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
+        finally:
+            self._reset()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally; the next synchronized one reduces the sum."""
+        before, self.syncing = self.syncing, False
+        try:
+            yield
+        finally:
+            self.syncing = before
+
+    def zero(self) -> None:
+        """Zero every gradient in one pass (and point any replaced ``.grad`` back into the buffer)."""
+        self.flat.zero()
+        self.flat.attach()
+
+    def close(self) -> None:
+        """Remove the hooks and end the communication thread."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None

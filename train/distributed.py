@@ -1,0 +1,189 @@
+"""``DistributedGradients``: any ``nn.Module``'s gradients averaged over the ranks, overlapped with backward.
+
+    comm, device = dimd.init()
+    model = MyNet().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    grads = dimd.DistributedGradients(model, optimizer=optimizer)   # broadcasts rank 0's weights
+    for images, labels in loader.epoch(epoch):
+        loss = F.cross_entropy(model(normalize(images)), labels.to(device))
+        optimizer.zero_grad()
+        loss.backward()          # buckets are summed on the communication thread meanwhile
+        optimizer.step()         # waits for the last bucket first
+
+What it does is :class:`dimd.train.buckets.GradientBuckets` (the same code
+``dimd train``'s S-SGD step uses) over dimd's allreduce algorithms, plus what
+a wrapper for a user's model needs: the first weights broadcast, the algorithm
+chosen by measurement, the MPI thread level checked, the optimizer's step
+made to wait, batch-norm statistics averaged if asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from dimd.errors import DimdError
+from dimd.train.buckets import GradientBuckets
+
+#: The default bucket: big enough that per-message costs stay small, small enough that the
+#: first bucket is ready early in backward (DDP's default is 25 MiB).
+DEFAULT_BUCKET_MB = 25.0
+
+
+class DistributedGradients:
+    """Average ``model``'s gradients over ``comm`` (default: COMM_WORLD) after every backward pass.
+
+    ``algorithm``: a name of :data:`dimd.allreduce.ALGORITHMS`, or ``auto``
+    (the fastest measured now for one bucket, among those needing only MPI);
+    ``torch`` uses the ``torch.distributed`` group the caller initialised (on
+    CUDA tensors it reduces on the device). ``bucket_mb``: bucket size (0: one
+    bucket). ``overlap``: reduce each bucket on the communication thread as
+    soon as backward completes it; False reduces them all at
+    :meth:`synchronize`, with the same numbers. ``average``: divide the sum by
+    the ranks (True, as DDP and Horovod). ``optimizer``: its ``step()`` calls
+    :meth:`synchronize` first. ``sync_buffers``: average floating-point
+    buffers (batch-norm running statistics) over the ranks at every synchronize.
+    ``options``: the algorithm's (``colors``, ``segment_bytes``).
+
+    Collective: every rank constructs it with the same arguments, and runs the
+    same number of synchronized backward passes.
+    """
+
+    def __init__(self, model: nn.Module, comm: Any = None, *, algorithm: str = "auto",
+                 bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True, average: bool = True,
+                 optimizer: torch.optim.Optimizer | None = None, sync_buffers: bool = False,
+                 **options: Any) -> None:
+        from dimd.allreduce import STANDALONE, get_algorithm
+        from dimd.train.sgd import broadcast_state
+
+        if comm is None:
+            comm = _world()
+        if bucket_mb < 0:
+            raise DimdError(f"bucket_mb must be 0 (one bucket) or more, got {bucket_mb}")
+        if algorithm != "auto":
+            get_algorithm(algorithm).resolve(options)   # the one-line error for a bad name or option
+        self.model = model
+        self.comm = comm
+        self.world_size = comm.Get_size()
+        self.sync_buffers = sync_buffers
+        if not any(p.requires_grad for p in model.parameters()):
+            raise DimdError("DistributedGradients: the model has no trainable parameters")
+        broadcast_state(model, comm)   # MPI: every replica starts from rank 0's weights
+        bucket_bytes = int(bucket_mb * (1 << 20))
+        trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        self.algorithm = (_fastest(min(bucket_bytes or trainable, trainable), comm, list(STANDALONE))
+                          if algorithm == "auto" else algorithm)
+        self.options = options
+        device_reduce = None
+        if self.algorithm == "torch":
+            from dimd.allreduce.torchdist import all_reduce_tensor, process_group_ready
+
+            process_group_ready()
+            on_device = next(p for p in model.parameters() if p.requires_grad).device.type != "cpu"
+            device_reduce = all_reduce_tensor if on_device else None
+        elif overlap:
+            _check_thread_level()
+        if get_algorithm(self.algorithm).point_to_point and self.world_size > 1:
+            from dimd.allreduce.buffers import private_comm
+
+            private_comm(comm)   # MPI: made now, on this thread, not first on the communication thread
+        self.buckets = GradientBuckets(model.parameters(), self._reduce, self.world_size,
+                                       bucket_bytes=bucket_bytes, overlap=overlap, average=average,
+                                       device_reduce=device_reduce)
+        self._step_hook = (optimizer.register_step_pre_hook(lambda *_: self.synchronize())
+                           if optimizer is not None else None)
+
+    def _reduce(self, array: np.ndarray) -> None:
+        from dimd.allreduce import allreduce
+
+        allreduce(array, self.comm, self.algorithm, **self.options)   # MPI: the bucket summed over ranks
+
+    @property
+    def overlap(self) -> bool:
+        return self.buckets.overlap
+
+    def synchronize(self) -> None:
+        """Collective: wait until every bucket is reduced (and averaged); then sync buffers if asked.
+
+        The optimizer passed in calls it before each step. Calling it inside
+        :meth:`no_sync` is an error: the step would use this rank's gradients alone.
+        """
+        if not self.buckets.syncing:
+            raise DimdError("optimizer.step()/synchronize() inside no_sync(): the gradients were not "
+                            "reduced; take the step after the block, on a backward pass outside it")
+        self.buckets.synchronize()
+        if self.sync_buffers and self.world_size > 1:
+            average_buffers(self.model, self.comm)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally in the backward passes inside; the next one outside reduces the sum."""
+        with self.buckets.no_sync():
+            yield
+
+    def zero_grad(self) -> None:
+        """Zero the gradients in one pass over the flat buffer (``optimizer.zero_grad()`` works too,
+        at the cost of copying each new gradient back into the buffer)."""
+        self.buckets.zero()
+
+    def close(self) -> None:
+        """Remove the hooks (the model trains locally again) and end the communication thread."""
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
+        self.buckets.close()
+
+    def describe(self) -> dict[str, Any]:
+        """What was chosen, for a run's JSON."""
+        return {"algorithm": self.algorithm, "buckets": self.buckets.buckets, "overlap": self.overlap,
+                "gradient_bytes": self.buckets.flat.numel * 4}
+
+
+def average_buffers(model: nn.Module, comm: Any) -> None:
+    """Collective: floating-point buffers (batch-norm running mean and variance) averaged over ranks."""
+    from mpi4py import MPI
+
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    if not buffers:
+        return
+    flat = torch.cat([b.detach().reshape(-1).to("cpu", torch.float64) for b in buffers]).numpy()
+    comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)   # MPI: every rank's statistics
+    flat /= comm.Get_size()
+    offset = 0
+    with torch.no_grad():
+        for b in buffers:
+            b.copy_(torch.from_numpy(flat[offset: offset + b.numel()]).view_as(b))
+            offset += b.numel()
+
+
+def _world() -> Any:
+    from dimd.mpi import init_mpi
+
+    init_mpi("serialized")   # a no-op after dimd.init()
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _fastest(nbytes: int, comm: Any, candidates: list[str]) -> str:
+    if comm.Get_size() == 1:
+        return "mpi"
+    from dimd.allreduce import choose_fastest
+
+    return choose_fastest(nbytes, comm, np.float32, candidates)   # MPI: timed on every rank alike
+
+
+def _check_thread_level() -> None:
+    """The communication thread calls MPI while the main thread runs backward: SERIALIZED at least."""
+    from mpi4py import MPI
+
+    provided = MPI.Query_thread()
+    if provided < MPI.THREAD_SERIALIZED:
+        names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled"}
+        raise DimdError(f"overlap=True reduces on a communication thread, which needs MPI initialised at "
+                        f"THREAD_SERIALIZED or MULTIPLE; it is {names.get(provided, provided)}: call dimd.init() "
+                        f"before anything imports mpi4py.MPI, or pass overlap=False")

@@ -1,0 +1,41 @@
+"""Where a rank computes: its torch threads and its device, chosen the same way by training and the planner."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from dimd.errors import DimdError
+
+
+def default_threads(comm: Any) -> int:
+    """Torch threads per rank by default: the node's cores shared by its ranks (MPI: node-local ranks)."""
+    from dimd.host import available_cores
+    from dimd.mpi import node_local_ranks
+
+    return max(1, available_cores() // node_local_ranks(comm))
+
+
+def set_threads(threads: int | None, comm: Any) -> int:
+    """Torch threads as ``dimd train`` sets them: ``threads``, else :func:`default_threads`
+    (left alone when OMP_NUM_THREADS is set and ``threads`` is not); returns the count in force."""
+    if threads or "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(threads or default_threads(comm))
+    return torch.get_num_threads()
+
+
+def pick_device(choice: str, comm: Any) -> torch.device:
+    """``auto``: CUDA when present (one GPU per rank on a node, by node-local rank), else CPU."""
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DimdError("device cuda: this torch build or machine has no CUDA device")
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)   # MPI: one GPU per rank of this node
+    index = local.Get_rank() % torch.cuda.device_count()
+    local.Free()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)

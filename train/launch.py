@@ -1,0 +1,99 @@
+"""What a user's own training script starts with: MPI, threads, the device, and a loader.
+
+    import dimd
+    comm, device = dimd.init()
+    loader = dimd.open_loader("/scratch/set/train", comm, batch_size=64, image_size=32)
+
+:func:`init` is what ``dimd train`` does before it trains, for a script that
+runs its own loop under ``mpiexec``: MPI at a thread level that lets
+:class:`dimd.DistributedGradients` reduce on its communication thread, the
+launch check that refuses N separate one-rank jobs, torch threads shared
+out among the node's ranks, one GPU per rank, and an exception hook that ends
+the whole job (``MPI_Abort``) when one rank fails, so no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from typing import Any, NamedTuple
+
+import torch
+
+from dimd.errors import DimdError
+from dimd.mpi import LaunchMismatch, ThreadLevel, init_mpi
+
+
+#: MPI_Abort ends the job at once; the launcher may not yet have forwarded the error line.
+_FORWARD_GRACE_S = 0.5
+
+
+class Job(NamedTuple):
+    """What :func:`init` returns: ``comm, device = dimd.init()``."""
+
+    comm: Any                 # mpi4py's COMM_WORLD
+    device: torch.device
+
+
+def init(*, device: str = "auto", threads: int | None = None,
+         thread_level: ThreadLevel = "serialized", abort_on_error: bool = True) -> Job:
+    """Start MPI and pick this rank's device; collective, call it once before anything imports ``mpi4py.MPI``.
+
+    ``device``: ``auto`` (one GPU per rank of the node when CUDA is there,
+    else the CPU), ``cpu`` or ``cuda``. ``threads``: torch threads per rank
+    (default: the node's cores shared by its ranks, or OMP_NUM_THREADS).
+    ``thread_level``: ``serialized`` lets one communication thread call MPI
+    while the main thread does not (what DistributedGradients needs); ask for
+    ``multiple`` if the script calls MPI itself between backward and step.
+    ``abort_on_error``: an uncaught exception on any rank prints its
+    traceback (a :class:`DimdError`: one line) and aborts every rank. A
+    launcher that started N processes each in a world of one rank ends them
+    all, with one line from the first.
+    """
+    from dimd.train.engine import pick_device, set_threads
+
+    try:
+        init_mpi(thread_level)
+    except LaunchMismatch as exc:   # N processes that would each train alone: none may start
+        sys.exit(f"dimd: error: {exc}" if exc.first_task else 1)   # one line, from the first task
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    if abort_on_error and comm.Get_size() > 1:
+        sys.excepthook = _abort_job_hook(comm)
+    set_threads(threads, comm)   # MPI: the node's cores are shared by its ranks
+    return Job(comm, pick_device(device, comm))
+
+
+def _abort_job_hook(comm: Any) -> Any:
+    def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        if issubclass(kind, DimdError):
+            print(f"dimd: error: rank {comm.Get_rank()}: {error}", file=sys.stderr, flush=True)
+        else:
+            print(f"rank {comm.Get_rank()}: " + "".join(traceback.format_exception(kind, error, trace)),
+                  file=sys.stderr, end="", flush=True)
+        time.sleep(_FORWARD_GRACE_S)   # the launcher forwards the line before the abort tears it down
+        comm.Abort(1)   # MPI: end every rank, none left waiting in a collective
+    return hook
+
+
+def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224, train: bool = True,
+                workers: int = 2, seed: int = 0, groups: int = 1, memory_limit: int | None = None,
+                crop_scale: float | None = None) -> Any:
+    """Collective: load this rank's share of the packed set at ``path`` into memory and return its loader.
+
+    The :class:`dimd.shuffle.BatchLoader` yields uint8 ``N x 3 x H x W`` images
+    and int64 labels: ``len(loader)`` batches per epoch (the same on every
+    rank when ``train``), ``loader.epoch(e)`` the batches of epoch ``e``,
+    ``state_dict()``/``load_state_dict()`` to resume mid-epoch,
+    ``loader.store.classes`` the class names. ``train=False`` yields every
+    local record once (each rank its share; sum the counts over ranks).
+    Normalise on the device with :class:`dimd.Normalize`.
+    """
+    from dimd.shuffle import BatchLoader, DistributedStore
+
+    store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit)
+    extra = {} if crop_scale is None else {"crop_scale": crop_scale}
+    return BatchLoader(store, batch_size, image_size, train=train, workers=workers, seed=seed,
+                       pin_memory=torch.cuda.is_available(), **extra)
