@@ -62,6 +62,11 @@ def decode_jpegs(records: Sequence[memoryview | bytes], device: torch.device) ->
     """JPEG bytes -> 3 x H x W uint8 RGB tensors on ``device``, in one batched nvJPEG call on CUDA."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    if torch.device(device).type == "cuda":
+        # torchvision allocates the outputs on the current stream but writes them from nvJPEG's own
+        # stream without waiting for this one (pytorch/vision#9606): memory freed here by kernels
+        # still queued could be handed to nvJPEG. The queue is a batch old by now: the wait is short.
+        torch.cuda.current_stream(device).synchronize()
     data = [torch.frombuffer(bytearray(r) if isinstance(r, memoryview) and r.readonly else r, dtype=torch.uint8)
             for r in records]
     return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)

@@ -120,3 +120,14 @@ def test_jpeg_size_reads_the_frame_header_without_decoding(store):
 def test_gpu_decode_says_in_one_line_why_it_cannot_run_without_cuda():
     problem = gpu_decode_problem()
     assert problem is not None and "CUDA" in problem and "\n" not in problem
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_train_refuses_decode_gpu_in_one_line_before_loading_without_cuda(packed_sample, tmp_path):
+    from conftest import run_dimd
+
+    proc = run_dimd("train", packed_sample, "--val", packed_sample, "--model", "lenet", "--decode", "gpu",
+                    "--json", tmp_path / "train.json")
+    assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "decode gpu needs" in proc.stderr and "loaded" not in proc.stdout
+    assert not (tmp_path / "train.json").exists()
