@@ -2,33 +2,30 @@
 
 from __future__ import annotations
 
-import socket
 from typing import Any, Callable
 
 import numpy as np
 
-from dimd.host import free_port
+from dimd.allreduce.rendezvous import RENDEZVOUS_TIMEOUT, rendezvous_address
+from dimd.errors import DimdError
 
 
 def gloo_reducer(comm: Any) -> tuple[Callable[[np.ndarray], None], Callable[[], None]]:
     """Start a gloo process group over ``comm``'s ranks; return (sum in place, shut down).
 
     Rank 0 picks a free TCP port and broadcasts its address over MPI, so no
-    MASTER_ADDR/MASTER_PORT needs setting.
+    MASTER_PORT needs setting (MASTER_ADDR chooses the address where the
+    host's name does not serve: :mod:`dimd.allreduce.rendezvous`).
     """
     import torch
     import torch.distributed as dist
 
-    address = None
-    if comm.Get_rank() == 0:
-        host = socket.gethostname()
-        try:
-            host = socket.gethostbyname(host)
-        except OSError:
-            host = "127.0.0.1"
-        address = f"tcp://{host}:{free_port()}"
-    address = comm.bcast(address, root=0)
-    dist.init_process_group("gloo", init_method=address, rank=comm.Get_rank(), world_size=comm.Get_size())
+    address = rendezvous_address(comm)
+    try:
+        dist.init_process_group("gloo", init_method=address, rank=comm.Get_rank(), world_size=comm.Get_size(),
+                                timeout=RENDEZVOUS_TIMEOUT)
+    except (RuntimeError, ValueError) as exc:   # torch's DistStoreError and timeouts are RuntimeErrors
+        raise DimdError(f"gloo's rendezvous at {address} failed: {str(exc).splitlines()[0]}") from None
 
     def run(buf: np.ndarray) -> None:
         if buf.size:

@@ -8,7 +8,10 @@ Three set-ups, the same model, per-rank batch, augmentation, optimizer, P ranks 
 * ``DDP``          ``torch.nn.parallel.DistributedDataParallel`` over gloo, fed by a
                    ``DataLoader`` (``DistributedSampler``, ``workers`` worker processes) over
                    the same files, decoded by dimd's one DataLoader baseline
-                   (``dimd.shuffle.bench_io.FileDataset``): what a PyTorch user runs instead.
+                   (``dimd.shuffle.bench_io.FileDataset``): what a PyTorch user runs instead;
+* ``DistributedGradients``  the DDP loop and data with ``dimd.DistributedGradients`` in DDP's place,
+                   under mpiexec, reducing its buckets with the ``torch`` algorithm on the same
+                   gloo collective: dimd's gradient mechanism against DDP's, nothing else changed.
 
 The files hold the packed records' bytes, so all three decode the same JPEGs.
 A run's figure is the median over its epochs after the first (the warm-up).
@@ -27,32 +30,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import BENCH, Context, Reproduction, dimd_job, python_job, sample_set, spread
+from _common import BENCH, BIN, Context, Reproduction, dimd_job, json_job, python_job, read_result, sample_set, spread
 
 FULL = {"model": "resnet20", "image_size": 32, "batch_size": 32, "epochs": 4, "lr": 0.4, "ranks": 2,
         "workers": 2, "threads": 1, "runs": 3, "classes": 10, "per_class": 64, "val_per_class": 2}
 QUICK = {"epochs": 2, "per_class": 16}
-SETUPS = ("dimd", "dimd (files)", "DDP")
+SETUPS = ("dimd", "dimd (files)", "DDP", "DistributedGradients")
 SPLIT = ("data", "compute", "allreduce", "optimizer")
 
 
-# ----------------------------------------------------------------------------- the DDP baseline
-def ddp_worker(rank: int, args: argparse.Namespace, port: int) -> None:
+# ----------------------------------------------------------------------------- the baselines
+def file_batches(args: argparse.Namespace, rank: int) -> tuple[Any, Any, int]:
+    """The DataLoader over the files (DistributedSampler, worker processes), its sampler, the class count."""
     import numpy as np
     import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
     from dimd.format import PackedDataset
     from dimd.shuffle.bench_io import FileDataset
-    from dimd.train.models import build_model
-    from dimd.train.schedule import scaled_lr
-    from dimd.train.sgd import Normalize, make_optimizer
 
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.np)
     packed = PackedDataset(args.packed)
     files = FileDataset([Path(args.files) / name for name in packed.names], np.asarray(packed.labels),
                         args.image_size, seed=args.seed)
@@ -61,10 +57,17 @@ def ddp_worker(rank: int, args: argparse.Namespace, port: int) -> None:
     loader = DataLoader(files, batch_size=args.batch_size, sampler=sampler, drop_last=True,
                         num_workers=args.workers, persistent_workers=True, prefetch_factor=2,
                         generator=torch.Generator().manual_seed(args.seed + rank))
-    torch.manual_seed(args.seed)
-    model = DistributedDataParallel(build_model(args.model, len(packed.classes)))
-    optimizer = make_optimizer(model.module, lr=scaled_lr(args.lr, args.batch_size * args.np), momentum=0.9,
-                               weight_decay=1e-4)
+    return loader, sampler, len(packed.classes)
+
+
+def train_epochs(model: Any, optimizer: Any, loader: Any, sampler: Any, args: argparse.Namespace) -> list[dict]:
+    """The user's plain loop; ``compute`` holds forward and backward (with whatever allreduce overlaps it),
+    ``optimizer`` the step (with whatever allreduce it waits for)."""
+    import torch
+    import torch.nn.functional as F
+
+    from dimd.train.sgd import Normalize
+
     normalize = Normalize(torch.device("cpu"))
     history = []
     for epoch in range(args.epochs):
@@ -82,7 +85,7 @@ def ddp_worker(rank: int, args: argparse.Namespace, port: int) -> None:
             inputs, labels = batch
             loss = F.cross_entropy(model(normalize(inputs)), labels)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()               # DDP's gloo allreduce runs inside, overlapped with the backward pass
+            loss.backward()               # DDP's and DistributedGradients' allreduce run meanwhile
             t2 = time.perf_counter()
             optimizer.step()
             t3 = time.perf_counter()
@@ -93,12 +96,61 @@ def ddp_worker(rank: int, args: argparse.Namespace, port: int) -> None:
         seconds = time.perf_counter() - start
         history.append({"epoch": epoch + 1, "train_seconds": seconds, "images": images,
                         "images_per_s": images / seconds, "time_split": split})
+    return history
+
+
+def ddp_worker(rank: int, args: argparse.Namespace, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from dimd.train.models import build_model
+    from dimd.train.schedule import scaled_lr
+    from dimd.train.sgd import make_optimizer
+
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.np)
+    loader, sampler, classes = file_batches(args, rank)
+    torch.manual_seed(args.seed)
+    model = DistributedDataParallel(build_model(args.model, classes))
+    optimizer = make_optimizer(model.module, lr=scaled_lr(args.lr, args.batch_size * args.np), momentum=0.9,
+                               weight_decay=1e-4)
+    history = train_epochs(model, optimizer, loader, sampler, args)
     if rank == 0:
         from dimd.report import result_document, write_json
 
         write_json(args.json, result_document("bench/train_vs_ddp.py", vars(args),
                                               {"history": history, "world_size": args.np}))
     dist.destroy_process_group()
+
+
+def library_main(args: argparse.Namespace) -> None:
+    """The DDP loop with dimd.DistributedGradients in DDP's place, under mpiexec, on the same gloo collective."""
+    import torch
+
+    import dimd
+    from dimd.allreduce.gloo import gloo_reducer
+    from dimd.train.models import build_model
+    from dimd.train.schedule import scaled_lr
+    from dimd.train.sgd import make_optimizer
+
+    comm, _ = dimd.init(device="cpu", threads=args.threads)
+    rank = comm.Get_rank()
+    _, close = gloo_reducer(comm)
+    loader, sampler, classes = file_batches(args, rank)
+    torch.manual_seed(args.seed)
+    model = build_model(args.model, classes)
+    optimizer = make_optimizer(model, lr=scaled_lr(args.lr, args.batch_size * args.np), momentum=0.9,
+                               weight_decay=1e-4)
+    grads = dimd.DistributedGradients(model, comm, algorithm=args.algorithm, optimizer=optimizer)
+    history = train_epochs(model, optimizer, loader, sampler, args)
+    grads.close()
+    close()
+    if rank == 0:
+        from dimd.report import result_document, write_json
+
+        write_json(args.json, result_document("bench/train_vs_ddp.py", vars(args),
+                                              {"history": history, "world_size": args.np}))
 
 
 def ddp_main(argv: list[str] | None = None) -> None:
@@ -110,8 +162,13 @@ def ddp_main(argv: list[str] | None = None) -> None:
                           ("np", FULL["ranks"]), ("workers", FULL["workers"]), ("threads", FULL["threads"]),
                           ("seed", 0)):
         parser.add_argument(f"--{name}", type=type(default), default=default)
+    parser.add_argument("--library", metavar="ALGORITHM",
+                        help="run under mpiexec with dimd.DistributedGradients (this allreduce) instead of DDP")
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
+    if args.library:
+        args.algorithm = args.library
+        return library_main(args)
 
     import torch.multiprocessing as mp
 
@@ -129,13 +186,15 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
         for setup in SETUPS:            # interleaved, so machine noise hits every set-up alike
             ctx.log(f"run {run + 1}/{p['runs']}: {setup}")
             path = ctx.folder() / f"{setup.replace(' ', '_').strip('()')}_run{run}.json"
+            baseline = ["--packed", data.train, "--files", data.files, "--model", p["model"],
+                        "--image-size", p["image_size"], "--batch-size", p["batch_size"], "--epochs", p["epochs"],
+                        "--lr", p["lr"], "--np", p["ranks"], "--workers", p["workers"], "--threads", p["threads"]]
             if setup == "DDP":
-                doc = python_job(BENCH / "train_vs_ddp.py",
-                                 ["--packed", data.train, "--files", data.files, "--model", p["model"],
-                                  "--image-size", p["image_size"], "--batch-size", p["batch_size"],
-                                  "--epochs", p["epochs"], "--lr", p["lr"], "--np", p["ranks"],
-                                  "--workers", p["workers"], "--threads", p["threads"]],
-                                 path, "bench/train_vs_ddp.py")
+                doc = python_job(BENCH / "train_vs_ddp.py", baseline, path, "bench/train_vs_ddp.py")
+            elif setup == "DistributedGradients":   # DDP's loop and gloo collective, dimd's buckets and thread
+                json_job([BIN / "mpiexec", "-n", p["ranks"], sys.executable, BENCH / "train_vs_ddp.py", *baseline,
+                          "--library", "torch"], path)
+                doc = read_result(path, "bench/train_vs_ddp.py")
             else:
                 doc = dimd_job(["train", data.train, "--val", data.val, "--model", p["model"],
                                 "--image-size", p["image_size"], "--batch-size", p["batch_size"],
@@ -149,7 +208,9 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
                        "time_split": {k: spread(r["time_split"].get(k, 0.0) for r in results) for k in SPLIT}}
                for setup, results in runs.items()}
     paired = [a["images_per_s"] / b["images_per_s"] for a, b in zip(runs["dimd"], runs["DDP"])]
-    return p, {"records": data.records, "setups": summary, "dimd_over_ddp_per_run": spread(paired)}
+    library = [a["images_per_s"] / b["images_per_s"] for a, b in zip(runs["DistributedGradients"], runs["DDP"])]
+    return p, {"records": data.records, "setups": summary, "dimd_over_ddp_per_run": spread(paired),
+               "distributed_gradients_over_ddp_per_run": spread(library)}
 
 
 def steady(history: list[dict]) -> dict[str, Any]:
@@ -165,7 +226,8 @@ def plot(envelope: dict[str, Any]):
 
     setups = envelope["result"]["setups"]
     names = list(setups)
-    colours = {"dimd": plotting.color("dimd"), "dimd (files)": "#ff9896", "DDP": plotting.color("ddp")}
+    colours = {"dimd": plotting.color("dimd"), "dimd (files)": "#ff9896", "DDP": plotting.color("ddp"),
+               "DistributedGradients": "#c5b0d5"}
     fig, axes = plotting.figure(1, 2, width=4.8, height=4.0)
     ax, split_ax = axes[0]
     for i, name in enumerate(names):
@@ -207,7 +269,18 @@ def findings(envelope: dict[str, Any]) -> str:
             + f". dimd / DDP per run: {ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f}). Per "
             f"epoch and rank dimd waits {split['data']['median']:.2f} s for data and spends "
             f"{split['allreduce']['median']:.2f} s in the allreduce; DDP waits {ddp['data']['median']:.2f} s for "
-            f"its DataLoader (worker processes, not threads: they compete with the compute for the 2 cores).")
+            f"its DataLoader (worker processes, not threads: they compete with the compute for the 2 cores)."
+            + library_finding(result))
+
+
+def library_finding(result: dict[str, Any]) -> str:
+    """DDP against the same loop with dimd.DistributedGradients on the same gloo collective (newer runs only)."""
+    ratio = result.get("distributed_gradients_over_ddp_per_run")
+    if ratio is None:
+        return ""
+    return (f" The same DataLoader loop with dimd.DistributedGradients in DDP's place (gloo through the "
+            f"`torch` algorithm, buckets reduced on dimd's communication thread): {ratio['median']:.2f}x DDP's "
+            f"images/s ({ratio['min']:.2f}-{ratio['max']:.2f}).")
 
 
 REPRODUCTION = Reproduction(

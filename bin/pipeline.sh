@@ -39,7 +39,14 @@ IMAGE_SIZE=${IMAGE_SIZE:-224}
 EPOCHS=${EPOCHS:-90}
 BATCH_SIZE=${BATCH_SIZE:-64}
 LR=${LR:-0.1}
-STEPS=${STEPS:-"pack shuffle bench train"}
+ALL_STEPS="pack shuffle bench train"
+STEPS=${STEPS:-$ALL_STEPS}
+for s in $STEPS; do   # every name checked before the first step runs: a typo costs no pack
+    [[ " $ALL_STEPS " == *" $s "* ]] || {
+        echo "pipeline.sh: unknown step '$s' in STEPS='$STEPS' (steps: $ALL_STEPS)" >&2
+        exit 2
+    }
+done
 
 command -v "${DIMD%% *}" >/dev/null || {
     echo "pipeline.sh: '${DIMD%% *}' is not on PATH; activate dimd's environment (or set DIMD)" >&2
@@ -78,10 +85,6 @@ for s in $STEPS; do
             --image-size "$IMAGE_SIZE" --epochs "$EPOCHS" --batch-size "$BATCH_SIZE" --lr "$LR" \
             --checkpoint-dir "$work/checkpoints" --resume \
             --metrics "$work/metrics.jsonl" --json "$work/train.json" "$@"
-        ;;
-    *)
-        echo "pipeline.sh: unknown step '$s' (steps: pack shuffle bench train)" >&2
-        exit 2
         ;;
     esac
 done

@@ -51,11 +51,23 @@ def progress(total: int | None, description: str, *, unit: str = "items", enable
                 nonlocal done
                 done += n
                 elapsed = max(time.perf_counter() - start, 1e-9)
-                bar.update(task, advance=n, rate=f"{done / elapsed:,.0f} {unit}/s")
+                bar.update(task, advance=n, rate=f"{format_rate(done / elapsed)} {unit}/s")
 
             yield advance
         return
     yield from _plain_progress(total, description, unit, interval, stream)
+
+
+def format_rate(rate: float) -> str:
+    """A rate with the digits that matter: ``1,234``, ``12``, ``0.42`` (never ``0`` for a slow one)."""
+    return f"{rate:,.0f}" if rate >= 10 or rate == 0 else f"{rate:.2g}"
+
+
+def write_line(stream: TextIO, text: str) -> None:
+    """``text`` and its newline in one write: under a launcher that forwards stdout and stderr
+    separately, a line written in two pieces can be split by the other stream's next line."""
+    stream.write(text + "\n")
+    stream.flush()
 
 
 def _plain_progress(total: int | None, description: str, unit: str, interval: float,
@@ -69,8 +81,8 @@ def _plain_progress(total: int | None, description: str, unit: str, interval: fl
         if total:
             eta = (total - done) / rate if rate > 0 else float("inf")
             return (f"{description}: {done}/{total} {unit} ({100 * done / total:.0f}%), "
-                    f"{rate:,.0f} {unit}/s, {elapsed:.0f}s elapsed, eta {eta:.0f}s")
-        return f"{description}: {done} {unit}, {rate:,.0f} {unit}/s, {elapsed:.0f}s elapsed"
+                    f"{format_rate(rate)} {unit}/s, {elapsed:.0f}s elapsed, eta {eta:.0f}s")
+        return f"{description}: {done} {unit}, {format_rate(rate)} {unit}/s, {elapsed:.0f}s elapsed"
 
     def advance(n: int = 1) -> None:
         nonlocal done, last
@@ -78,7 +90,7 @@ def _plain_progress(total: int | None, description: str, unit: str, interval: fl
         now = time.perf_counter()
         if now - last >= interval:
             last = now
-            print(line(), file=stream, flush=True)
+            write_line(stream, line())
 
     yield advance
-    print(line(), file=stream, flush=True)
+    write_line(stream, line())

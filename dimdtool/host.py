@@ -18,6 +18,27 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def affinity(pid: int = 0) -> frozenset[int]:
+    """The CPUs process ``pid`` (0: this one) may run on; empty where unknown (not Linux, gone)."""
+    try:
+        return frozenset(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):
+        return frozenset()
+
+
+def launcher_cores() -> int:
+    """Cores this node gives the job, as far as one process can tell before MPI starts.
+
+    A launcher that binds ranks (Open MPI does by default, ``mpiexec -bind-to core``)
+    leaves each rank one core, but its own process on the node (Hydra's proxy,
+    Open MPI's prted, SLURM's step daemon) keeps what the job was given: the
+    parent's affinity joined with ours. A wrapper between them that inherited the
+    binding makes this the rank's own cores, as before.
+    """
+    cores = affinity() | affinity(os.getppid())
+    return len(cores) or available_cores()
+
+
 def available_memory() -> int:
     """Bytes the kernel says can be allocated without swapping (MemAvailable)."""
     value = _proc_field("/proc/meminfo", "MemAvailable:")

@@ -1,11 +1,14 @@
-"""Start MPI on purpose: thread level, MPICH's progress throttle, and what was chosen.
+"""Start MPI on purpose: thread level, idle ranks on a crowded node, and what was chosen.
 
 mpi4py's default (THREAD_MULTIPLE, initialised at import) turns off MPICH's
-shared-memory collectives, and oversubscribed MPICH ranks spin; both cost an
-order of magnitude on one node (docs/mpi.md#mpi-on-one-machine). Every
-dimd command that uses MPI starts it through :func:`init_mpi`, which also
-refuses the singleton trap: a launcher that started N processes which each see
-an MPI world of one (plain ``srun`` with the mpich wheel, see
+shared-memory collectives, and oversubscribed ranks that spin while they wait
+cost an order of magnitude on one node (docs/mpi.md#mpi-on-one-machine). Every
+dimd command that uses MPI starts it through :func:`init_mpi`. When a node's
+ranks outnumber its cores it sets each MPI's own remedy before MPI starts
+(MPICH's progress throttle, Open MPI's ``mpi_yield_when_idle``) and records
+only the one the running library honours. It also refuses the singleton trap:
+a launcher that started N processes which each see an MPI world of one (plain
+``srun`` with the mpich wheel, see
 docs/batch-jobs.md#mpi-under-slurm-one-job-not-n-singletons) would otherwise run N
 silent, separate jobs.
 """
@@ -17,30 +20,91 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, Mapping, MutableMapping
 
 from dimd.errors import DimdError
-from dimd.host import available_cores
+from dimd.host import affinity, available_cores, launcher_cores
 
 ThreadLevel = Literal["single", "funneled", "serialized", "multiple"]
 
+#: MPICH: waiting ranks back off instead of polling (ignored by other MPIs).
 _THROTTLE = {
     "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
     "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "1",
 }
+#: Open MPI: a rank with nothing to do yields its core (ignored by other MPIs).
+_YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 @dataclass(frozen=True)
 class MpiSetup:
-    """What :func:`init_mpi` chose; goes into every benchmark's JSON."""
+    """What :func:`init_mpi` chose and found; goes into every command's JSON.
+
+    ``progress_throttle`` and ``yield_when_idle`` are true only when the running
+    MPI is the one that reads them (MPICH, Open MPI) and they were in force.
+    """
 
     thread_level_requested: str
     thread_level_provided: str
     progress_throttle: bool
-    local_ranks: int | None
+    yield_when_idle: bool
+    local_ranks: int
     cores: int
+    rank_cores: int
+    oversubscribed: bool
     library_version: str
     world_size: int
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class NodeCores:
+    """How a node's ranks share its cores: gathered from every node-local rank's CPU affinity.
+
+    A launcher may bind each rank to a few cores (Open MPI binds to one core at
+    2 ranks or fewer; ``srun --cpus-per-task``; ``mpiexec -bind-to core``), so a
+    rank's own affinity is not the node's cores: the node's are the union of its
+    ranks' affinities, and a rank's threads are its own cores shared by the
+    node-local ranks bound to the same set.
+    """
+
+    node: int           # the union of the node-local ranks' affinities
+    own: int            # this rank's affinity
+    local_ranks: int    # ranks on this node
+    sharing: int        # node-local ranks (this one included) bound to exactly this rank's set
+
+    @property
+    def threads(self) -> int:
+        """Compute threads for this rank: its cores over the ranks that share them."""
+        return max(1, self.own // self.sharing)
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.local_ranks > self.node
+
+    def tight_binding(self) -> str | None:
+        """A warning when the launcher's binding leaves this rank less than its fair share."""
+        fair = self.node // self.local_ranks
+        if self.threads >= fair:
+            return None
+        return (f"the launcher binds each rank to {self.own} core(s) of the node's {self.node} for "
+                f"{self.local_ranks} rank(s) on the node, so it gets {self.threads} thread(s) where "
+                f"{fair} are free: start it without binding (Open MPI: mpirun --bind-to none; MPICH: "
+                f"leave out -bind-to) or set --threads")
+
+
+def node_cores(comm: Any) -> NodeCores:
+    """Collective over ``comm``: the CPU affinities of this node's ranks, gathered and compared."""
+    from mpi4py import MPI
+
+    mine = affinity()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        masks = [frozenset(mask) for mask in local.allgather(sorted(mine))]
+    finally:
+        local.Free()
+    union = frozenset().union(*masks)
+    return NodeCores(node=len(union) or available_cores(), own=len(mine) or available_cores(),
+                     local_ranks=len(masks), sharing=sum(mask == mine for mask in masks))
 
 
 def node_local_ranks(comm: Any) -> int:
@@ -75,17 +139,28 @@ def local_rank_count(environ: MutableMapping[str, str] = os.environ) -> int | No
     return None
 
 
-def prepare_environment(environ: MutableMapping[str, str] = os.environ) -> bool:
-    """Set MPICH's progress throttle when this node's ranks outnumber its cores.
+def prepare_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, bool]:
+    """Set each MPI's remedy for idle ranks when this node's ranks outnumber its cores.
 
-    Must run before MPI initialises. A value the user set is left alone.
-    Returns whether the throttle is on.
+    Must run before MPI initialises, so the node's cores are the launcher's
+    (:func:`dimd.host.launcher_cores`: a rank bound to one core does not make a
+    node of one core). A value the user set is left alone. Returns which
+    remedies are in force: ``progress_throttle`` (MPICH), ``yield_when_idle`` (Open MPI).
     """
     local = local_rank_count(environ)
-    if local is not None and local > available_cores():
-        for key, value in _THROTTLE.items():
+    if local is not None and local > launcher_cores():
+        for key, value in {**_THROTTLE, **_YIELD}.items():
             environ.setdefault(key, value)
-    return all(environ.get(key) == value for key, value in _THROTTLE.items())
+    return {"progress_throttle": all(environ.get(key) == value for key, value in _THROTTLE.items()),
+            "yield_when_idle": all(environ.get(key) == value for key, value in _YIELD.items())}
+
+
+def library_version() -> str:
+    """The first line of MPI's library version, without Open MPI's trailing NUL (grep calls a log with one binary)."""
+    from mpi4py import MPI
+
+    text = MPI.Get_library_version().replace("\0", "").strip()
+    return text.splitlines()[0].strip() if text else "unknown MPI"
 
 
 class LaunchMismatch(DimdError):
@@ -161,6 +236,38 @@ def launch_mismatch(world_size: int, library: str,
     return None
 
 
+def require_on_every_rank(comm: Any, path: str, what: str) -> None:
+    """Collective: a DimdError on every rank unless every rank sees ``path`` (a checkpoint, a data set).
+
+    A folder on one node's own disk is found by that node's ranks only; the
+    others would each fail with "not found" and no hint why.
+    """
+    import socket
+
+    seen = comm.allgather((os.path.exists(path), socket.gethostname()))
+    missing = [(rank, host) for rank, (found, host) in enumerate(seen) if not found]
+    if not missing:
+        return
+    if len(missing) == len(seen):
+        raise DimdError(f"{path}: {what} not found")
+    where = ", ".join(f"rank {rank} on {host}" for rank, host in missing[:4]) + (", ..." if len(missing) > 4 else "")
+    raise DimdError(f"{path}: {what} not found by {where} (rank 0 on {seen[0][1]} sees it): its folder must "
+                    f"be visible on every node, on a file system they share")
+
+
+def launcher_rank(environ: Mapping[str, str] = os.environ) -> int | None:
+    """This process's rank as its launcher exported it (before MPI starts), None outside a launcher.
+
+    For what every rank would print alike before MPI starts (a usage error):
+    the first rank says it, the others only exit.
+    """
+    for key in (*(rank_key for _, rank_key, _ in LAUNCHER_SIZES), "PMIX_RANK"):
+        rank = _count(environ, key)
+        if rank is not None:
+            return rank
+    return None
+
+
 _setup: MpiSetup | None = None
 
 
@@ -175,25 +282,29 @@ def init_mpi(thread_level: ThreadLevel = "single") -> MpiSetup:
     global _setup
     if _setup is not None:
         return _setup
-    throttle = prepare_environment()
+    tuning = prepare_environment()
     import mpi4py
 
     mpi4py.rc.thread_level = thread_level
     mpi4py.rc.threads = thread_level != "single"
     from mpi4py import MPI
 
-    library = MPI.Get_library_version().strip().splitlines()[0].strip()
+    library = library_version()
     mismatch = launch_mismatch(MPI.COMM_WORLD.Get_size(), library)
     if mismatch is not None:
         raise mismatch
     names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
              MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+    cores = node_cores(MPI.COMM_WORLD)
     _setup = MpiSetup(
         thread_level_requested=thread_level,
         thread_level_provided=names.get(MPI.Query_thread(), str(MPI.Query_thread())),
-        progress_throttle=throttle,
-        local_ranks=local_rank_count(),
-        cores=available_cores(),
+        progress_throttle=tuning["progress_throttle"] and library.startswith("MPICH"),
+        yield_when_idle=tuning["yield_when_idle"] and library.startswith("Open MPI"),
+        local_ranks=cores.local_ranks,
+        cores=cores.node,
+        rank_cores=cores.own,
+        oversubscribed=cores.oversubscribed,
         library_version=library,
         world_size=MPI.COMM_WORLD.Get_size(),
     )

@@ -43,7 +43,9 @@ def library_versions() -> dict[str, str]:
         if module in sys.modules:
             versions[module] = getattr(sys.modules[module], "__version__", "?")
     if "mpi4py.MPI" in sys.modules:
-        versions["mpi"] = sys.modules["mpi4py.MPI"].Get_library_version().strip().splitlines()[0].strip()
+        from dimd.mpi import library_version
+
+        versions["mpi"] = library_version()
     return versions
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from dimd.checks import at_least
 from dimd.errors import DimdError
 from dimd.report import spread
-from dimd.shuffle.decode import SCALE, random_resized_crop_box
+from dimd.shuffle.crop import SCALE, crop_box, draw_crops
 from dimd.shuffle.loader import BatchLoader
 from dimd.shuffle.store import DistributedStore
 
@@ -131,10 +131,11 @@ class FileDataset:
         rng = self.generator()
         with Image.open(self.paths[i]) as source:
             image = source.convert("RGB")
-        left, top, w, h = random_resized_crop_box(*image.size, rng, scale=self.scale)
+        tries, position, flip = draw_crops(rng, 1).row(0)
+        left, top, w, h = crop_box(*image.size, tries, position, scale=self.scale)
         image = image.crop((left, top, left + w, top + h)).resize((self.image_size,) * 2,
                                                                   Image.Resampling.BILINEAR)
-        if rng.random() < 0.5:
+        if flip:
             image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.array(image)).permute(2, 0, 1), int(self.labels[i])
 

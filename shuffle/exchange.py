@@ -9,7 +9,7 @@ MPI libraries), so shares and messages above 2 GiB need no chunking here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -72,12 +72,13 @@ class Received:
     bytes_from_others: int
 
 
-def alltoallv_records(comm: Any, sendbuf: np.ndarray, send_meta: np.ndarray,
-                      send_counts: np.ndarray) -> Received:
+def alltoallv_records(comm: Any, sendbuf: np.ndarray, send_meta: np.ndarray, send_counts: np.ndarray,
+                      allocate: Callable[[int], np.ndarray] | None = None) -> Received:
     """Send ``send_counts[d]`` consecutive records (rows and bytes) to rank ``d`` of ``comm``.
 
     ``sendbuf`` holds the records' bytes in the order of ``send_meta``, grouped
-    by destination. Returns the received records grouped by source rank.
+    by destination. Returns the received records grouped by source rank, their
+    bytes received straight into ``allocate(nbytes)`` (default: a new array).
     """
     from mpi4py import MPI
 
@@ -94,7 +95,8 @@ def alltoallv_records(comm: Any, sendbuf: np.ndarray, send_meta: np.ndarray,
     send_bytes = block_sums(send_meta["length"], send_counts)
     recv_lengths = recv_meta["length"].astype(np.int64)
     recv_bytes = block_sums(recv_lengths, recv_counts)
-    recvbuf = np.empty(int(recv_bytes.sum()), np.uint8)
+    total = int(recv_bytes.sum())
+    recvbuf = allocate(total) if allocate is not None else np.empty(total, np.uint8)
     comm.Alltoallv([sendbuf, (send_bytes, displacements(send_bytes)), MPI.BYTE],
                    [recvbuf, (recv_bytes, displacements(recv_bytes)), MPI.BYTE])
     return Received(data=recvbuf, meta=recv_meta, starts=displacements(recv_lengths),

@@ -1,29 +1,35 @@
-"""Random in-memory batches: a sampler over the local share and a pool of decoding threads.
+"""Random in-memory batches: a sampler over the local share, decoded by worker processes.
 
 DIMD paper, section 4.1, "Random in-memory batch load". An epoch is the whole
 data set seen once across the job, so every rank takes
 ``total // (world_size * batch_size)`` batches per epoch, drawn at random
-without replacement from its own share. Each batch and each image's
-augmentation come from a seed derived from ``(seed, rank, epoch, step)``, so
-the batches do not depend on thread timing, and ``state_dict`` only needs the
-position to resume exactly.
+without replacement from its own share. Each batch's augmentation is drawn
+from one generator seeded with ``(seed, rank, epoch, step)``, so the batches
+depend neither on the number of workers nor on their timing, and
+``state_dict`` only needs the position to resume exactly.
 
-PIL releases the GIL while it decodes and resizes, so threads scale; the
-pool keeps ``prefetch`` batches in flight ahead of the consumer.
+The decoding happens in ``workers`` processes (:mod:`dimd.shuffle.workers`):
+they read the records zero-copy from the store's shared segment and write
+each batch, split in one chunk per worker, into a ring of ``prefetch + 1``
+shared batch slots; the training process only waits for a slot and copies it
+out (into pinned memory when a GPU is used). So the decoding never takes the
+training process's GIL.
 """
 
 from __future__ import annotations
 
 import collections
-from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Generator, Iterator
 
 import numpy as np
 
 from dimd.errors import DimdError
 from dimd.format import crc32
-from dimd.shuffle.decode import SCALE, DecodeError, eval_hwc, to_chw, train_hwc
+from dimd.shuffle.crop import SCALE
+from dimd.shuffle.shm import Segment
 from dimd.shuffle.store import DistributedStore
+from dimd.shuffle.workers import DecodeWorkers, Task
 
 STATE_VERSION = 1
 
@@ -68,7 +74,11 @@ class BatchLoader:
             self.steps_per_epoch = -(-len(store) // batch_size)
         self._pin = pin_memory and _cuda_available()
         self._epoch, self._step = 0, 0  # the position: batches consumed so far
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DecodeWorkers | None = None
+        self._ring: Segment | None = None
+        self._slots = prefetch + 1
+        self._store_key: int | None = None          # the store segment the workers have mapped
+        self._abandoned: list[tuple[int, int]] = []  # (worker, ticket) of batches left unread
 
     # -- the sampler ----------------------------------------------------------------------
 
@@ -99,24 +109,21 @@ class BatchLoader:
         first = self._step if epoch == self._epoch else 0
         self._epoch, self._step = epoch, first
         batches = self.epoch_indices(epoch)
-        pool = self._executor()
-        pending: collections.deque = collections.deque()
+        self._prepare()
+        pending: collections.deque[_Batch] = collections.deque()
         next_step = first
         try:
             for step in range(first, len(batches)):
                 while next_step < len(batches) and next_step <= step + self.prefetch:
-                    pending.append(self._submit(pool, epoch, next_step, batches[next_step]))
+                    pending.append(self._submit(epoch, next_step, batches[next_step]))
                     next_step += 1
-                images, labels, futures = pending.popleft()
-                for future in futures:
-                    future.result()
+                images, labels = self._collect(pending.popleft())
                 self._epoch, self._step = epoch, step + 1
                 yield images, labels
             self._epoch, self._step = epoch + 1, 0
         finally:
-            for _, _, futures in pending:
-                for future in futures:
-                    future.cancel()
+            for batch in pending:
+                self._abandoned.extend(batch.tickets)
 
     @property
     def position(self) -> tuple[int, int]:
@@ -141,43 +148,115 @@ class BatchLoader:
     def __len__(self) -> int:
         return self.steps_per_epoch
 
-    def _submit(self, pool: ThreadPoolExecutor, epoch: int, step: int,
-                indices: np.ndarray) -> tuple[Any, Any, list[Future]]:
+    # -- the workers ----------------------------------------------------------------------
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The decoding processes' ids (started at the first batch asked for)."""
+        return self._pool.pids if self._pool is not None else []
+
+    @property
+    def startup_seconds(self) -> float | None:
+        """How long the workers took to start (None before they are started)."""
+        return self._pool.startup_seconds if self._pool is not None else None
+
+    def _prepare(self) -> None:
+        """Start (or reuse) the workers, wait out abandoned batches, and point the workers at the store."""
+        if self._pool is None or self._pool.closed:
+            self._pool = DecodeWorkers.shared(self.workers)
+            self._ring = Segment(self._slots * self._slot_bytes, "dimd-ring")
+            self._pool.attach(self._ring)
+            self._store_key = None
+        for worker, ticket in self._abandoned:
+            self._pool.discard(worker, ticket)
+        self._abandoned = []
+        if self._paths is None:
+            segment = self.store.segment
+            if segment.key != self._store_key:   # the first batch, or the store was shuffled
+                self._let_go_of_store()
+                self._pool.attach(segment)
+                self._store_key = segment.key
+                if self._let_go_of_store not in self.store.on_release:
+                    self.store.on_release.append(self._let_go_of_store)
+
+    def _let_go_of_store(self, *_: object) -> None:
+        """Unmap the store's segment in the workers (after the tasks sent before): a shuffle replaces it."""
+        if self._pool is None or self._pool.closed or self._store_key is None:
+            return
+        for worker, ticket in self._abandoned:
+            self._pool.discard(worker, ticket)
+        self._abandoned = []
+        self._pool.detach(self._store_key)
+        self._store_key = None
+
+    @property
+    def _slot_bytes(self) -> int:
+        return self.batch_size * 3 * self.image_size * self.image_size
+
+    @property
+    def _paths(self) -> Any:
+        """``--read-from files``: the source's ``record_paths(indices)``; None for the in-memory store."""
+        return getattr(self.store, "record_paths", None)
+
+    def _submit(self, epoch: int, step: int, indices: np.ndarray) -> "_Batch":
+        assert self._pool is not None and self._ring is not None
+        n, store, paths = len(indices), self.store, self._paths
+        slot = step % self._slots
+        draw_key = (self.seed, self.rank, epoch, step) if self.train else None
+        offsets, lengths = (None, None) if paths is not None else store.locate(indices)
+        tickets = []
+        for k, chunk in enumerate(np.array_split(np.arange(n), min(self.workers, n))):
+            lo, hi = int(chunk[0]), int(chunk[-1]) + 1
+            task = Task(ring=self._ring.key, slot_offset=slot * self._slot_bytes, count=n, lo=lo, hi=hi,
+                        image_size=self.image_size, train=self.train, scale=self.crop_scale, draw_key=draw_key,
+                        source=self._store_key if paths is None else None,
+                        offsets=None if offsets is None else offsets[lo:hi],
+                        lengths=None if lengths is None else lengths[lo:hi],
+                        paths=paths(indices[lo:hi]) if paths is not None else None,
+                        cold=bool(getattr(store, "cold", False)),
+                        records=store.global_index[indices[lo:hi]], data_path=str(store.path))
+            worker = (step + k) % self.workers
+            tickets.append((worker, self._pool.submit(worker, task)))
+        return _Batch(slot, indices, tickets)
+
+    def _collect(self, batch: "_Batch") -> tuple[Any, Any]:
+        """Wait for ``batch``'s chunks, then copy its slot out (the slot is free again at once)."""
         import torch
 
-        size = self.image_size
-        images = torch.empty((len(indices), 3, size, size), dtype=torch.uint8, pin_memory=self._pin)
-        labels = torch.from_numpy(self.store.labels[indices].astype(np.int64))
-        target = images.numpy()
-        seeds = image_seeds(self.seed, self.rank, epoch, step, len(indices)) if self.train else [None] * len(indices)
-        chunks = np.array_split(np.arange(len(indices)), min(self.workers, len(indices)))
-        futures = [pool.submit(self._decode_into, target, indices, seeds, chunk) for chunk in chunks]
-        return images, labels, futures
-
-    def _decode_into(self, target: np.ndarray, indices: np.ndarray, seeds: list, chunk: np.ndarray) -> None:
-        store, size = self.store, self.image_size
-        for slot in chunk.tolist():
-            i = int(indices[slot])
+        assert self._pool is not None and self._ring is not None
+        for position, (worker, ticket) in enumerate(batch.tickets):
             try:
-                if self.train:
-                    hwc, flip = train_hwc(store.record(i), size, np.random.default_rng(seeds[slot]),
-                                          self.crop_scale)
-                    to_chw(hwc, flip, out=target[slot])
-                else:
-                    to_chw(eval_hwc(store.record(i), size), out=target[slot])
-            except DecodeError as exc:
-                raise DecodeError(f"{store.path}: record {int(store.global_index[i])}: {exc}") from None
-
-    def _executor(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="dimd-decode")
-        return self._pool
+                self._pool.wait(worker, ticket)
+            except DimdError:
+                self._abandoned.extend(batch.tickets[position + 1:])
+                raise
+        n, size = len(batch.indices), self.image_size
+        start = batch.slot * self._slot_bytes
+        ready = self._ring.array[start : start + n * 3 * size * size].reshape(n, 3, size, size)
+        images = torch.empty((n, 3, size, size), dtype=torch.uint8, pin_memory=self._pin)
+        np.copyto(images.numpy(), ready)
+        labels = torch.from_numpy(self.store.labels[batch.indices].astype(np.int64))
+        return images, labels
 
     def close(self) -> None:
-        """Stop the decoding threads (also done when the loader is garbage-collected)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        """Let go of the workers (the last loader using them ends them) and of the batch slots."""
+        pool = self._pool
+        if self._let_go_of_store in self.store.on_release:
+            self.store.on_release.remove(self._let_go_of_store)
+        if pool is None:
+            return
+        try:
+            self._let_go_of_store()
+            if self._ring is not None and not pool.closed:
+                pool.detach(self._ring.key)
+        except DimdError:
+            pass   # a worker died: the pool is closed already
+        finally:
+            self._pool, self._abandoned, self._store_key = None, [], None
+            pool.release()
+            if self._ring is not None:
+                self._ring.close()
+                self._ring = None
 
     def __enter__(self) -> "BatchLoader":
         return self
@@ -186,9 +265,11 @@ class BatchLoader:
         self.close()
 
     def __del__(self) -> None:
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        if getattr(self, "_pool", None) is not None:
+            try:
+                self.close()
+            except Exception:  # during interpreter shutdown; the workers end with our sockets anyway
+                pass
 
     # -- resume ---------------------------------------------------------------------------
 
@@ -224,9 +305,13 @@ class BatchLoader:
         self.seek(int(state["epoch"]), int(state["step"]))
 
 
-def image_seeds(seed: int, rank: int, epoch: int, step: int, n: int) -> list[np.random.SeedSequence]:
-    """The seeds of a training batch's ``n`` augmentations: they depend on nothing but the position."""
-    return np.random.SeedSequence([seed, rank, epoch, step]).spawn(n)
+@dataclass
+class _Batch:
+    """A batch on its way: its ring slot, its records and the (worker, ticket) of each chunk."""
+
+    slot: int
+    indices: np.ndarray
+    tickets: list[tuple[int, int]]
 
 
 def _cuda_available() -> bool:

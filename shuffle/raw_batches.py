@@ -12,12 +12,13 @@ pixel is decoded, as in DALI's region-of-interest decode.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generator
+from typing import Generator
 
 import numpy as np
 
-from dimd.shuffle.decode import DecodeError, centre_crop_box, draw_train_crop
-from dimd.shuffle.loader import BatchLoader, image_seeds
+from dimd.shuffle.crop import crop_box, draw_crops
+from dimd.shuffle.decode import DecodeError, centre_crop_box
+from dimd.shuffle.loader import BatchLoader
 
 #: JPEG start-of-frame markers (SOF0-SOF15, less DHT 0xC4, JPG 0xC8 and DAC 0xCC): they hold the size.
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -64,17 +65,17 @@ def raw_batch(loader: BatchLoader, epoch: int, step: int, indices: np.ndarray) -
     sizes = np.empty((len(indices), 2), np.int64)
     boxes = np.empty((len(indices), 4), np.float64)
     flips = np.zeros(len(indices), bool)
-    seeds: list[Any] = (image_seeds(loader.seed, loader.rank, epoch, step, len(indices)) if loader.train
-                        else [None] * len(indices))
-    for slot, (record, seed) in enumerate(zip(records, seeds)):
+    # The loader's workers draw a batch's crops from one generator keyed (seed, rank, epoch, step).
+    draws = draw_crops(np.random.default_rng([loader.seed, loader.rank, epoch, step]), len(indices))
+    for slot, record in enumerate(records):
         try:
             width, height = jpeg_size(record)
         except DecodeError as exc:
             raise DecodeError(f"{store.path}: record {int(store.global_index[int(indices[slot])])}: {exc}") from None
         sizes[slot] = width, height
         if loader.train:
-            boxes[slot], flips[slot] = draw_train_crop(width, height, np.random.default_rng(seed),
-                                                       loader.crop_scale)
+            tries, position, flips[slot] = draws.row(slot)
+            boxes[slot] = crop_box(width, height, tries, position, loader.crop_scale)
         else:
             boxes[slot] = centre_crop_box(width, height, loader.image_size)
     labels = store.labels[indices].astype(np.int64)

@@ -29,6 +29,7 @@ import numpy as np
 from dimd.errors import DimdError
 from dimd.format import PackedDataset, crc32
 from dimd.shuffle.exchange import META_DTYPE, alltoallv_records, gather_bytes
+from dimd.shuffle.shm import Segment
 from dimd.host import available_memory
 from dimd.mpi import agree_or_raise, node_local_ranks
 from dimd.shares import balanced_bounds
@@ -74,7 +75,7 @@ class DistributedStore:
     """
 
     def __init__(self, *, path: Path, comm: Any, group_comm: Any, group: int, groups: int,
-                 total: int, classes: list[str], data: np.ndarray, starts: np.ndarray,
+                 total: int, classes: list[str], data: Segment, starts: np.ndarray,
                  meta: np.ndarray, load_stats: LoadStats) -> None:
         self.path = path
         self.comm = comm
@@ -85,6 +86,8 @@ class DistributedStore:
         self.classes = classes
         self.load_stats = load_stats
         self.round: int | None = None  # the last shuffle's round; None: still in load order
+        #: Called before a shuffle lets go of :attr:`segment` (a loader's workers unmap it then).
+        self.on_release: list[Callable[[Segment], None]] = []
         self._set(data, starts, meta)
 
     # -- construction -------------------------------------------------------------------
@@ -124,10 +127,10 @@ class DistributedStore:
                                             rank=comm.Get_rank(), records=len(rows),
                                             group_size=size, path=str(dataset.data_path)))
 
-        data, reads, problem = np.empty(share, np.uint8), 0, None
+        data, reads, problem = Segment(share, "dimd-store"), 0, None   # the decoding workers map it
         try:
-            reads = _read_range(dataset.data_path, begin, data, advance)
-            problem = _spot_check(dataset, first, rows, data, begin)
+            reads = _read_range(dataset.data_path, begin, data.array, advance)
+            problem = _spot_check(dataset, first, rows, data.array, begin)
         except OSError as exc:
             problem = f"{dataset.data_path}: read failed ({exc})"
         agree_or_raise(comm, problem)                       # MPI: one rank's problem ends every rank
@@ -144,9 +147,11 @@ class DistributedStore:
                    classes=list(dataset.classes), data=data, starts=starts, meta=meta,
                    load_stats=stats)
 
-    def _set(self, data: np.ndarray, starts: np.ndarray, meta: np.ndarray) -> None:
-        data.flags.writeable = False  # records are handed out as views: nobody may change them
-        self._data = data
+    def _set(self, data: Segment, starts: np.ndarray, meta: np.ndarray) -> None:
+        #: The shared memory that holds the records (a new one after each shuffle between ranks).
+        self.segment = data
+        self._data = data.array[:]
+        self._data.flags.writeable = False  # records are handed out as views: nobody may change them
         self._starts = np.ascontiguousarray(starts, np.int64)
         self._meta = meta
         self.labels = np.ascontiguousarray(meta["label"])
@@ -161,6 +166,10 @@ class DistributedStore:
         """The encoded bytes of local record ``i``, without copying."""
         start = int(self._starts[i])
         return self._data.data[start : start + int(self._meta["length"][i])]
+
+    def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(byte offsets in :attr:`segment`, lengths) of local records ``indices``."""
+        return self._starts[indices], self._meta["length"][indices].astype(np.int64)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -207,7 +216,7 @@ class DistributedStore:
         sent_records = sent_bytes = received_records = received_bytes = 0
         if size == 1:
             order = np.argsort(slot_of[self._meta["index"]])
-            data, starts, meta = self._data, self._starts[order], self._meta[order]
+            data, starts, meta = self.segment, self._starts[order], self._meta[order]
         else:
             dest = np.searchsorted(bounds, slot_of[self._meta["index"]], side="right") - 1
             order = np.argsort(dest, kind="stable")
@@ -217,8 +226,18 @@ class DistributedStore:
             staying = order[dest[order] == rank]
             sent_records = len(order) - len(staying)
             sent_bytes = len(sendbuf) - int(self._meta["length"][staying].sum(dtype=np.int64))
-            self._data = np.empty(0, np.uint8)  # free the old share before the receive buffer exists
-            received = alltoallv_records(comm, sendbuf, send_meta, counts)   # MPI: the records change ranks
+            # free the old share (here and in the decoding workers) before the receive buffer exists
+            for release in self.on_release:
+                release(self.segment)
+            self._data, self.segment = np.empty(0, np.uint8), Segment(0, "dimd-store")
+            segments: list[Segment] = []
+
+            def into_new_segment(nbytes: int) -> np.ndarray:   # the bytes land where the workers will read them
+                segments.append(Segment(nbytes, "dimd-store"))
+                return segments[0].array
+
+            # MPI: the records change ranks
+            received = alltoallv_records(comm, sendbuf, send_meta, counts, allocate=into_new_segment)
             del sendbuf
             position = slot_of[received.meta["index"]] - bounds[rank]
             problem = None
@@ -232,7 +251,7 @@ class DistributedStore:
             meta[position] = received.meta
             starts = np.empty_like(received.starts)
             starts[position] = received.starts
-            data = received.data
+            data = segments[0]
             received_records, received_bytes = received.records_from_others, received.bytes_from_others
         self._set(data, starts, meta)
         self.round = round

@@ -67,14 +67,17 @@ def mpi_command_setup() -> None:
     """Under dimd's ``mpi_command``, every rank says its thread level and throttle, then ``done``.
 
         mpiexec -n 4 python -m mpi4py tests/mpi_cases.py mpi_command_setup
-        -> level funneled throttle True   (x4, when 4 ranks outnumber the cores)
+        -> level funneled throttle True yield False oversubscribed True (MPICH)
+           (x4, when 4 ranks outnumber the cores; under Open MPI: throttle False yield True)
            done 0 ... done 3
     """
     from dimd.commands.mpi_job import mpi_command
 
     @mpi_command("funneled")
     def job(comm: Any, mpi_setup: Any) -> None:
-        say(f"level {mpi_setup.thread_level_provided} throttle {mpi_setup.progress_throttle}")
+        say(f"level {mpi_setup.thread_level_provided} throttle {mpi_setup.progress_throttle} "
+            f"yield {mpi_setup.yield_when_idle} oversubscribed {mpi_setup.oversubscribed} "
+            f"({mpi_setup.library_version.split()[0]})")
         comm.Barrier()
         say(f"done {comm.rank}")
 
@@ -172,23 +175,30 @@ def assert_fails_on_one_rank(failing_rank: str) -> None:
 
 @case
 def loader_batches(dataset: str, groups: str) -> None:
-    """Shuffle DATASET in GROUPS groups, then load one training and one evaluation epoch.
+    """Load DATASET in GROUPS groups, train an epoch, shuffle, train one more and evaluate one.
 
-    Rank 0 prints one JSON line: every rank's steps per epoch, how many training
-    images rank 0 saw, and each rank's evaluation (global index, label, crc32 of
-    the decoded image), for the test to check against the packed set::
+    The decoding workers read the load-order share in epoch 0 and the shuffled
+    one after it, without restarting. Rank 0 prints one JSON line: every rank's
+    steps per epoch, how many training images rank 0 saw after the shuffle,
+    whether any rank's workers restarted, and each rank's evaluation (global
+    index, label, crc32 of the decoded image), for the test to check against
+    the packed set::
 
         mpiexec -n 3 python -m mpi4py tests/mpi_cases.py loader_batches packed/sample 1
-        -> {"steps": [4, 4, 4], "seen": 16, "pairs": [[[0, 2, 123...], ...], ...]}
+        -> {"steps": [4, 4, 4], "seen": 16, "restarted": false, "pairs": [[[0, 2, 123...], ...], ...]}
     """
     from dimd.shuffle import BatchLoader, DistributedStore
 
     comm = world("funneled")
     store = DistributedStore.load(dataset, comm, groups=int(groups))
-    store.shuffle(seed=4, round=0)
     train = BatchLoader(store, batch_size=4, image_size=32, workers=2, seed=1)
     steps = comm.allgather(train.steps_per_epoch)
-    seen = sum(len(labels) for _, labels in train.epoch(0))
+    for _ in train.epoch(0):
+        pass
+    workers = train.worker_pids
+    store.shuffle(seed=4, round=0)   # the workers move to the received share at this round boundary
+    seen = sum(len(labels) for _, labels in train.epoch(1))
+    restarted = bool(comm.allreduce(int(train.worker_pids != workers)))
     evaluation = BatchLoader(store, batch_size=5, image_size=32, train=False, workers=2)
     pairs: list[tuple[int, int, int]] = []
     for images, labels in evaluation.epoch(0):
@@ -196,7 +206,30 @@ def loader_batches(dataset: str, groups: str) -> None:
                    zlib.crc32(images[j].numpy().tobytes())) for j in range(len(labels))]
     everything = comm.gather(pairs)
     if comm.rank == 0:
-        say(json.dumps({"steps": steps, "seen": seen, "pairs": everything}))
+        say(json.dumps({"steps": steps, "seen": seen, "restarted": restarted, "pairs": everything}))
+
+
+@case
+def loader_as_a_library(dataset: str, hold: str = "") -> None:
+    """What a user's own script does, with no launcher: load DATASET, read one training epoch.
+
+    Prints one JSON line: the crc32 of each batch's images and labels and the
+    decoding workers' process ids. With HOLD, then waits (for a test to kill it)::
+
+        python tests/mpi_cases.py loader_as_a_library packed/sample
+        -> {"batches": [[123, 456], ...], "workers": [4242, 4243]}
+    """
+    import time
+
+    from dimd.shuffle import BatchLoader, DistributedStore
+
+    store = DistributedStore.load(dataset, world("funneled"))
+    with BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=3) as loader:
+        batches = [(zlib.crc32(images.numpy().tobytes()), zlib.crc32(labels.numpy().tobytes()))
+                   for images, labels in loader.epoch(0)]
+        say(json.dumps({"batches": batches, "workers": loader.worker_pids}))
+        while hold:
+            time.sleep(1)
 
 
 # -- allreduce -------------------------------------------------------------------------

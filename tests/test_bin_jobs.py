@@ -134,6 +134,48 @@ def test_lsf_job_exits_99_for_a_requeue_only_after_the_warning(packed_sample, tm
     assert f"resumed from {saved[-1]}" in out and "not requeued" in out
 
 
+#: Open MPI's mpirun as PRRTE behaves: USR1 and USR2 reach the rank as they are, a TERM (or INT,
+#: HUP) kills it (PRRTE sends SIGKILL 250 ms after its SIGTERM, too soon for a checkpoint).
+FAKE_OPENMPI_MPIRUN = """#!/usr/bin/env bash
+[[ ${1:-} == --version ]] && { echo "mpirun (Open MPI) 5.0.11"; exit 0; }
+while [[ $1 == -* ]]; do shift; done
+"$@" &
+rank=$!
+trap 'echo "mpirun: SIGTERM: killing the ranks" >&2; kill -KILL $rank' TERM INT HUP
+trap 'kill -USR1 $rank' USR1
+trap 'kill -USR2 $rank' USR2
+while :; do status=0; wait $rank || status=$?; kill -0 $rank 2>/dev/null || break; done
+exit $status
+"""
+
+
+def test_lsf_job_under_open_mpi_turns_a_term_into_usr2_for_mpirun(packed_sample, tmp_path):
+    """A TERM to the job's process group (what bkill -s TERM may send) reaches the script, not mpirun."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):
+        for suffix in (".dimd", ".idx.h5"):
+            (data / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "mpirun").write_text(FAKE_OPENMPI_MPIRUN)
+    (fake / "mpirun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "1", "OUT": str(data), "RUN_DIR": str(tmp_path / "run"),
+           "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8",
+           "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-threads 1"}
+    job = subprocess.Popen(["bash", str(BIN / "lsf" / "train.lsf")], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")))
+    os.killpg(job.pid, signal.SIGTERM)   # the job's process group: the script and what stayed in it
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, out
+    assert "is Open MPI's: a TERM is passed on as USR2" in out
+    assert "SIGTERM -> the ranks, through mpirun (as SIGUSR2)" in out
+    assert "stopped by SIGUSR2" in out and "not requeued" in out and "killing the ranks" not in out
+
+
 @pytest.mark.parametrize("script", ["slurm/train.sbatch", "slurm/pack.sbatch", "lsf/train.lsf",
                                     "lsf/pack.lsf", "pipeline.sh"])
 def test_jobs_say_when_dimd_is_not_on_path(script, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import subprocess
 from pathlib import Path
 
@@ -56,3 +57,21 @@ def test_pipeline_without_arguments_prints_its_usage():
     proc = subprocess.run(["bash", str(BIN / "pipeline.sh")], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "usage: bin/pipeline.sh TRAIN_SRC VAL_SRC WORKDIR" in proc.stderr
+
+
+def test_pipeline_checks_every_step_name_before_running_any(tmp_path):
+    """A typo in STEPS is reported before the pack runs, not after it."""
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "STEPS": "pack trian"}
+    proc = subprocess.run(["bash", str(BIN / "pipeline.sh"), str(tmp_path / "missing"), str(tmp_path / "missing"),
+                           str(tmp_path / "work")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "unknown step 'trian'" in proc.stderr
+    assert "== pack" not in proc.stdout and not (tmp_path / "work" / "train.dimd").exists()
+
+
+def test_train_job_run_outside_slurm_says_to_submit_it_with_sbatch(tmp_path):
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    proc = subprocess.run(["bash", str(BIN / "slurm" / "train.sbatch"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "submit it with sbatch" in proc.stderr and "unbound variable" not in proc.stderr

@@ -7,7 +7,8 @@ import pytest
 from PIL import Image
 
 from dimd.shuffle import DecodeError, decode_eval, decode_train
-from dimd.shuffle.decode import random_resized_crop_box, to_chw
+from dimd.shuffle.crop import random_resized_crop_box
+from dimd.shuffle.decode import to_chw
 
 
 def jpeg_bytes(width: int, height: int, seed: int = 0, mode: str = "RGB") -> bytes:
@@ -91,3 +92,50 @@ def test_bad_bytes_raise_a_decode_error():
     truncated = jpeg_bytes(400, 300)[:2000]
     with pytest.raises(DecodeError):
         decode_train(truncated, 32, np.random.default_rng(0))
+
+
+def torchvision_crop_and_flip(width, height, rng, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """torchvision's RandomResizedCrop.get_params and RandomHorizontalFlip, drawing image by image."""
+    import math
+
+    area = width * height
+    for _ in range(10):
+        target_area = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        w, h = int(round(math.sqrt(target_area * aspect))), int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top, left = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
+            return (left, top, w, h), rng.random() < 0.5
+    return None, rng.random() < 0.5   # the centre fallback (same in both)
+
+
+def ks_statistic(a, b):
+    """The two-sample Kolmogorov-Smirnov distance between the empirical distributions of a and b."""
+    grid = np.union1d(a, b)
+    cdf = lambda x: np.searchsorted(np.sort(x), grid, side="right") / len(x)  # noqa: E731
+    return float(np.abs(cdf(a) - cdf(b)).max())
+
+
+@pytest.mark.parametrize("width,height,scale", [(400, 300, (0.08, 1.0)), (1200, 300, (0.35, 1.0))])
+def test_batch_drawn_crops_follow_torchvisions_distribution(width, height, scale):
+    from dimd.shuffle.crop import crop_box, draw_crops
+
+    n = 4000
+    draws = draw_crops(np.random.default_rng(7), n)
+    ours = [(crop_box(width, height, *draws.row(i)[:2], scale), draws.row(i)[2]) for i in range(n)]
+    reference_rng = np.random.default_rng(8)
+    theirs = [torchvision_crop_and_flip(width, height, reference_rng, scale) for _ in range(n)]
+    theirs = [(box if box is not None else crop_box(width, height, [], [0, 0], scale), flip)
+              for box, flip in theirs]
+
+    def features(samples):
+        boxes = np.array([box for box, _ in samples], float)
+        left, top, w, h = boxes.T
+        return {"scale": w * h / (width * height), "aspect": w / h,
+                "left": left / np.maximum(width - w, 1), "top": top / np.maximum(height - h, 1)}
+
+    for name, (a, b) in {k: (features(ours)[k], features(theirs)[k]) for k in features(ours)}.items():
+        # 1.95 * sqrt(2 / n): a real difference would exceed it, chance only with p ~ 0.001
+        assert ks_statistic(a, b) < 1.95 * (2 / n) ** 0.5, name
+    flips = np.mean([flip for _, flip in ours]), np.mean([flip for _, flip in theirs])
+    assert abs(flips[0] - 0.5) < 0.03 and abs(flips[1] - 0.5) < 0.03

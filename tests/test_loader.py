@@ -1,4 +1,12 @@
-"""The batch loader on one rank: shapes, labels, determinism, exact resume, evaluation coverage."""
+"""The batch loader on one rank: shapes, labels, determinism, exact resume, evaluation coverage,
+and its decoding worker processes: failures end with one line and leave nothing behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -38,11 +46,13 @@ def test_an_epoch_draws_without_replacement_and_labels_follow_the_records(store,
     loader.close()
 
 
-def test_batches_do_not_depend_on_thread_count_or_timing(store):
+def test_batches_do_not_depend_on_the_number_of_workers_or_their_timing(store):
     one = collect(BatchLoader(store, batch_size=8, image_size=24, workers=1, seed=4), 2)
+    two = collect(BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=4, prefetch=3), 2)
     three = collect(BatchLoader(store, batch_size=8, image_size=24, workers=3, seed=4, prefetch=1), 2)
     other_seed = collect(BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=5), 2)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(one, three))
+    for other in (two, three):
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(one, other))
     assert not torch.equal(one[0][0], other_seed[0][0])
 
 
@@ -127,3 +137,78 @@ def test_asking_again_for_the_current_epoch_continues_it(store):
     assert loader.state_dict()["epoch"] == 1
     assert len(list(loader.epoch(0))) == loader.steps_per_epoch  # another epoch starts afresh
     loader.close()
+
+
+def test_a_killed_worker_ends_the_epoch_with_one_line_naming_it(store):
+    from dimd.shuffle.workers import WorkerDied
+
+    loader = BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=0)
+    batches = loader.epoch(0)
+    next(batches)
+    victim = loader.worker_pids[1]
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(WorkerDied, match=rf"decoding worker 1 \(pid {victim}\) was killed by SIGKILL"):
+        for _ in batches:
+            pass
+    loader.close()
+    with BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=0) as fresh:  # a new pool starts
+        assert len(collect(fresh, 0)) == fresh.steps_per_epoch
+
+
+def test_workers_are_new_interpreters_without_mpi_that_ignore_stop_signals(store):
+    with BatchLoader(store, batch_size=4, image_size=16, workers=1, seed=0) as loader:
+        collect(loader, 0)
+        (pid,) = loader.worker_pids
+        environment = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        assert not [v for v in environment if v.startswith((b"PMI_", b"HYDRA_", b"OMPI_"))]
+        assert b"libmpi" not in open(f"/proc/{pid}/maps", "rb").read()
+        os.kill(pid, signal.SIGINT)   # Ctrl-C reaches the whole process group: the rank decides
+        assert len(collect(loader, 1)) == loader.steps_per_epoch
+
+
+@pytest.fixture(scope="module")
+def library_user(packed_sample):
+    """``mpi_cases.py loader_as_a_library DATASET hold``, started as a user's own script (no launcher),
+    after its first epoch: (the process, its JSON line)."""
+    from conftest import MPI_CASES
+
+    process = subprocess.Popen([sys.executable, MPI_CASES, "loader_as_a_library", str(packed_sample), "hold"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    if not line:
+        process.kill()
+        pytest.fail(process.communicate()[1])
+    yield process, json.loads(line)
+    process.kill()
+    process.communicate()
+
+
+def test_a_library_user_without_a_launcher_gets_the_same_batches(store, library_user):
+    import zlib
+
+    _, result = library_user
+    with BatchLoader(store, batch_size=8, image_size=24, workers=3, seed=3) as loader:
+        ours = [[zlib.crc32(images.numpy().tobytes()), zlib.crc32(labels.numpy().tobytes())]
+                for images, labels in loader.epoch(0)]
+    assert result["batches"] == ours
+
+
+def ours_in_dev_shm():
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith(("dimd-store", "dimd-ring")))
+
+
+def test_a_sigkilled_rank_leaves_no_shared_memory_and_no_workers_behind(library_user):
+    process, result = library_user
+    maps = open(f"/proc/{process.pid}/maps").read()
+    assert "memfd:dimd-store" in maps and "memfd:dimd-ring" in maps   # nameless: nothing to clean up
+    before = ours_in_dev_shm()
+    process.kill()
+    process.communicate()
+    for pid in result["workers"]:   # each worker ends when the rank's end of its socket closes
+        for _ in range(600):
+            if not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"decoding worker {pid} outlived its killed rank")
+    assert ours_in_dev_shm() == before

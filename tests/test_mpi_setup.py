@@ -5,28 +5,44 @@ import time
 import pytest
 from conftest import launcher, mpi_run, mpiexec
 
-from dimd.host import available_cores
-from dimd.mpi import prepare_environment
+from dimd.host import launcher_cores
+from dimd.mpi import NodeCores, prepare_environment
 
 THROTTLE = "MPIR_CVAR_CH4_PROGRESS_THROTTLE"
+YIELD = "OMPI_MCA_mpi_yield_when_idle"
 
 
-def test_throttle_set_only_when_ranks_outnumber_cores(monkeypatch):
-    monkeypatch.setattr("dimd.mpi.available_cores", lambda: 2)
+def test_idle_remedies_set_only_when_ranks_outnumber_the_launchers_cores(monkeypatch):
+    monkeypatch.setattr("dimd.mpi.launcher_cores", lambda: 2)
     env = {"MPI_LOCALNRANKS": "4"}
-    assert prepare_environment(env) and env[THROTTLE] == "1"
-    env = {"MPI_LOCALNRANKS": "2"}
-    assert not prepare_environment(env) and THROTTLE not in env
+    assert prepare_environment(env) == {"progress_throttle": True, "yield_when_idle": True}
+    assert env[THROTTLE] == "1" and env[YIELD] == "1"
+    env = {"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    assert prepare_environment(env) == {"progress_throttle": False, "yield_when_idle": False}
+    assert THROTTLE not in env and YIELD not in env
     env = {"MPI_LOCALNRANKS": "4", THROTTLE: "0"}
-    assert not prepare_environment(env)  # the user's choice wins
+    assert not prepare_environment(env)["progress_throttle"]  # the user's choice wins
+
+
+def test_threads_follow_the_binding_and_the_ranks_that_share_it():
+    unbound = NodeCores(node=8, own=8, local_ranks=4, sharing=4)          # mpiexec, no binding
+    assert unbound.threads == 2 and unbound.tight_binding() is None
+    allotted = NodeCores(node=32, own=8, local_ranks=4, sharing=1)        # srun --cpus-per-task=8
+    assert allotted.threads == 8 and allotted.tight_binding() is None
+    one_core = NodeCores(node=2, own=1, local_ranks=1, sharing=1)         # Open MPI's default at -n 1
+    assert one_core.threads == 1 and "--bind-to none" in one_core.tight_binding()
+    crowded = NodeCores(node=2, own=2, local_ranks=4, sharing=4)
+    assert crowded.threads == 1 and crowded.oversubscribed and crowded.tight_binding() is None
 
 
 @pytest.mark.mpi
-def test_clean_job_reports_thread_level_and_throttle():
-    """dimd starts MPI at the level asked for, and throttles progress when ranks outnumber cores."""
+def test_clean_job_reports_thread_level_and_its_mpis_idle_remedy():
+    """dimd starts MPI at the level asked for; when ranks outnumber cores, the remedy of the MPI that runs."""
     proc = mpi_run("mpi_command_setup", 4, timeout=60, check=True)
-    oversubscribed = 4 > available_cores()
-    assert proc.stdout.count(f"level funneled throttle {oversubscribed}") == 4
+    oversubscribed = 4 > launcher_cores()
+    mpich = "MPICH" in proc.stdout
+    assert proc.stdout.count(f"level funneled throttle {oversubscribed and mpich} "
+                             f"yield {oversubscribed and not mpich} oversubscribed {oversubscribed}") == 4
     assert proc.stdout.count("done") == 4
 
 

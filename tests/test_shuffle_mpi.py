@@ -89,7 +89,8 @@ def test_groups_must_divide_the_job(packed_sample):
 
 @pytest.mark.parametrize("ranks,groups", [(3, 1)])
 def test_batches_decode_to_the_right_labels_on_every_rank(packed_sample, ranks, groups):
-    """After a shuffle, every rank's batches carry its own records' labels and decode as packed."""
+    """After a shuffle, every rank's batches carry its own records' labels and decode as packed,
+    through the same decoding workers as before it (they follow the store to its new share)."""
     import zlib
 
     from dimd.shuffle import decode_eval
@@ -99,6 +100,7 @@ def test_batches_decode_to_the_right_labels_on_every_rank(packed_sample, ranks, 
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] == [48 // (ranks * 4)] * ranks  # the same on every rank
     assert result["seen"] == 48 // (ranks * 4) * 4
+    assert result["restarted"] is False
     packed = PackedDataset(packed_sample)
     per_group = ranks // groups
     for g in range(groups):

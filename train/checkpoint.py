@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from dimd.errors import DimdError
+from dimd.mpi import require_on_every_rank
 from dimd.fsutil import atomic_path
 from dimd.train.config import TrainConfig
 from dimd.train.results import EpochMetrics, EpochTally, Evaluation
@@ -203,7 +204,10 @@ def resume_point(config: TrainConfig, comm: Any) -> str | None:
         elif config.resume:
             found = latest_checkpoint(config.checkpoint_dir)  # type: ignore[arg-type]
             path = str(found) if found else None
-    return comm.bcast(path, root=0)   # MPI: rank 0 chooses for everyone
+    path = comm.bcast(path, root=0)   # MPI: rank 0 chooses for everyone
+    if path is not None:
+        require_on_every_rank(comm, path, "checkpoint")   # MPI: a folder one node alone sees
+    return path
 
 
 def save_run(run: Run, state: RunState, *, last_good: str | None = None) -> str | None:

@@ -64,6 +64,7 @@ class TrainConfig:
     keep_checkpoints: int = 3             # 0: keep all
     resume: bool = False                  # continue from the newest checkpoint in checkpoint_dir, if any
     resume_from: str | None = None        # continue from this checkpoint file
+    force: bool = False                   # a fresh run deletes an earlier run's checkpoints in checkpoint_dir
     memory_limit: int | None = None       # bytes per rank
     read_from: str = "memory"             # "files"/"files-cold": read each image from its original file
     files_root: str | None = None         # the folder the set was packed from (default: the index's source)

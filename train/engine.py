@@ -210,7 +210,9 @@ class Trainer:
         self.eval_every_images, self.target_top1 = eval_every_images, target_top1
 
         # -- hardware: threads and device
-        set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks
+        self.threads, binding = set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks
+        if binding:
+            self.hooks.on_event(f"note: {binding}")
         self.device = device if device is not None else pick_device(cfg.device, comm)
         check_decode(cfg, self.device)
 
@@ -469,7 +471,7 @@ class Trainer:
                       "total_steps": schedule.total_steps, "counts": "batches per rank"},
             sync=self.strategy.name, strategy={k: v for k, v in figures.items() if k != "learners_per_rank"},
             epochs=self.state.history, evaluations=self.state.evaluations, resumed_from=self.resumed_from,
-            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint)
+            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads)
         result.replicas_identical = self.strategy.identical(self.comm)   # MPI: the ranks' models agree
         result.seconds = time.perf_counter() - self.started
         return result

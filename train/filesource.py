@@ -47,6 +47,10 @@ class OriginalFiles:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
+    def record_paths(self, indices: Any) -> list[str]:
+        """The files of local records ``indices`` (what the loader's decoding workers read)."""
+        return [str(self.root / self.names[int(self._store.global_index[i])]) for i in indices]
+
     def record(self, i: int) -> bytes:
         with open(self.root / self.names[int(self._store.global_index[i])], "rb") as f:
             if self.cold:

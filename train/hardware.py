@@ -11,19 +11,23 @@ from dimd.errors import DimdError
 
 
 def default_threads(comm: Any) -> int:
-    """Torch threads per rank by default: the node's cores shared by its ranks (MPI: node-local ranks)."""
-    from dimd.host import available_cores
-    from dimd.mpi import node_local_ranks
+    """Collective: torch threads per rank by default, the rank's cores over the node's ranks bound to them."""
+    from dimd.mpi import node_cores
 
-    return max(1, available_cores() // node_local_ranks(comm))
+    return node_cores(comm).threads   # MPI: gathered over the node's ranks
 
 
-def set_threads(threads: int | None, comm: Any) -> int:
-    """Torch threads as ``dimd train`` sets them: ``threads``, else :func:`default_threads`
-    (left alone when OMP_NUM_THREADS is set and ``threads`` is not); returns the count in force."""
+def set_threads(threads: int | None, comm: Any) -> tuple[int, str | None]:
+    """Collective: torch threads as ``dimd train`` sets them, ``threads`` else :func:`default_threads`
+    (left alone when OMP_NUM_THREADS is set and ``threads`` is not). Returns the count in force
+    and, when the launcher's binding leaves some rank less than its share of the node, why."""
+    from dimd.mpi import node_cores
+
+    cores = node_cores(comm)   # MPI: every rank takes part, whichever count it uses
     if threads or "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(threads or default_threads(comm))
-    return torch.get_num_threads()
+        torch.set_num_threads(threads or cores.threads)
+    warnings = comm.allgather(None if threads else cores.tight_binding())
+    return torch.get_num_threads(), next((w for w in warnings if w), None)
 
 
 def pick_device(choice: str, comm: Any) -> torch.device:

@@ -122,7 +122,7 @@ class Precision:
         torch._amp_foreach_non_finite_check_and_unscale_([grads], found, inverse)
         return found
 
-    def skip(self, overflowed_ranks: float) -> bool:
+    def skip(self, overflowed_ranks: float | torch.Tensor) -> bool:
         """After the allreduce: whether to skip this step (some rank's gradients overflowed).
 
         ``overflowed_ranks`` is the sum of the ranks' :meth:`unscale` flags,
@@ -131,7 +131,7 @@ class Precision:
         if self.loss_scale is None:
             self.last_skipped = False
             return False
-        self.last_skipped = overflowed_ranks > 0
+        self.last_skipped = float(overflowed_ranks) > 0   # read only here: 32-true never waits for it
         self.loss_scale.update(self.last_skipped)
         return self.last_skipped
 

@@ -128,6 +128,7 @@ class TrainResult:
     checkpoint: str | None = None       # the last checkpoint written
     replicas_identical: bool | None = None
     seconds: float = 0.0
+    threads: int = 0                    # torch compute threads per rank
 
     @property
     def final(self) -> EpochMetrics | None:
@@ -150,7 +151,7 @@ class TrainResult:
             "lr_batch": self.lr_batch, "schedule": self.schedule, "resumed_from": self.resumed_from,
             "stopped_by": self.stopped_by,
             "checkpoint": self.checkpoint, "replicas_identical": self.replicas_identical,
-            "seconds": self.seconds, "epochs_run": len(run),
+            "seconds": self.seconds, "threads": self.threads, "epochs_run": len(run),
             "images_per_s": images / train_s if train_s > 0 else 0.0,
             "time_split": split,
             "final": final.as_dict() if final else None,

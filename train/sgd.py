@@ -132,7 +132,7 @@ class SyncSGD:
             with torch.no_grad():
                 averaged = float(squared_norm(self.flat.grads))   # the mean of the ranks' gradients
         t2 = time.perf_counter()
-        skipped = self.precision.skip(float(self.flat.extras[EXTRA_OVERFLOW]))   # the same on every rank
+        skipped = self.precision.skip(self.flat.extras[EXTRA_OVERFLOW])   # the same on every rank
         if not skipped:
             self.optimizer.step()
         self._sync()

@@ -1,6 +1,10 @@
-"""SIGTERM / SIGUSR1 from the batch scheduler: note them, let the engine stop at a step boundary.
+"""SIGTERM / SIGUSR1 / SIGUSR2 from the batch scheduler: note them, let the engine stop at a step boundary.
 
-SLURM (``--signal``) and LSF (``-wa``) warn a job before its time limit. The
+SLURM (``--signal``) and LSF (``-wa``) warn a job before its time limit with
+SIGUSR1 (the scripts in bin/ requeue such a job). SIGTERM and SIGUSR2 mean
+checkpoint and stop: SIGUSR2 is the one every launcher passes on to the ranks
+as it is (Open MPI's ``mpirun`` turns a SIGTERM into SIGTERM + SIGKILL 250 ms
+apart, too soon for a checkpoint; docs/batch-jobs.md). The
 handler only records the signal; the engine puts the flag into the next
 step's allreduce, so every rank learns of it after the same step, finishes
 it, writes a checkpoint and returns. No rank is left inside a collective.
@@ -21,7 +25,7 @@ import threading
 from types import FrameType
 from typing import Iterator
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class StopRequest:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import sys
@@ -42,10 +41,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
-
-SCALE = (0.08, 1.0)
-RATIO = (3 / 4, 4 / 3)
-
 
 # ---------------------------------------------------------------------------- the manifest
 @dataclass(frozen=True)
@@ -142,27 +137,24 @@ class Stopwatch:
 
 
 # ---------------------------------------------------------------------------- the augmentation
-def random_resized_crop_box(width: int, height: int, rng: np.random.Generator,
-                            scale: tuple[float, float] = SCALE,
-                            ratio: tuple[float, float] = RATIO) -> tuple[int, int, int, int]:
-    """(left, top, w, h), drawn as torchvision's RandomResizedCrop.get_params draws it."""
-    area = width * height
-    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
-    for _ in range(10):
-        target_area = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(log_low, log_high))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1)), w, h
-    in_ratio = width / height
-    if in_ratio < ratio[0]:
-        w, h = width, int(round(width / ratio[0]))
-    elif in_ratio > ratio[1]:
-        w, h = int(round(height * ratio[1])), height
-    else:
-        w, h = width, height
-    return (width - w) // 2, (height - h) // 2, w, h
+def _load_crop_module() -> Any:
+    """dimd's shuffle/crop.py, by its path: the one crop definition, importable without dimd."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "shuffle" / "crop.py"
+    spec = importlib.util.spec_from_file_location("dimd_crop", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{path}: cannot load dimd's crop definition")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+_crop = _load_crop_module()
+draw_crops = _crop.draw_crops
+crop_box = _crop.crop_box
+random_resized_crop_box = _crop.random_resized_crop_box
 
 
 def crop_resize(image: Any, box: tuple[int, int, int, int], size: int) -> Any:
@@ -187,8 +179,9 @@ def pil_train_sample(data: bytes | Any, size: int, rng: np.random.Generator) -> 
 
     image = Image.open(io.BytesIO(data)) if isinstance(data, (bytes, bytearray, memoryview)) else data
     image = image.convert("RGB")
-    image = crop_resize(image, random_resized_crop_box(*image.size, rng), size)
-    if rng.random() < 0.5:
+    tries, position, flip = draw_crops(rng, 1).row(0)
+    image = crop_resize(image, crop_box(*image.size, tries, position), size)
+    if flip:
         image = image.transpose(Image.FLIP_LEFT_RIGHT)
     return torch.from_numpy(np.array(image, copy=True)).permute(2, 0, 1)   # as PILToTensor
 

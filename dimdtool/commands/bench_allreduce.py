@@ -15,6 +15,15 @@ from dimd.commands.mpi_job import mpi_command
 from dimd.options import SIZE, NameListType, build_config, config_option, json_option
 
 
+def idle_ranks(mpi_setup) -> str:
+    """How waiting ranks behave, as set for this run: only a remedy the running MPI honours is named."""
+    if mpi_setup.progress_throttle:
+        return "progress throttle on"
+    if mpi_setup.yield_when_idle:
+        return "mpi_yield_when_idle on"
+    return "idle ranks poll"
+
+
 def _columns() -> str:
     return (f"{'bytes':>10} {'count':>10} {'dtype':>7} {'algorithm':>18} {'time(us)':>10} "
             f"{'min(us)':>10} {'max(us)':>10} {'algbw':>7} {'busbw':>7} {'vs mpi':>7} {'#wrong':>6}")
@@ -97,8 +106,8 @@ def bench_allreduce(json_path: Path | None, model: str | None, classes: int | No
         if not root:
             return
         click.echo(f"# dimd bench-allreduce: {size} ranks, {library}, thread level "
-                   f"{mpi_setup.thread_level_provided}, progress throttle "
-                   f"{'on' if mpi_setup.progress_throttle else 'off'}, {mpi_setup.cores} cores")
+                   f"{mpi_setup.thread_level_provided}, {idle_ranks(mpi_setup)}, {mpi_setup.local_ranks} "
+                   f"rank(s) on {mpi_setup.cores} cores")
         click.echo(f"# time: per-iteration mean of each rank's timed loop; avg/min/max over ranks. "
                    f"busbw = algbw x 2(P-1)/P. colors {min(config.colors, size)}, segment "
                    f"{config.segment_bytes or 'auto'}")

@@ -162,6 +162,9 @@ def print_models() -> None:
 @config_option(TrainConfig, "keep_checkpoints", help="Keep the newest N checkpoints (0: all).")
 @config_option(TrainConfig, "resume", help="Continue from the newest checkpoint in --checkpoint-dir, if there is one.")
 @config_option(TrainConfig, "resume_from", type=click.Path(dir_okay=False), help="Continue from this checkpoint.")
+@config_option(TrainConfig, "force",
+               help="A fresh run (no --resume) into a --checkpoint-dir that holds an earlier run's "
+                    "checkpoints deletes them first (without it such a start is refused).")
 @config_option(TrainConfig, "memory_limit", type=SIZE, metavar="SIZE",
                help="Refuse to load more than this per rank (e.g. 8G).")
 @config_option(TrainConfig, "read_from", type=click.Choice(READ_FROM),
@@ -187,9 +190,11 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, metrics
     own small batches and are pulled towards a central model, updated with one
     allreduce per synchronisation; the central model is evaluated and
     checkpointed. Rank 0 prints one line per epoch
-    and writes checkpoints; SIGTERM or SIGUSR1 (a batch scheduler's time-limit
-    warning) finishes the step, writes a checkpoint and exits cleanly, so a
-    requeued job continues with --resume.
+    and writes checkpoints; SIGTERM, SIGUSR2 or SIGUSR1 (a batch scheduler's
+    time-limit warning) finishes the step, writes a checkpoint and exits
+    cleanly, so a requeued job continues with --resume. Under Open MPI's
+    mpirun send SIGUSR2 (or SIGUSR1), not SIGTERM: mpirun kills the ranks
+    250 ms after a SIGTERM (docs/batch-jobs.md).
 
     \b
     Example:
@@ -249,10 +254,14 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
     from dimd.commands.mpi_job import check_outputs
     from dimd.report import result_document, write_json
     from dimd.train.engine import Hooks, Trainer
+    from dimd.train.folderlock import claim_checkpoint_folder
     from dimd.train.signals import stop_request
 
     config = build_config(TrainConfig, train=train_set, val=val_set, **fields)
     check_outputs(comm, ("--checkpoint-dir", config.checkpoint_dir, "folder"))  # before the data loads
+    # One run per checkpoint folder, and a fresh one never over an earlier run's checkpoints.
+    lock = claim_checkpoint_folder(comm, config.checkpoint_dir, resume=bool(config.resume or config.resume_from),
+                                   force=config.force)
     leader = comm.Get_rank() == 0
     say = (lambda line: click.echo(line)) if leader else (lambda line: None)
     stack = contextlib.ExitStack()
@@ -269,16 +278,20 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
         say(f"{config.model}: {info['parameters']:,} parameters, {info['gradient_bytes'] / 2**20:.1f} MiB of "
             f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
             f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {trainer.algorithm}; "
-            f"device {trainer.device}")
+            f"device {trainer.device}, {trainer.threads} thread(s) per rank")
         remaining = trainer.steps_per_epoch * config.epochs - trainer.state.step
         advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader))
 
     # The flag mpi_command's handlers set since MPI started: a signal while loading is not lost.
-    with stop_request() as stop:
-        hooks = Hooks(on_start=on_start, on_step=lambda n: advance[0](n), on_epoch=on_epoch, on_event=say)
-        trainer = Trainer(config, comm, stop=stop, hooks=hooks)
-        with stack:
-            result = trainer.run()
+    try:
+        with stop_request() as stop:
+            hooks = Hooks(on_start=on_start, on_step=lambda n: advance[0](n), on_epoch=on_epoch, on_event=say)
+            trainer = Trainer(config, comm, stop=stop, hooks=hooks)
+            with stack:
+                result = trainer.run()
+    finally:
+        if lock is not None:
+            lock.release()
     if result.stopped_by:
         say(f"stopped by {result.stopped_by} after step {trainer.state.step}; checkpoint {result.checkpoint}; "
             f"run again with --resume to continue")

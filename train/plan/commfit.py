@@ -103,9 +103,18 @@ def combine_repeats(samples: Sequence[Sample], statistic: str = "median") -> lis
 
 
 def read_bench_results(paths: Sequence[str | Path]) -> BenchResults:
+    """The samples of bench-allreduce results, each file checked against its schema before any arithmetic."""
     from dimd.report import read_result
+    from dimd.train.plan import schema
 
-    return load_bench_results((str(p), read_result(p, BENCH_COMMAND)) for p in paths)
+    documents = []
+    for path in paths:
+        document = read_result(path, BENCH_COMMAND)
+        schema.check(document["result"], schema.BENCH_RESULT, str(path))
+        schema.check(document.get("mpi") or {}, schema.BENCH_MPI, str(path), "mpi")
+        schema.check(document.get("parameters") or {}, schema.BENCH_PARAMETERS, str(path), "parameters")
+        documents.append((str(path), document))
+    return load_bench_results(documents)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,18 @@ DEVICES = ("auto", "cpu", "cuda")
 #: Delta(P) is predicted for P = 1, 2, 4, ... up to this by default.
 DEFAULT_MAX_RANKS = 1024
 POWERS_OF_TWO_TO_1024 = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+#: The most ranks the planner predicts for (2^20, more than any machine runs): the cost models build
+#: arrays of P entries (multicolor's trees), so a larger P would allocate gigabytes or run for hours.
+MAX_RANKS = 1 << 20
 #: median: the usual summary of repeats; min: the least disturbed run, for a busy machine.
 REPEAT_STATISTICS = ("median", "min")
+
+
+def bounded_ranks(name: str, ranks: tuple[int, ...]) -> None:
+    """The one size check on rank counts the planner predicts for: at most :data:`MAX_RANKS`."""
+    largest = max(ranks, default=0)
+    require(largest <= MAX_RANKS, name, f"goes up to {largest:,} ranks; the planner predicts for at most "
+            f"{MAX_RANKS:,} (2^20)")
 
 
 def default_classes(model: str) -> int:
@@ -89,6 +99,7 @@ class CommFitConfig:
         require(self.holdout is None or min(self.holdout, default=2) >= 2, "holdout",
                 f"must be rank counts of at least 2, got {list(self.holdout or ())}")
         at_least(self, "max_ranks", 2)
+        bounded_ranks("max_ranks", (self.max_ranks,))
         for name in self.algorithms or ():
             require(name in COST_MODELS, "algorithms",
                     f"has {name!r}, which has no cost model (modelled: {', '.join(COST_MODELS)})")
@@ -110,6 +121,7 @@ class SolveConfig:
         require(bool(self.ranks), "ranks", "needs at least one rank count")
         bad = [p for p in self.ranks if isinstance(p, bool) or not isinstance(p, int) or p < 1]
         require(not bad, "ranks", f"must be positive integers, got {bad[0]!r}" if bad else "")
+        bounded_ranks("ranks", self.ranks)
         for name in ("strong_batch", "weak_per_rank", "max_batch"):
             at_least(self, name, 1, optional=True)
         positive(self, "max_holdout_error", optional=True)

@@ -74,7 +74,7 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     from dimd.train.sgd import Normalize, make_optimizer
 
     advance = on_step or (lambda n: None)
-    threads = set_threads(config.threads, comm)
+    threads, _ = set_threads(config.threads, comm)
     device = pick_device(config.device, comm)
     torch.manual_seed(config.seed + comm.Get_rank())
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -94,6 +94,11 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model.train()
 
+    from dimd.host import available_memory
+    from dimd.mpi import agree_or_raise, node_local_ranks
+
+    # MPI: the largest batch's input must fit every rank's share of its node's memory
+    agree_or_raise(comm, input_memory_problem(config, available_memory() // node_local_ranks(comm)))
     per_step, medians = [], []
     for batch in config.batch_sizes:
         loader = None
@@ -145,6 +150,26 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
                                    f"per rank running beside the step)",
                          "step": "the wait for the loader's batch + forward + backward + optimizer step, "
                                  "no allreduce"}))
+
+
+#: Bytes per image pixel channel of a step's input: the uint8 batch and its normalised float32 copy.
+INPUT_BYTES_PER_VALUE = 1 + 4
+
+
+def input_memory_problem(config: StepTimeConfig, budget: int) -> str | None:
+    """Why the largest batch's input alone does not fit ``budget`` bytes per rank, or None.
+
+    A lower bound (the model's activations come on top): enough to refuse an
+    image size that could never run before torch tries to allocate it.
+    """
+    from dimd.units import format_bytes
+
+    batch = max(config.batch_sizes)
+    need = batch * 3 * config.image_size ** 2 * INPUT_BYTES_PER_VALUE
+    if need > budget:
+        return (f"`image_size` {config.image_size} at {batch} images per rank needs {format_bytes(need)} for "
+                f"the input alone, but a rank has {format_bytes(budget)} of available memory on this node")
+    return None
 
 
 def endless(loader: Any) -> Iterator[tuple[Any, Any]]:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from dimd.errors import DimdError
-from dimd.train.plan import commfit, convergence, solver
+from dimd.train.plan import commfit, convergence, schema, solver
 from dimd.train.plan.config import SolveConfig
 
 STEP_TIME_COMMAND = "plan-batch step-time"
@@ -87,10 +87,18 @@ def comm_inputs(document: dict[str, Any], source: str, algorithms: tuple[str, ..
     return parameters, gradient_bytes, ranks, left_out
 
 
+#: The shape each planner input's ``result`` must have (checked before any arithmetic).
+SCHEMAS = {STEP_TIME_COMMAND: schema.STEP_RESULT, COMM_COMMAND: schema.COMM_RESULT,
+           CONVERGENCE_COMMAND: schema.CONVERGENCE_RESULT}
+
+
 def read(path: str | Path, command: str) -> dict[str, Any]:
+    """A planner input: the envelope of ``command``'s result, its ``result`` checked against its schema."""
     from dimd.report import read_result
 
-    return read_result(path, command)
+    document = read_result(path, command)
+    schema.check(document["result"], SCHEMAS[command], str(path))
+    return document
 
 
 def solve_documents(config: SolveConfig, step: dict[str, Any], comm: dict[str, Any],

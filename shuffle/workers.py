@@ -1,0 +1,321 @@
+"""Decoding worker processes: fresh interpreters that decode chunks of batches into shared memory.
+
+Each worker is ``python -m dimd.shuffle.decode_worker FD``, started with
+``subprocess`` (fork-exec: a new interpreter with no MPI state, no torch, no
+copy of the rank's memory; the "spawn" start method done directly) and one
+Unix socket to its rank. Over the socket come the shared segments' file
+descriptors (the store's records, the loader's ring of batch slots) and the
+tasks: decode batch ``step``'s images ``lo:hi`` into a slot. Back comes
+``done`` or ``error`` with one line naming the data file and record.
+
+Workers never initialise MPI (the Python they run imports neither mpi4py
+nor torch) and ignore SIGINT, SIGTERM and SIGUSR1: a stop request is the
+rank's to act on (checkpoint, then stop); a worker ends when its socket
+closes, which is also what happens when the rank dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from dimd.errors import DimdError
+from dimd.shuffle.shm import Segment
+
+#: Largest control message (a task carries a chunk's offsets, lengths and record numbers).
+MESSAGE_BYTES = 1 << 20
+#: Environment variables of the launcher's process-management interface: a worker is not an MPI process.
+MPI_ENVIRONMENT = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "I_MPI_", "SLURM_STEP_", "MPICH_")
+
+
+class WorkerDied(DimdError):
+    """A decoding worker ended without being asked to (killed, out of memory)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """Decode images ``lo:hi`` of a batch of ``count`` into ``ring``'s slot at byte ``slot_offset``.
+
+    ``offsets``/``lengths`` locate each of the batch's ``lo:hi`` records in
+    segment ``source`` (or ``paths`` names their files, ``cold`` dropping their
+    cached pages first); ``records`` are their numbers, for error messages.
+    ``draw_key`` is the batch's (seed, rank, epoch, step): the crops of the
+    whole batch are drawn from it, so an image does not depend on the chunking.
+    """
+
+    ring: int
+    slot_offset: int
+    count: int
+    lo: int
+    hi: int
+    image_size: int
+    train: bool
+    scale: tuple[float, float]
+    draw_key: tuple[int, ...] | None
+    source: int | None
+    offsets: np.ndarray | None
+    lengths: np.ndarray | None
+    paths: list[str] | None
+    cold: bool
+    records: np.ndarray
+    data_path: str
+
+
+# ---------------------------------------------------------------------------- the worker process
+def decode_task(task: Task, segments: dict[int, Segment]) -> None:
+    """Decode ``task``'s images into its slot; raises :class:`DecodeError` naming the record."""
+    from dimd.shuffle.crop import draw_crops
+    from dimd.shuffle.decode import DecodeError, crop_hwc, eval_hwc, to_chw
+
+    size = task.image_size
+    ring = segments[task.ring].array
+    out = ring[task.slot_offset : task.slot_offset + task.count * 3 * size * size].reshape(task.count, 3, size, size)
+    draws = draw_crops(np.random.default_rng(list(task.draw_key)), task.count) if task.draw_key else None
+    data = segments[task.source].array if task.source is not None else None
+    for k, j in enumerate(range(task.lo, task.hi)):
+        try:
+            record = _record(task, data, k)
+            if draws is not None:
+                tries, position, flip = draws.row(j)
+                to_chw(crop_hwc(record, size, tries, position, task.scale), flip, out=out[j])
+            else:
+                to_chw(eval_hwc(record, size), out=out[j])
+        except (DecodeError, OSError) as exc:
+            where = task.paths[k] if task.paths is not None else f"{task.data_path}: record {int(task.records[k])}"
+            raise DecodeError(f"{where}: {exc}") from None
+
+
+def _record(task: Task, data: np.ndarray | None, k: int) -> bytes | memoryview:
+    """The encoded bytes of the task's ``k``-th record: a view of the store's segment, or its file."""
+    if task.paths is not None:
+        return _read_file(task.paths[k], task.cold)
+    assert data is not None and task.offsets is not None and task.lengths is not None
+    start = int(task.offsets[k])
+    return data.data[start : start + int(task.lengths[k])]
+
+
+def _read_file(path: str, cold: bool) -> bytes:
+    with open(path, "rb") as f:
+        if cold:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        return f.read()
+
+
+def serve(sock: socket.socket) -> None:
+    """The worker's loop: attach/detach segments, decode tasks, until the socket closes."""
+    segments: dict[int, Segment] = {}
+    while True:
+        message, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 2)
+        if not message:
+            return
+        kind, ticket, payload = pickle.loads(message)
+        if kind == "attach":
+            key, size = payload
+            segments[key] = Segment.attach(fds[0], size, key)
+        elif kind == "detach":
+            segment = segments.pop(payload, None)
+            if segment is not None:
+                segment.close()
+        elif kind == "decode":
+            try:
+                decode_task(payload, segments)
+                reply: tuple = ("done", ticket, None)
+            except DimdError as exc:
+                reply = ("error", ticket, str(exc))
+            except Exception as exc:   # a bug, not bad data: still one line, and the rank decides
+                reply = ("error", ticket, f"decoding worker failed: {type(exc).__name__}: {exc}")
+            sock.send(pickle.dumps(reply))
+
+
+def worker_main(argv: list[str]) -> None:
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(number, signal.SIG_IGN)   # the rank handles stop requests; we end when it closes
+    sock = socket.socket(fileno=int(argv[0]))
+    import dimd.shuffle.decode  # noqa: F401  (Pillow and the decoder load before "ready": start-up counts them)
+
+    sock.send(pickle.dumps(("ready", 0, None)))
+    try:
+        serve(sock)
+    except (ConnectionError, EOFError):
+        pass
+
+
+# ---------------------------------------------------------------------------- the rank's side
+class DecodeWorkers:
+    """``count`` worker processes and their sockets, shared by the loaders of one process.
+
+    :meth:`shared` hands out one pool per worker count (the training and the
+    evaluation loader use the same workers); :meth:`release` ends it with its
+    last user. Tasks get tickets; :meth:`wait` reads a worker's replies until
+    the ticket's arrives, keeping the others' for later.
+    """
+
+    _pools: dict[int, "DecodeWorkers"] = {}
+
+    def __init__(self, count: int) -> None:
+        if count < 1:
+            raise DimdError(f"decoding workers must be at least 1 (got {count})")
+        started = time.perf_counter()
+        self.count = count
+        self.users = 0
+        self._sockets: list[socket.socket] = []
+        self._processes: list[subprocess.Popen] = []
+        self._replies: dict[int, tuple[str, str | None]] = {}
+        self._attached: dict[int, int] = {}   # segment key -> loaders using it
+        self._tickets = 0
+        env = {k: v for k, v in os.environ.items() if not k.startswith(MPI_ENVIRONMENT)}
+        env["OMP_NUM_THREADS"] = "1"
+        try:
+            for _ in range(count):
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                with theirs:
+                    command = [sys.executable, "-m", "dimd.shuffle.decode_worker", str(theirs.fileno())]
+                    process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+                self._sockets.append(ours)
+                self._processes.append(process)
+            for w in range(count):
+                self._receive(w)   # "ready": the interpreter is up and has imported the decoder
+        except BaseException:
+            self.close()
+            raise
+        #: Seconds from the first start to the last worker ready.
+        self.startup_seconds = time.perf_counter() - started
+
+    @classmethod
+    def shared(cls, count: int) -> "DecodeWorkers":
+        pool = cls._pools.get(count)
+        if pool is None or pool.closed:
+            pool = cls._pools[count] = cls(count)
+        pool.users += 1
+        return pool
+
+    def release(self) -> None:
+        """One user fewer; the last one ends the workers."""
+        self.users -= 1
+        if self.users <= 0:
+            self.close()
+            if DecodeWorkers._pools.get(self.count) is self:
+                del DecodeWorkers._pools[self.count]
+
+    @property
+    def closed(self) -> bool:
+        return not self._sockets
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes]
+
+    # -- segments and tasks ---------------------------------------------------------------
+
+    def attach(self, segment: Segment) -> None:
+        """Map ``segment`` in every worker (once, however many loaders use it)."""
+        users = self._attached.get(segment.key, 0)
+        if users == 0:
+            message = pickle.dumps(("attach", 0, (segment.key, segment.size)))
+            for w in range(self.count):
+                self._send(w, message, [segment.fd])
+        self._attached[segment.key] = users + 1
+
+    def detach(self, key: int) -> None:
+        """One loader fewer uses segment ``key``; the last one unmaps it in the workers (after earlier tasks)."""
+        users = self._attached.get(key, 0) - 1
+        if users > 0:
+            self._attached[key] = users
+            return
+        self._attached.pop(key, None)
+        message = pickle.dumps(("detach", 0, key))
+        for w in range(self.count):
+            self._send(w, message)
+
+    def submit(self, worker: int, task: Task) -> int:
+        self._tickets += 1
+        self._send(worker, pickle.dumps(("decode", self._tickets, task)))
+        return self._tickets
+
+    def wait(self, worker: int, ticket: int) -> None:
+        """Until ``ticket`` is done; a decode error raises it as :class:`DecodeError`."""
+        from dimd.shuffle.decode import DecodeError
+
+        while ticket not in self._replies:
+            self._receive(worker)
+        kind, text = self._replies.pop(ticket)
+        if kind == "error":
+            raise DecodeError(text or "decode failed")
+
+    def discard(self, worker: int, ticket: int) -> None:
+        """Wait for a task whose result is no longer wanted (an abandoned batch), ignoring its outcome."""
+        while ticket not in self._replies:
+            self._receive(worker)
+        del self._replies[ticket]
+
+    # -- the sockets ----------------------------------------------------------------------
+
+    def _send(self, worker: int, message: bytes, fds: list[int] | None = None) -> None:
+        try:
+            socket.send_fds(self._sockets[worker], [message], fds or [])
+        except OSError:
+            self._died(worker)
+
+    def _receive(self, worker: int) -> None:
+        try:
+            message = self._sockets[worker].recv(MESSAGE_BYTES)
+        except OSError:
+            message = b""
+        if not message:
+            self._died(worker)
+        kind, ticket, text = pickle.loads(message)
+        if kind != "ready":
+            self._replies[ticket] = (kind, text)
+
+    def _died(self, worker: int) -> None:
+        process = self._processes[worker]
+        try:
+            code = process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.close()
+        if code is not None and code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+            if code == -signal.SIGKILL:
+                how += " (out of memory, or killed)"
+        else:
+            how = f"exited with status {code}" if code is not None else "closed its socket"
+        raise WorkerDied(f"decoding worker {worker} (pid {process.pid}) {how}; the run cannot continue")
+
+    def close(self) -> None:
+        """Close the sockets (each worker then ends) and reap the processes."""
+        for sock in self._sockets:
+            sock.close()
+        self._sockets = []
+        for process in self._processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._processes = []
+
+    def private_memory(self) -> int:
+        """Bytes the workers hold that no other process shares (their anonymous resident memory)."""
+        return sum(_anonymous_resident(p.pid) for p in self._processes)
+
+
+def _anonymous_resident(pid: int) -> int:
+    """RssAnon of process ``pid`` in bytes (0 if it is gone): its memory that is not a shared file's."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+

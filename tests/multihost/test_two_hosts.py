@@ -1,0 +1,137 @@
+"""dimd's jobs across two hosts (network namespaces h1 and h2), as on a cluster of two nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from multihost import MPI, on_hosts, ranks
+
+LAYOUTS = ["h1,h2", "h1:2,h2:1"]
+TRAIN = ("--model", "lenet", "--image-size", "32", "--batch-size", "4", "--lr", "0.05", "--no-lr-scaling",
+         "--allreduce", "ring", "--decode-threads", "1", "--device", "cpu")
+
+
+@pytest.mark.parametrize("hosts", LAYOUTS)
+def test_shuffle_verifies_across_hosts(packed_sample, hosts):
+    job = on_hosts(hosts, "shuffle", packed_sample, "--rounds", "2", "--verify")
+    assert job.returncode == 0, job.stderr
+    assert "verified" in job.stdout + job.stderr
+
+
+@pytest.mark.parametrize("hosts", LAYOUTS)
+def test_allreduce_sums_right_across_hosts(hosts, tmp_path):
+    out = tmp_path / "allreduce.json"
+    job = on_hosts(hosts, "bench-allreduce", "--check", "--max-bytes", "64K", "--factor", "16",
+                   "--iters", "2", "--json", out)
+    assert job.returncode == 0, job.stderr
+    doc = json.loads(out.read_text())
+    assert doc["result"]["world_size"] == ranks(hosts)
+    assert doc["mpi"]["local_ranks"] == int(hosts.split(",")[0].partition(":")[2] or 1)   # rank 0's node
+    assert all(not row.get("wrong") for row in doc["result"]["rows"])
+
+
+@pytest.mark.parametrize("hosts", LAYOUTS)
+def test_train_one_epoch_across_hosts(packed_sample, hosts, tmp_path):
+    out = tmp_path / "train.json"
+    job = on_hosts(hosts, "train", packed_sample, "--val", packed_sample, *TRAIN, "--epochs", "1",
+                   "--checkpoint-dir", tmp_path / "ckpt", "--json", out)
+    assert job.returncode == 0, job.stderr
+    result = json.loads(out.read_text())["result"]
+    assert result["world_size"] == ranks(hosts) and result["epochs_run"] == 1
+    assert result["replicas_identical"]
+    assert f"{result['threads']} thread(s) per rank" in job.stdout
+
+
+def stop_signal() -> signal.Signals:
+    """What stops a run with a checkpoint when sent to the launcher (docs/batch-jobs.md)."""
+    return signal.SIGUSR2 if MPI == "openmpi" else signal.SIGTERM
+
+
+def test_a_stop_signal_to_the_launcher_checkpoints_across_hosts(packed_sample, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    job = on_hosts("h1,h2", "train", packed_sample, "--val", packed_sample, *TRAIN, "--epochs", "200",
+                   "--checkpoint-dir", ckpt, "--json", tmp_path / "train.json", popen=True)
+    try:
+        header = job.stdout.readline()   # the run's first line: the data is loaded, training starts
+        assert "thread(s) per rank" in header, header + job.stderr.read()
+        time.sleep(2)                    # a few steps in
+        launcher = launcher_of(job.pid)
+        subprocess.run(["kill", f"-{stop_signal().name}", str(launcher)], check=True)
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, err
+    assert f"stopped by {stop_signal().name}" in out
+    result = json.loads((tmp_path / "train.json").read_text())["result"]
+    assert result["stopped_by"] == stop_signal().name and list(ckpt.glob("*.pt"))
+
+
+LAUNCHERS = {"mpiexec", "mpiexec.hydra", "mpirun", "prterun"}
+
+
+def launcher_of(pid: int) -> int:
+    """The launcher (mpiexec or mpirun) that ``on-host`` started as process ``pid`` or below it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = _find_launcher(pid)
+        if found is not None:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"no launcher under process {pid}")
+
+
+def _find_launcher(pid: int) -> int | None:
+    proc = Path(f"/proc/{pid}")
+    try:
+        if (proc / "comm").read_text().strip() in LAUNCHERS:
+            return pid
+        children = [int(c) for task in (proc / "task").iterdir()
+                    for c in (task / "children").read_text().split()]
+    except OSError:
+        return None
+    for child in children:
+        found = _find_launcher(child)
+        if found is not None:
+            return found
+    return None
+
+
+def test_a_checkpoint_folder_one_host_alone_sees_is_named_as_such(packed_sample, tmp_path):
+    local = tmp_path / "local"   # on h1's own disk: h2 sees an empty folder there
+    local.mkdir()
+    first = on_hosts("h1", "train", packed_sample, "--val", packed_sample, *TRAIN, "--epochs", "1",
+                     "--checkpoint-dir", local)
+    assert first.returncode == 0, first.stderr
+    job = on_hosts("h1,h2", "train", packed_sample, "--val", packed_sample, *TRAIN, "--epochs", "2",
+                   "--checkpoint-dir", local, "--resume", env={"MULTIHOST_LOCAL_DIR": str(local)})
+    assert job.returncode != 0
+    assert "checkpoint not found by rank 1 on h2" in job.stderr
+    assert "must be visible on every node" in job.stderr
+
+
+@pytest.fixture
+def debian_hosts_file():
+    """h1's /etc/hosts as Debian's installer writes it: its own name on 127.0.1.1 first."""
+    path = Path(f"/etc/netns/{os.environ['MULTIHOST_PREFIX']}h1/hosts")
+    before = path.read_text()
+    path.write_text("127.0.0.1 localhost\n127.0.1.1 h1\n" + before.split("\n", 1)[1])
+    yield path
+    path.write_text(before)
+
+
+def test_gloo_refuses_a_loopback_address_across_hosts_and_takes_master_addr(debian_hosts_file):
+    args = ("bench-allreduce", "--peer", "gloo", "--max-bytes", "4K", "--factor", "16", "--iters", "2")
+    refused = on_hosts("h1,h2", *args, timeout=120)
+    assert refused.returncode != 0
+    assert "resolves to the loopback address 127.0.1.1" in refused.stderr and "MASTER_ADDR" in refused.stderr
+    assert refused.stderr.count("dimd: error:") == 1
+    given = on_hosts("h1,h2", *args, env={"MASTER_ADDR": "10.200.0.1"}, timeout=120)
+    assert given.returncode == 0, given.stderr
+    assert "gloo" in given.stdout

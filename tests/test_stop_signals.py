@@ -1,0 +1,77 @@
+"""The stop signal each launcher forwards ends a training with a checkpoint, and job logs stay plain text.
+
+Hydra (MPICH's mpiexec) forwards SIGTERM; Open MPI's mpirun kills the ranks
+250 ms after a SIGTERM but forwards SIGUSR2 (docs/batch-jobs.md). CI runs
+this file under both (tests/openmpi/run.sh for Open MPI).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import DIMD, launcher, mpiexec, run_mpi_dimd
+
+
+def launcher_is_open_mpi() -> bool:
+    version = subprocess.run([mpiexec()[0], "--version"], capture_output=True, text=True)
+    return "Open MPI" in version.stdout + version.stderr
+
+
+def stop_signal() -> signal.Signals:
+    """The signal docs/batch-jobs.md names for this launcher."""
+    return signal.SIGUSR2 if launcher_is_open_mpi() else signal.SIGTERM
+
+
+def train_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", str(data), "--val", str(data), "--model", "lenet", "--image-size", "32",
+            "--batch-size", "4", "--lr", "0.05", "--no-lr-scaling", "--allreduce", "ring", "--decode-threads", "1",
+            "--checkpoint-dir", str(out / "checkpoints"), "--json", str(out / "train.json"), *extra]
+
+
+@pytest.mark.mpi
+def test_the_launchers_stop_signal_checkpoints_and_exits_0(packed_sample, tmp_path):
+    sig = stop_signal()
+    job = subprocess.Popen([*launcher(2), *DIMD, *train_args(packed_sample, tmp_path, "--epochs", "500")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in job.stdout:              # the run's header: training starts after it
+            seen.append(line)
+            if "thread(s) per rank" in line:
+                job.send_signal(sig)         # to the launcher, as `kill -s SIG <launcher pid>`
+                break
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    out = "".join(seen) + out
+    assert job.returncode == 0, out + err
+    assert f"stopped by {sig.name}" in out
+    result = json.loads((tmp_path / "train.json").read_text())["result"]
+    assert result["stopped_by"] == sig.name and Path(result["checkpoint"]).is_file()
+
+
+@pytest.mark.mpi
+def test_no_output_holds_a_nul_and_the_threads_are_recorded(packed_sample, tmp_path):
+    """Open MPI's version string ends in a NUL: in a log, grep would call the whole file binary."""
+    bench = run_mpi_dimd(2, "bench-allreduce", "--max-bytes", "1K", "--factor", "32", "--iters", "2",
+                         "--json", tmp_path / "allreduce.json", check=True)
+    train = run_mpi_dimd(2, *train_args(packed_sample, tmp_path, "--epochs", "1"), check=True)
+    for text in (bench.stdout, bench.stderr, train.stdout, train.stderr,
+                 (tmp_path / "allreduce.json").read_text(), (tmp_path / "train.json").read_text()):
+        assert "\0" not in text
+    doc = json.loads((tmp_path / "train.json").read_text())
+    threads = doc["result"]["threads"]
+    assert threads >= 1 and f"{threads} thread(s) per rank" in train.stdout
+    assert doc["mpi"]["cores"] >= doc["mpi"]["rank_cores"] >= 1
+
+
+@pytest.mark.mpi
+def test_a_usage_error_is_printed_once_not_once_per_rank():
+    proc = run_mpi_dimd(3, "bench-allreduce", "-q")
+    assert proc.returncode != 0
+    assert proc.stderr.count("No such option: -q") == 1, proc.stderr
