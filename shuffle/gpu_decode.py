@@ -99,13 +99,14 @@ def resample_weights(starts: torch.Tensor, lengths: torch.Tensor, limits: torch.
     each output's weights renormalised to sum to 1. Returns ``(first, weights)``:
     N x size int64 and N x size x taps float32.
     """
-    f64 = dict(dtype=torch.float64, device=starts.device)
+    device = starts.device
     scale = (lengths / size).view(-1, 1)
     support = scale.clamp(min=1.0)
-    centre = starts.view(-1, 1) + (torch.arange(size, **f64) + 0.5) * scale            # N x size
+    outputs = torch.arange(size, dtype=torch.float64, device=device)
+    centre = starts.view(-1, 1) + (outputs + 0.5) * scale                               # N x size
     low = torch.trunc(centre - support + 0.5).clamp(min=0)
     high = torch.minimum(torch.trunc(centre + support + 0.5), limits.view(-1, 1))
-    position = low.unsqueeze(-1) + torch.arange(taps, **f64)                           # N x size x taps
+    position = low.unsqueeze(-1) + torch.arange(taps, dtype=torch.float64, device=device)   # N x size x taps
     weights = (1 - ((position - centre.unsqueeze(-1) + 0.5) / support.unsqueeze(-1)).abs()).clamp(min=0)
     weights = weights * (position < high.unsqueeze(-1))
     weights = weights / weights.sum(-1, keepdim=True).clamp(min=1e-12)

@@ -61,7 +61,7 @@ def jpeg_size(data: bytes | memoryview) -> tuple[int, int]:
 def raw_batch(loader: BatchLoader, epoch: int, step: int, indices: np.ndarray) -> RawBatch:
     """Batch ``step`` of ``epoch`` (its local record ``indices``), with the loader's own draws."""
     store = loader.store
-    records = [store.record(int(i)) for i in indices]
+    records: list[memoryview | bytes] = [store.record(int(i)) for i in indices]
     sizes = np.empty((len(indices), 2), np.int64)
     boxes = np.empty((len(indices), 4), np.float64)
     flips = np.zeros(len(indices), bool)

@@ -25,7 +25,7 @@ only the bookkeeping runs (tested there).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Iterator
+from typing import Any, Callable, Generator
 
 import torch
 
@@ -63,7 +63,7 @@ class DeviceFeed:
     """
 
     def __init__(self, loader: Any, device: torch.device, *,
-                 source: Callable[[int], Iterator[Any]] | None = None,
+                 source: Callable[[int], Generator[Any, None, None]] | None = None,
                  stage: Callable[[Any], Batch] | None = None) -> None:
         self.loader = loader
         self.device = torch.device(device)

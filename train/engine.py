@@ -233,7 +233,7 @@ class Trainer:
         self.model = build_model(cfg.model, len(self.store.classes), zero_init_residual=cfg.zero_init_residual)
         self.memory_format = memory_format(cfg.channels_last if cfg.sync == "ssgd" else False, self.device,
                                            self.model)
-        self.model.to(self.device, memory_format=self.memory_format)
+        self.model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]  # torch's stub lacks it
         self.precision = Precision(cfg.precision, self.device)
         broadcast_state(self.model, comm)   # MPI: every rank starts from rank 0's weights
         self.normalize = Normalize(self.device, self.memory_format)
