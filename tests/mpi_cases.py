@@ -240,8 +240,10 @@ def sweep_sizes(ranks: int) -> list[int]:
 
 
 @case
-def allreduce_sweep(algorithms: str = "") -> None:
+def allreduce_sweep(algorithms: str = "", colors: str = "") -> None:
     """Every standalone algorithm (or the comma-separated ALGORITHMS), on sizes around P and a few MiB, each dtype.
+
+    ``colors`` sets the colour count of the algorithms that take one (multicolor's default is 4).
 
     Each result is checked against numpy's sum of every rank's input, and every
     rank must end with the same bits. Each rank prints a ``FAIL`` line per
@@ -262,6 +264,8 @@ def allreduce_sweep(algorithms: str = "") -> None:
     for name in names:
         # small segments so that the pipelined algorithms run many segments
         options = {"segment_bytes": 40000} if "segment_bytes" in ALGORITHMS[name].options else {}
+        if colors and "colors" in ALGORITHMS[name].options:
+            options["colors"] = int(colors)
         for count in sweep_sizes(P):
             for dtype in ("float32", "float64", "int32", "int64"):
                 rng = np.random.default_rng([rank, count, len(name)])
@@ -394,7 +398,7 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
 
     from dimd.allreduce import allreduce
     from dimd.train.models import build_model
-    from dimd.train.sgd import SyncSGD, broadcast_state, make_optimizer, replicas_identical
+    from dimd.train.sgd import SSGD, broadcast_state, make_optimizer, replicas_identical
 
     from dimd.host import available_cores
 
@@ -403,12 +407,12 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
     torch.set_num_threads(max(1, available_cores() // size))   # as dimd train does: ranks share the cores
     b = 6
 
-    def engine(replicas: int, reduce: Callable[[Any], Any] | None) -> tuple[Any, SyncSGD]:
+    def engine(replicas: int, reduce: Callable[[Any], Any] | None) -> tuple[Any, SSGD]:
         torch.manual_seed(rank)           # different on purpose: the broadcast must fix it
         model = build_model("lenet", 10)
         broadcast_state(model, comm)
         opt = make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True)
-        return model, SyncSGD(model, opt, reduce, replicas)
+        return model, SSGD(model, opt, reduce, replicas)
 
     g = torch.Generator().manual_seed(42)
     steps = [(torch.randn(size * b, 3, 32, 32, generator=g), torch.randint(0, 10, (size * b,), generator=g))
@@ -418,8 +422,8 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
         single, single_sgd = engine(1, lambda a: None)
         for images, labels in steps:
             mine = slice(rank * b, (rank + 1) * b)
-            out = sgd.step(images[mine], labels[mine])
-            ref = single_sgd.step(images, labels)
+            out = sgd.step([(images[mine], labels[mine])], lr=0.05)
+            ref = single_sgd.step([(images, labels)], lr=0.05)
             assert out.samples == size * b and abs(out.loss_sum - ref.loss_sum) < 1e-3 * ref.loss_sum
         diff = max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), single.parameters()))
         moved = max(float((p - q).detach().abs().max())
@@ -430,44 +434,39 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
 
 
 @case
-def sixteen_mixed_skips_on_every_rank() -> None:
-    """16-mixed S-SGD on P ranks: rank 1's gradients overflow in the second step (an inf in its batch).
+def sgd_overlap_on_and_off_alike() -> None:
+    """dimd train's S-SGD step (SSGD) with its buckets reduced during backward and after it: four
+    steps each, LeNet, small buckets; rank 0 says whether the weights and the step figures are identical::
 
-    Every rank must skip that step, halve its loss scale and keep identical
-    weights; rank 0 prints one JSON line: per step, skipped / finite / scale,
-    and whether the weights moved and the replicas agree.
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py sgd_overlap_on_and_off_alike
+        -> buckets 9 identical True loss 27.6
     """
     import torch
 
     from dimd.allreduce import allreduce
     from dimd.train.models import build_model
-    from dimd.train.precision import Precision
-    from dimd.train.sgd import SSGD, SyncSGD, broadcast_state, make_optimizer, replicas_identical
+    from dimd.train.sgd import SSGD, broadcast_state, make_optimizer
 
-    comm = world()
-    rank = comm.Get_rank()
+    comm = world("serialized")
+    rank, size = comm.Get_rank(), comm.Get_size()
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = build_model("lenet", 10)
-    broadcast_state(model, comm)
-    precision = Precision("16-mixed", torch.device("cpu"))
-    sgd = SSGD(SyncSGD(model, make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=0.0),
-                       lambda a: allreduce(a, comm, "ring"), comm.Get_size(), precision=precision))
-    g = torch.Generator().manual_seed(rank)
-    steps = []
-    for step in range(3):
-        images = torch.randn(4, 3, 32, 32, generator=g)
-        if step == 1 and rank == 1:
-            images[0, 0, 0, 0] = float("inf")
-        before = [p.detach().clone() for p in model.parameters()]
-        result = sgd.step([(images, torch.randint(0, 10, (4,), generator=g))], 0.05)
-        moved = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
-        steps.append({"skipped": precision.last_skipped, "finite": result.finite, "moved": moved,
-                      "scale": precision.loss_scale.scale, "events": len(result.events)})
-    same = replicas_identical(model, comm)
-    everyone = comm.gather(steps)
+
+    def run(overlap: bool) -> tuple[Any, list, int]:
+        torch.manual_seed(0)
+        model = build_model("lenet", 10)
+        broadcast_state(model, comm)
+        opt = make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True)
+        sgd = SSGD(model, opt, lambda a: allreduce(a, comm, "ring"), size, bucket_bytes=40_000, overlap=overlap)
+        g = torch.Generator().manual_seed(rank)
+        figures = [sgd.step([(torch.randn(6, 3, 32, 32, generator=g), torch.randint(0, 10, (6,), generator=g))],
+                            lr=0.05) for _ in range(4)]
+        sgd.buckets.close()
+        return model, [(r.loss_sum, r.correct, r.samples) for r in figures], sgd.buckets.buckets
+
+    (on, on_figures, buckets), (off, off_figures, _) = run(True), run(False)
+    identical = on_figures == off_figures and all(torch.equal(p, q) for p, q in zip(on.parameters(), off.parameters()))
     if rank == 0:
-        say(json.dumps({"steps": steps, "ranks_agree": all(s == steps for s in everyone), "identical": same}))
+        say(f"buckets {buckets} identical {identical} loss {on_figures[-1][0]:.3g}")
 
 
 class BranchyNet:
@@ -653,6 +652,47 @@ def torch_algorithm_sums_with_gloo() -> None:
         say("torch sum ok gradients ok")
 
 
+@case
+def sixteen_mixed_skips_on_every_rank() -> None:
+    """16-mixed S-SGD on P ranks: rank 1's gradients overflow in the second step (an inf in its batch).
+
+    Every rank must skip that step, halve its loss scale and keep identical
+    weights; rank 0 prints one JSON line: per step, skipped / finite / scale,
+    and whether the weights moved and the replicas agree.
+    """
+    import torch
+
+    from dimd.allreduce import allreduce
+    from dimd.train.models import build_model
+    from dimd.train.precision import Precision
+    from dimd.train.sgd import SSGD, broadcast_state, make_optimizer, replicas_identical
+
+    comm = world()
+    rank = comm.Get_rank()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model("lenet", 10)
+    broadcast_state(model, comm)
+    precision = Precision("16-mixed", torch.device("cpu"))
+    sgd = SSGD(model, make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=0.0),
+               lambda a: allreduce(a, comm, "ring"), comm.Get_size(), precision=precision)
+    g = torch.Generator().manual_seed(rank)
+    steps = []
+    for step in range(3):
+        images = torch.randn(4, 3, 32, 32, generator=g)
+        if step == 1 and rank == 1:
+            images[0, 0, 0, 0] = float("inf")
+        before = [p.detach().clone() for p in model.parameters()]
+        result = sgd.step([(images, torch.randint(0, 10, (4,), generator=g))], 0.05)
+        moved = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+        steps.append({"skipped": precision.last_skipped, "finite": result.finite, "moved": moved,
+                      "scale": precision.loss_scale.scale, "events": len(result.events)})
+    same = replicas_identical(model, comm)
+    everyone = comm.gather(steps)
+    if rank == 0:
+        say(json.dumps({"steps": steps, "ranks_agree": all(s == steps for s in everyone), "identical": same}))
+
+
 def small_bn_model(classes: int = 5) -> Any:
     """A convolution, batch norm and a linear layer: quick, and it has running statistics."""
     from torch import nn
@@ -708,6 +748,58 @@ def sma_distribution(learners_per_rank: str, compute: str = "vmap", algorithm: s
         say(f"z diff {z_diff:.3g} buffers diff {buffers_diff:.3g} moved {moved:.3g} identical {identical}")
 
 
+@case
+def sma_losses_around_a_reshuffle(data: str) -> None:
+    """SMA on ``data`` (a packed set in class order) twice at equal seeds: reshuffled at every epoch,
+    and with every reshuffle after the first placement keeping the records where they are.
+
+    Rank 0 prints each run's per-synchronisation training loss and each rank prints the
+    classes its learners drew in epoch 1, one JSON line each::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py sma_losses_around_a_reshuffle colours
+        -> {"run": "reshuffled", "losses": [...], "steps_per_epoch": 6}
+           {"rank": 0, "epoch_1_classes": [7, 5, 6, 6]}
+    """
+    import numpy as np
+
+    from dimd.shuffle import DistributedStore
+    from dimd.train.config import TrainConfig
+    from dimd.train.engine import Trainer
+
+    comm = world()
+    config = TrainConfig(train=data, val=data, model="resnet20", image_size=16, epochs=2, batch_size=4, momentum=0.0,
+                         lr=0.05, lr_scaling=False, schedule="constant", decode_threads=1, threads=1,
+                         allreduce="ring", sync="sma", learners=1)
+    shuffle = DistributedStore.shuffle
+
+    def keep_after_the_first_step(store: Any, seed: int, round: int) -> Any:
+        if trainer.step == 0:
+            return shuffle(store, seed, round)
+        store.round = round                     # the reshuffle replaced by the identity
+        return None
+
+    for run in ("reshuffled", "kept"):
+        if run == "kept":
+            DistributedStore.shuffle = keep_after_the_first_step  # type: ignore[method-assign]
+        trainer = Trainer(config, comm)
+        step, losses, labels = trainer.strategy.step, [], []
+
+        def recorded(batches: Any, lr: float, **options: Any) -> Any:
+            result = step(batches, lr, **options)
+            losses.append(result.loss_sum / result.samples)
+            if len(labels) < trainer.steps_per_epoch:
+                labels.append(np.bincount(np.concatenate([b[1].numpy() for b in batches]), minlength=4))
+            return result
+
+        trainer.strategy.step = recorded  # type: ignore[method-assign]
+        trainer.run()
+        if comm.Get_rank() == 0:
+            say(json.dumps({"run": run, "losses": losses, "steps_per_epoch": trainer.steps_per_epoch}))
+        if run == "reshuffled":
+            say(json.dumps({"rank": comm.Get_rank(), "epoch_1_classes": np.sum(labels, axis=0).tolist()}))
+    DistributedStore.shuffle = shuffle  # type: ignore[method-assign]
+
+
 # -- plan-batch: the gradient noise scale and the convergence step ---------------------------
 
 @case
@@ -718,26 +810,27 @@ def noise_scale_matches_offline_estimator(data: str) -> None:
         -> ok 8 steps; B_simple per epoch ...
 
     Every rank trains lenet with ``noise_scale`` on and keeps a float64 copy of
-    its gradient just before each allreduce (the flat buffer's ``allreduce`` is
-    wrapped); rank 0 gathers the copies, feeds the estimator with norms computed
-    from them in float64, and compares per epoch.
+    its gradient just before each allreduce (the buckets' ``synchronize`` is
+    wrapped; the noise scale keeps overlap off, so nothing is reduced before it);
+    rank 0 gathers the copies, feeds the estimator with norms computed from them
+    in float64, and compares per epoch.
     """
     import numpy as np
 
+    from dimd.train.buckets import GradientBuckets
     from dimd.train.config import TrainConfig
     from dimd.train.engine import train
-    from dimd.train.flatgrad import FlatGradients
     from dimd.train.plan.noise import NoiseScale, noise_estimates_from_gradients
 
     comm = world("funneled")
     seen: list[Any] = []
-    real_allreduce = FlatGradients.allreduce
+    real_synchronize = GradientBuckets.synchronize
 
-    def allreduce(self: FlatGradients, reduce: Any, world_size: int) -> Any:   # this rank's gradient, as computed
-        seen.append(self.grads.detach().double().numpy().copy())
-        return real_allreduce(self, reduce, world_size)
+    def synchronize(self: GradientBuckets) -> None:   # this rank's gradient, as computed
+        seen.append(self.flat.grads.detach().double().numpy().copy())
+        real_synchronize(self)
 
-    FlatGradients.allreduce = allreduce  # type: ignore[method-assign]
+    GradientBuckets.synchronize = synchronize  # type: ignore[method-assign]
     batch = 6
     config = TrainConfig(train=data, val=data, model="lenet", image_size=16, epochs=2, batch_size=batch, lr=0.1,
                          lr_scaling=False, schedule="constant", decode_threads=1, threads=1, noise_scale=True)

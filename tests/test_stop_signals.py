@@ -74,4 +74,4 @@ def test_no_output_holds_a_nul_and_the_threads_are_recorded(packed_sample, tmp_p
 def test_a_usage_error_is_printed_once_not_once_per_rank():
     proc = run_mpi_dimd(3, "bench-allreduce", "-q")
     assert proc.returncode != 0
-    assert proc.stderr.count("No such option: -q") == 1, proc.stderr
+    assert proc.stderr.count("No such option '-q'") == 1, proc.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import mpi_run, run_dimd, run_mpi_dimd
+from conftest import invoke_dimd, mpi_run, run_dimd, run_mpi_dimd
 
 
 @pytest.mark.mpi
@@ -23,6 +23,23 @@ def test_p_ranks_of_k_learners_equal_one_process_of_p_times_k(ranks, per_rank, c
     assert float(buffers_diff) < 1e-5, line     # and the same averaged batch-norm statistics
     assert float(moved) > 1e-3, line            # after synchronisations that really moved it
     assert identical == "True", line            # bit-identical on every rank
+
+
+@pytest.mark.mpi
+def test_a_reshuffle_does_not_knock_smas_learners_back(colour_set):
+    """The colour set is packed in class order, so a rank's share in load order holds two of its
+    four classes. Every rank's learners must draw from every class from the first step, and the
+    epoch after a reshuffle must train about as well as the same epoch with the records kept in
+    place (in load order the learners fit two classes, and the reshuffle raised the loss 10x)."""
+    proc = mpi_run("sma_losses_around_a_reshuffle", 2, str(colour_set), timeout=240, check=True)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    classes = [line["epoch_1_classes"] for line in lines if "rank" in line]
+    assert len(classes) == 2 and all(sum(1 for n in seen if n) >= 3 for seen in classes), classes
+    runs = {line["run"]: line for line in lines if "run" in line}
+    steps = runs["kept"]["steps_per_epoch"]
+    reshuffled, kept = (sum(runs[r]["losses"][steps:]) / steps for r in ("reshuffled", "kept"))
+    assert runs["reshuffled"]["losses"][:steps] == runs["kept"]["losses"][:steps]   # equal seeds
+    assert reshuffled < 3 * kept, (runs["reshuffled"]["losses"], runs["kept"]["losses"])
 
 
 # -- `dimd train --sync sma` end to end ------------------------------------------------------
@@ -166,7 +183,7 @@ def test_the_config_refuses_bad_sma_settings_naming_the_field(changes, field, pr
 def test_bad_sma_options_are_one_clear_line_and_write_nothing(packed_sample, tmp_path):
     for extra, message in [(["--alpha", "1.5"], "Invalid value for '--alpha': must be in (0.0, 1.0]"),
                            (["--learners", "many"], "expected a number of learners per rank or 'auto'")]:
-        proc = run_dimd(*sma_args(packed_sample, tmp_path, *extra), timeout=120)
+        proc = invoke_dimd(*sma_args(packed_sample, tmp_path, *extra))
         assert proc.returncode == 2, (extra, proc.stderr)
         assert message in proc.stderr and proc.stderr.lower().count("error") == 1, (extra, proc.stderr)
     # on every rank of an MPI job: one line, exit 2, the other flag named
@@ -195,8 +212,8 @@ def test_checkpoints_of_the_other_sync_or_mid_epoch_on_another_layout_are_refuse
          "every 5; this run has 2 ranks, 2 learners per rank, groups 1, batch 3, shuffle every 5: resume it "
          "with that layout, or resume from "),
     ]
-    for args, message in cases:
-        proc = run_mpi_dimd(2, *args, timeout=120)
+    for ranks, (args, message) in zip((1, 1, 2), cases):   # the other sync is refused on any layout
+        proc = invoke_dimd(*args) if ranks == 1 else run_mpi_dimd(2, *args, timeout=120)
         assert proc.returncode == 1, (args, proc.stderr)
         assert message in proc.stderr and proc.stderr.count("dimd: error:") == 1, proc.stderr
         assert list(fresh.iterdir()) == []

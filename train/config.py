@@ -53,7 +53,8 @@ class TrainConfig:
     groups: int = 1
     shuffle_every: int | None = 0         # steps; 0: at every epoch start; None: never
     allreduce: str | None = None          # None: the fastest measured at start-up
-    bucket_mb: float = 0.0                # 0: one allreduce for all gradients
+    bucket_mb: float | None = None        # None: DEFAULT_BUCKET_MB with overlap, else one message; 0: one message
+    overlap: bool | None = None           # S-SGD: reduce buckets during backward; None: where a core or GPU is free
     device: str = "auto"
     decode_threads: int = 2               # the loader's decoding threads per rank
     threads: int | None = None            # torch threads per rank; None: cores / ranks on the node
@@ -92,8 +93,9 @@ class TrainConfig:
         in_range(self, "crop_scale", 0.0, 1.0, low_open=True)
         positive(self, "lr")
         in_range(self, "momentum", 0.0, 1.0, high_open=True)
-        for name in ("weight_decay", "bucket_mb", "seed", "checkpoint_every", "keep_checkpoints"):
+        for name in ("weight_decay", "seed", "checkpoint_every", "keep_checkpoints"):
             at_least(self, name, 0)
+        at_least(self, "bucket_mb", 0, optional=True)
         at_least(self, "warmup_epochs", 0, optional=True)
         at_least(self, "shuffle_every", 0, optional=True)
         positive(self, "power")
@@ -134,6 +136,8 @@ class TrainConfig:
                     f"must be a number of learners per rank or auto (got {self.learners!r})")
             at_least(self, "learners", 1)
         if self.sync == "ssgd":
+            require(not (self.overlap and self.noise_scale), "overlap", "cannot go with `noise_scale`: the "
+                    "noise scale needs each rank's whole gradient before any bucket is reduced")
             for name, default in (("learners", None), ("alpha", None), ("sma_momentum", None),
                                   ("sync_every", 1)):
                 require(getattr(self, name) == default, name,
@@ -146,6 +150,8 @@ class TrainConfig:
                     "it out with `sync` sma")
             require(self.precision == "32-true", "precision", "is implemented for S-SGD's step (its loss scale "
                     "is agreed through the gradient allreduce); leave it out with `sync` sma")
+            require(self.overlap is None, "overlap", "is a setting of S-SGD's gradient allreduce; SMA averages "
+                    "models, not gradients: leave it out with `sync` sma")
             require(not self.nesterov, "nesterov", "is not part of SMA (its learners use Polyak "
                     "momentum, as Crossbow's do); leave it out with `sync` sma")
 
@@ -154,9 +160,12 @@ class TrainConfig:
         """SMA with ``learners="auto"``: the auto-tuner chooses the learners per rank."""
         return self.sync == "sma" and self.learners == "auto"
 
-    @property
-    def bucket_bytes(self) -> int:
-        return int(self.bucket_mb * 2**20)
+    def bucket_bytes(self, overlap: bool) -> int:
+        """The S-SGD bucket in bytes (0: one message), given whether the buckets overlap backward."""
+        from dimd.train.buckets import DEFAULT_BUCKET_MB
+
+        mb = self.bucket_mb if self.bucket_mb is not None else DEFAULT_BUCKET_MB if overlap else 0.0
+        return int(mb * 2**20)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

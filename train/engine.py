@@ -39,6 +39,7 @@ from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
 from dimd.train.config import TrainConfig
 from dimd.train.evaluate import EvalResult, local_counts, summarize
 from dimd.train.hardware import pick_device, set_threads
+from dimd.train.model_source import recorded_source
 from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
 from dimd.train.precision import Precision, memory_format
 from dimd.train.results import NOISE_FIELDS, EpochMetrics, EpochTally, Evaluation, TrainResult
@@ -133,6 +134,16 @@ def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[
                                                        "bytes": nbytes}
 
 
+def overlap_choice(config: TrainConfig, device: torch.device, comm: Any) -> bool:
+    """``overlap``, or where unset: S-SGD on several ranks with a core or GPU free for the communication."""
+    if config.overlap is not None:
+        return config.overlap
+    from dimd.train.buckets import core_free_for_communication
+
+    free = core_free_for_communication(device, comm)   # MPI: collective (the node's ranks)
+    return config.sync == "ssgd" and not config.noise_scale and comm.Get_size() > 1 and free
+
+
 def learner_compute(choice: str) -> str:
     """``auto``: one replica after another, on CUDA each on its own stream (Crossbow's way); on a
     CPU core measured faster than one vectorised vmap pass at 1-4 learners (docs/sma.md)."""
@@ -149,8 +160,10 @@ def make_reducer(algorithm: str, comm) -> Callable[[np.ndarray], None]:
 
 
 def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[[np.ndarray], None],
-                  world_size: int, normalize: Any, batches_per_epoch: int, precision: Any = None) -> Strategy:
-    """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says."""
+                  world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False,
+                  precision: Any = None) -> Strategy:
+    """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says;
+    ``overlap``: S-SGD reduces gradient buckets during backward."""
     cfg = config
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -164,7 +177,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
                    normalize=normalize, threads=torch.get_num_threads(),
                    autotune_threshold=cfg.autotune_threshold,
                    max_learners=batches_per_epoch, synchronize=sync)
-    from dimd.train.sgd import SSGD, SyncSGD, make_optimizer
+    from dimd.train.sgd import SSGD, make_optimizer
 
     optimizer = make_optimizer(model, lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
@@ -174,8 +187,8 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
         from dimd.train.plan.noise import NoiseScale
 
         noise = NoiseScale()
-    return SSGD(SyncSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes,
-                        normalize=normalize, synchronize=sync, noise=noise, precision=precision))
+    return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
+                normalize=normalize, synchronize=sync, noise=noise, overlap=overlap, precision=precision)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -227,6 +240,11 @@ class Trainer:
         #: Batches of ``batch_size`` per rank per epoch; the schedule counts these, so its
         #: position is the same whatever the learners per rank.
         self.batches_per_epoch = self.loader.steps_per_epoch
+        learners = int(cfg.learners) if cfg.sync == "sma" and cfg.learners not in (None, "auto") else 1
+        if learners > self.batches_per_epoch:   # not one step per epoch: nothing would train
+            raise DimdError(f"`learners` {learners} per rank take {learners} batches per step, but a rank has "
+                            f"{self.batches_per_epoch} batches of {cfg.batch_size} per epoch: lower `learners` "
+                            f"to at most {self.batches_per_epoch}, or `batch_size`")
 
         # -- model and synchronisation
         torch.manual_seed(cfg.seed)
@@ -239,11 +257,14 @@ class Trainer:
         self.normalize = Normalize(self.device, self.memory_format)
         nbytes = gradient_bytes(self.model)
         self.model_info = {"name": cfg.model, "parameters": parameter_count(self.model),
-                           "gradient_bytes": nbytes, "classes": len(self.store.classes)}
+                           "gradient_bytes": nbytes, "classes": len(self.store.classes), **recorded_source(cfg.model)}
         # MPI: the allreduce algorithm, measured for this message size if not given
         self.algorithm, self.algorithm_choice = choose_allreduce(cfg, nbytes, comm)
+        self.overlap = overlap_choice(cfg, self.device, comm)
+        self.algorithm_choice["overlap"] = self.overlap
         self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
-                                                self.normalize, self.batches_per_epoch, self.precision)
+                                                self.normalize, self.batches_per_epoch, self.overlap,
+                                                self.precision)
 
         # -- schedule
         #: The batch ``--lr`` is scaled by (linear scaling, lr x batch / 256): S-SGD's global batch
@@ -374,25 +395,29 @@ class Trainer:
             return
         self.state, notes = restore_run(self, path)
         self.resumed_from = path
-        self.hooks.on_event(f"resumed from {path} at epoch {self.state.epoch}, step {self.state.step}")
+        self.hooks.on_event(f"resumed from {path} at epoch {self.state.epoch}, step {self.state.step} "
+                            f"(run {self.state.run_id})")
         for note in notes:
             self.hooks.on_event(note)
 
     # -- the step's helpers -------------------------------------------------------------------
 
-    def shuffle_round(self) -> int | None:
-        """The store round this position should hold (None: still in load order)."""
+    def shuffle_round(self) -> int:
+        """The store round this position should hold.
+
+        Round 0 comes before the first step, whatever ``shuffle_every``: a rank's share in load
+        order is a contiguous slice of the pack, which is in class order, and learners (SMA) or
+        batch-norm statistics (both) fitted to a few classes are knocked back when the rest arrive.
+        """
         every, state = self.config.shuffle_every, self.state
         if every is None:
-            return None
-        if every == 0:
-            return state.epoch if state.epoch > 0 else None
-        return state.step // every if state.step >= every else None
+            return 0
+        return state.epoch if every == 0 else state.step // every
 
     def reshuffle(self) -> float:
         t0 = time.perf_counter()
         self.loader.close()  # no decoder may read the store while records move
-        self.store.shuffle(self.config.seed, self.shuffle_round())  # type: ignore[arg-type]  # MPI: records move between ranks
+        self.store.shuffle(self.config.seed, self.shuffle_round())  # MPI: records move between ranks
         return time.perf_counter() - t0
 
     def maybe_restart(self, position: int) -> None:
@@ -471,7 +496,8 @@ class Trainer:
                       "total_steps": schedule.total_steps, "counts": "batches per rank"},
             sync=self.strategy.name, strategy={k: v for k, v in figures.items() if k != "learners_per_rank"},
             epochs=self.state.history, evaluations=self.state.evaluations, resumed_from=self.resumed_from,
-            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads)
+            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads,
+            run_id=self.state.run_id)
         result.replicas_identical = self.strategy.identical(self.comm)   # MPI: the ranks' models agree
         result.seconds = time.perf_counter() - self.started
         return result

@@ -51,7 +51,7 @@ def init(*, device: str = "auto", threads: int | None = None,
     launcher that started N processes each in a world of one rank ends them
     all, with one line from the first.
     """
-    from dimd.train.engine import pick_device, set_threads
+    from dimd.train.hardware import pick_device, set_threads
 
     try:
         init_mpi(thread_level)
@@ -94,6 +94,6 @@ def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224,
     from dimd.shuffle import BatchLoader, DistributedStore
 
     store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit)
-    extra = {} if crop_scale is None else {"crop_scale": crop_scale}
+    extra: dict[str, Any] = {} if crop_scale is None else {"crop_scale": crop_scale}
     return BatchLoader(store, batch_size, image_size, train=train, workers=workers, seed=seed,
                        pin_memory=torch.cuda.is_available(), **extra)

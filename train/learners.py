@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dimd.train.steps import forward_backward
+
 COMPUTES = ("vmap", "loop", "threads")
 
 
@@ -252,15 +254,7 @@ class Learners:
             return torch.stack([losses.detach().sum(dim=1), (logits.argmax(-1) == y).sum(dim=1).float()], dim=1)
 
     def _one(self, j: int, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        replica = self.replicas[j]
-        replica.train()
-        x = self.normalize(images)
-        y = labels.to(x.device, non_blocking=True)
-        logits = replica(x)
-        loss = F.cross_entropy(logits, y)
-        loss.backward()
-        with torch.no_grad():
-            return torch.stack([loss.detach() * y.numel(), (logits.argmax(1) == y).sum().float()])
+        return forward_backward(self.replicas[j], images, labels, self.normalize)
 
     def _stream_step(self, images: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> torch.Tensor:
         """CUDA: learner j's forward and backward on stream j, so the GPU runs them concurrently.

@@ -1,4 +1,4 @@
-"""One synchronous data-parallel SGD step: forward, backward, one allreduce, update.
+"""Synchronous data-parallel SGD (S-SGD): forward, backward, one allreduce, update.
 
 Every rank computes the mean loss over its own ``b`` images; the gradients are
 summed across the ``P`` ranks and divided by ``P``, which is the gradient of
@@ -14,13 +14,13 @@ import math
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from dimd.train.flatgrad import FlatGradients, Reduce
+from dimd.train.buckets import GradientBuckets
+from dimd.train.flatgrad import Reduce
 from dimd.train.plan.noise import NoiseScale
 from dimd.train.precision import Precision
-from dimd.train.steps import Batches, StepResult, StepTimes
+from dimd.train.steps import Batches, StepResult, StepTimes, forward_backward
 
 #: The tail of the flat buffer: summed across ranks with the gradients, in the same message.
 #: EXTRA_SQNORM: this rank's |g|^2 before the allreduce, for the gradient noise scale (0 when off).
@@ -74,8 +74,13 @@ class Normalize:
         return x.sub_(self.mean).mul_(self.inv_std)
 
 
-class SyncSGD:
-    """The S-SGD engine's inner step over a model whose gradients live in a :class:`FlatGradients`.
+class SSGD:
+    """Synchronous data-parallel SGD as a :class:`~dimd.train.steps.Strategy`: one learner per rank,
+    its gradients in :class:`GradientBuckets` averaged over the ranks every step.
+
+    ``overlap``: reduce each bucket on the communication thread while backward
+    goes on (off with ``noise``, whose local |g|^2 needs every gradient before
+    any is reduced); the weights are the same either way (docs/library.md).
 
     ``noise``: estimate McCandlish et al.'s gradient noise scale as a side
     effect of every step (needs ``world_size`` >= 2): each rank puts its own
@@ -84,10 +89,13 @@ class SyncSGD:
     local norms and the same averaged gradient, and so the same estimate.
     """
 
+    name = "ssgd"
+    learners = 1
+
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduce: Reduce,
                  world_size: int, *, bucket_bytes: int = 0, normalize: Normalize | None = None,
                  synchronize: Callable[[], None] | None = None, noise: NoiseScale | None = None,
-                 precision: Precision | None = None) -> None:
+                 overlap: bool = False, precision: Precision | None = None) -> None:
         if noise is not None and world_size < 2:
             raise ValueError("the gradient noise scale needs at least 2 ranks")
         self.noise = noise
@@ -95,39 +103,35 @@ class SyncSGD:
         self.optimizer = optimizer
         self.reduce = reduce
         self.world_size = world_size
-        self.flat = FlatGradients(model.parameters(), extras=EXTRAS, bucket_bytes=bucket_bytes)
+        self.precision = precision or Precision("32-true", next(model.parameters()).device)
+        # 16-mixed unscales every gradient and notes an overflow before any bucket is reduced: no overlap.
+        overlap = overlap and noise is None and self.precision.loss_scale is None
+        self.buckets = GradientBuckets(model.parameters(), reduce, world_size, extras=EXTRAS, bucket_bytes=bucket_bytes,
+                                       overlap=overlap)
+        self.flat = self.buckets.flat
         self.normalize = normalize
         self._sync = synchronize or (lambda: None)
-        self.precision = precision or Precision("32-true", self.flat.buffer.device)
 
-    def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-
-    def step(self, images: torch.Tensor, labels: torch.Tensor, *, stop: bool = False) -> StepResult:
-        """One step on this rank's batch; collective: every rank must call it."""
-        times = StepTimes()
+    def step(self, batches: Batches, lr: float, *, sync: bool = True, stop: bool = False,
+             times: StepTimes | None = None) -> StepResult:
+        """One step on this rank's batch; collective: every rank must call it (``sync`` is always so)."""
+        (images, labels), = batches
+        set_lr(self.optimizer, lr)
+        spent = StepTimes(data=times.data if times is not None else 0.0)
         t0 = time.perf_counter()
-        self.model.train()
-        x = self.normalize(images) if self.normalize is not None else images
-        y = labels.to(x.device, non_blocking=True)
-        self.flat.zero()
-        with self.precision.autocast():
-            logits = self.model(x)
-            loss = F.cross_entropy(logits, y)
-        self.precision.backward(loss)
+        self.buckets.zero()
+        stats = forward_backward(self.model, images, labels, self.normalize, self.precision)
         with torch.no_grad():
             extras = self.flat.extras
-            extras[EXTRA_LOSS] = loss.detach() * y.numel()
-            extras[EXTRA_CORRECT] = (logits.argmax(1) == y).sum()
-            extras[EXTRA_SAMPLES] = y.numel()
+            extras[EXTRA_LOSS: EXTRA_CORRECT + 1] = stats
+            extras[EXTRA_SAMPLES] = labels.numel()
             extras[EXTRA_STOP] = 1.0 if stop else 0.0
             extras[EXTRA_OVERFLOW] = self.precision.unscale(self.flat.grads)   # 16-mixed: this rank's flag
             if self.noise is not None:
                 extras[EXTRA_SQNORM] = squared_norm(self.flat.grads)   # before the allreduce: this rank's
         self._sync()
         t1 = time.perf_counter()
-        self.flat.allreduce(self.reduce, self.world_size)   # MPI: the gradients (and extras) summed over ranks
+        self.buckets.synchronize()   # MPI: the gradients (and extras) summed over ranks; with overlap, the rest
         if self.noise is not None:   # before the optimizer, which may change .grad in place (Nesterov)
             with torch.no_grad():
                 averaged = float(squared_norm(self.flat.grads))   # the mean of the ranks' gradients
@@ -137,12 +141,64 @@ class SyncSGD:
             self.optimizer.step()
         self._sync()
         t3 = time.perf_counter()
-        times.compute, times.allreduce, times.optimizer = t1 - t0, t2 - t1, t3 - t2
+        spent.compute, spent.allreduce, spent.optimizer = t1 - t0, t2 - t1, t3 - t2
         loss_sum, correct, samples, stops, local_sqnorms, _ = self.flat.extras.tolist()
         if self.noise is not None and not skipped:
             self.noise.update(local_sqnorms / self.world_size, averaged, local_batch=round(samples / self.world_size),
                               ranks=self.world_size)
-        return StepResult(loss_sum, correct, samples, stops > 0, times)
+        finite = ((skipped or math.isfinite(loss_sum) and math.isfinite(float(self.flat.grads.sum())))
+                  and not self.precision.diverged)
+        result = StepResult(loss_sum, correct, samples, stops > 0, spent, finite=finite)
+        if skipped:
+            result.events.append(f"16-mixed: the gradients overflowed on some rank, the step is skipped on every "
+                                 f"rank; {self.precision.figures()}")
+        return result
+
+    def restart(self) -> bool:
+        return False
+
+    def eval_model(self) -> nn.Module:
+        return self.model
+
+    def global_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "precision": self.precision.state_dict()}
+        if self.noise is not None:
+            state["noise_scale"] = self.noise.state_dict()   # the same on every rank
+        return state
+
+    def local_state(self) -> dict[str, Any]:
+        # Batch-norm statistics are per rank (each sees its own batches).
+        return {"buffers": {k: v.detach().cpu().clone() for k, v in self.model.named_buffers()}}
+
+    def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
+        self.optimizer.load_state_dict(shared["optimizer"])
+        self.flat.attach()
+        notes = self.precision.load_state_dict(shared.get("precision"))
+        if self.noise is not None:
+            if "noise_scale" in shared:
+                self.noise.load_state_dict(shared["noise_scale"])
+            else:
+                notes.append("the checkpoint has no gradient noise scale: its averages start afresh")
+        if local is not None:
+            with torch.no_grad():
+                for name, buffer in self.model.named_buffers():
+                    buffer.copy_(local["buffers"][name])
+        return notes
+
+    def figures(self) -> dict[str, Any]:
+        noise = self.noise.figures() if self.noise is not None else {}
+        return {**noise, **self.precision.figures()}
+
+    def identical(self, comm) -> bool:
+        return replicas_identical(self.model, comm)
+
+    def close(self) -> None:
+        self.buckets.close()
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def squared_norm(vector: torch.Tensor) -> torch.Tensor:
@@ -175,71 +231,3 @@ def identical_across_ranks(tensors: list[torch.Tensor], comm) -> bool:
         digest = zlib.crc32(t.detach().cpu().contiguous().numpy().tobytes(), digest)
     everyone = comm.allgather(digest)   # MPI: compare the ranks' checksums
     return all(d == everyone[0] for d in everyone)
-
-
-class SSGD:
-    """Synchronous data-parallel SGD as a :class:`~dimd.train.steps.Strategy`: one learner per rank,
-    the gradients averaged over the ranks every step."""
-
-    name = "ssgd"
-    learners = 1
-
-    def __init__(self, sgd: SyncSGD) -> None:
-        self.sgd = sgd
-        self.model = sgd.model
-
-    def step(self, batches: Batches, lr: float, *, sync: bool = True, stop: bool = False,
-             times: StepTimes | None = None) -> StepResult:
-        (images, labels), = batches
-        self.sgd.set_lr(lr)
-        result = self.sgd.step(images, labels, stop=stop)
-        result.times.data = times.data if times is not None else 0.0
-        precision = self.sgd.precision
-        result.finite = ((precision.last_skipped or math.isfinite(result.loss_sum)
-                          and math.isfinite(float(self.sgd.flat.grads.sum()))) and not precision.diverged)
-        if precision.last_skipped:
-            result.events.append(f"16-mixed: the gradients overflowed on some rank, the step is skipped on every "
-                                 f"rank; loss scale now {precision.loss_scale.scale:g}")  # type: ignore[union-attr]
-        return result
-
-    def restart(self) -> bool:
-        return False
-
-    def eval_model(self) -> nn.Module:
-        return self.model
-
-    def global_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"optimizer": self.sgd.optimizer.state_dict(),
-                                 "precision": self.sgd.precision.state_dict()}
-        if self.sgd.noise is not None:
-            state["noise_scale"] = self.sgd.noise.state_dict()   # the same on every rank
-        return state
-
-    def local_state(self) -> dict[str, Any]:
-        # Batch-norm statistics are per rank (each sees its own batches).
-        return {"buffers": {k: v.detach().cpu().clone() for k, v in self.model.named_buffers()}}
-
-    def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
-        self.sgd.optimizer.load_state_dict(shared["optimizer"])
-        self.sgd.flat.attach()
-        notes = self.sgd.precision.load_state_dict(shared.get("precision"))
-        if self.sgd.noise is not None:
-            if "noise_scale" in shared:
-                self.sgd.noise.load_state_dict(shared["noise_scale"])
-            else:
-                notes.append("the checkpoint has no gradient noise scale: its averages start afresh")
-        if local is not None:
-            with torch.no_grad():
-                for name, buffer in self.model.named_buffers():
-                    buffer.copy_(local["buffers"][name])
-        return notes
-
-    def figures(self) -> dict[str, Any]:
-        noise = self.sgd.noise.figures() if self.sgd.noise is not None else {}
-        return {**noise, **self.sgd.precision.figures()}
-
-    def identical(self, comm) -> bool:
-        return replicas_identical(self.model, comm)
-
-    def close(self) -> None:
-        pass

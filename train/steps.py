@@ -1,18 +1,22 @@
-"""What one training step reports, and the interface every synchronisation strategy has.
+"""One training step: its compute, what it reports, and the interface every synchronisation strategy has.
 
 The engine's loop is the same for S-SGD and SMA: it fetches this rank's
 batches (one per learner), asks the schedule for the rate, and hands both to
 the strategy, which computes, synchronises and updates. A strategy is a small
 object with the methods of :class:`Strategy`; ``dimd.train.sgd.SSGD`` and
-``dimd.train.sma.SMA`` are the two.
+``dimd.train.sma.SMA`` are the two. Both compute every learner's gradients
+with :func:`forward_backward`, and so does ``plan-batch step-time``, which
+times ``SSGD``'s step itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 #: The time split of every epoch (``--metrics``, ``--json``), declared once: seconds per rank in
@@ -54,6 +58,32 @@ class StepResult:
 
 
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+def forward_backward(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                     normalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                     precision: Any = None) -> torch.Tensor:
+    """The compute of every training step (S-SGD's, each SMA learner's, the planner's timed one).
+
+    Forward in training mode, the batch's mean cross-entropy, backward: the
+    gradients accumulate into each parameter's ``.grad`` (a flat buffer's
+    view, so the caller zeroes it). Returns [loss summed over the images,
+    images right at top-1] as a detached 2-vector on the device, without
+    waiting for it.
+    """
+    model.train()
+    x = normalize(images) if normalize is not None else images
+    y = labels.to(x.device, non_blocking=True)
+    # ``precision`` (dimd.train.precision.Precision): autocast over forward and loss, 16-mixed's scaled backward
+    with precision.autocast() if precision is not None else contextlib.nullcontext():
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+    if precision is not None:
+        precision.backward(loss)
+    else:
+        loss.backward()
+    with torch.no_grad():
+        return torch.stack([loss.detach() * y.numel(), (logits.argmax(1) == y).sum().float()])
 
 
 class Strategy(Protocol):

@@ -1,9 +1,10 @@
 """Time Gamma(m): forward, backward and optimizer step of a real model at each per-rank batch.
 
-The step is ``dimd train``'s without its allreduce: the same model zoo,
-optimizer (:func:`dimd.train.sgd.make_optimizer` with ``dimd train``'s
-momentum and weight decay), input normalisation, gradients held in one flat
-buffer, and the same torch threads per rank (cores / ranks on the node,
+The step is ``dimd train``'s own S-SGD step (:class:`dimd.train.sgd.SSGD`)
+with its allreduce left out of the time (the communication model times that):
+the same model zoo, optimizer (:func:`dimd.train.sgd.make_optimizer` with
+``dimd train``'s momentum and weight decay), input normalisation, gradients
+held in one flat buffer, and the same torch threads per rank (cores / ranks on the node,
 unless ``--threads`` or OMP_NUM_THREADS says otherwise). The inputs are
 synthetic by default: random uint8 images and labels, made once per batch
 size, so the time is compute only. With ``data`` they are real batches from
@@ -29,6 +30,11 @@ import numpy as np
 
 from dimd.errors import DimdError
 from dimd.train.plan.config import StepTimeConfig, default_classes
+
+
+#: A small rate: the same synthetic batch is seen again and again, and a
+#: diverging model (inf/nan, denormals) would time differently.
+LR = 0.01
 
 
 def model_gradient_bytes(model: str, classes: int | None = None) -> int:
@@ -57,21 +63,19 @@ class StepTimes:
     parameters: int
     gradient_bytes: int
     inputs: str = "synthetic (random uint8 images and labels)"
-    step: str = "forward + backward + optimizer step, no allreduce"
+    step: str = "dimd train's S-SGD step (forward + backward + optimizer step), less its allreduce"
 
 
 def measure_step_times(config: StepTimeConfig, comm: Any,
                        on_step: Callable[[int], None] | None = None) -> StepTimes:
     """Collective: time ``config.steps`` steps at every batch size, on every rank at once."""
     import torch
-    import torch.nn.functional as F
     from mpi4py import MPI
 
     from dimd.train.config import TrainConfig
     from dimd.train.hardware import pick_device, set_threads
-    from dimd.train.flatgrad import FlatGradients
     from dimd.train.models import build_model, gradient_bytes, parameter_count
-    from dimd.train.sgd import Normalize, make_optimizer
+    from dimd.train.sgd import SSGD, Normalize, make_optimizer
 
     advance = on_step or (lambda n: None)
     threads, _ = set_threads(config.threads, comm)
@@ -86,13 +90,10 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     classes = len(store.classes) if store is not None else config.num_classes
     model = build_model(config.model, classes).to(device)
     momentum, weight_decay = float(defaults["momentum"]), float(defaults["weight_decay"])  # type: ignore[arg-type]
-    # A small rate: the same synthetic batch is seen again and again, and a
-    # diverging model (inf/nan, denormals) would time differently.
-    optimizer = make_optimizer(model, lr=0.01, momentum=momentum, weight_decay=weight_decay)
-    flat = FlatGradients(model.parameters())
-    normalize = Normalize(device)
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    model.train()
+    optimizer = make_optimizer(model, lr=LR, momentum=momentum, weight_decay=weight_decay)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else None
+    # One rank's step, its allreduce a no-op: the ranks run at once but each times its own step.
+    sgd = SSGD(model, optimizer, lambda array: None, 1, normalize=Normalize(device), synchronize=synchronize)
 
     from dimd.host import available_memory
     from dimd.mpi import agree_or_raise, node_local_ranks
@@ -122,15 +123,9 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
                 start = time.perf_counter()
                 if loader is not None:
                     images, labels = next(batches)   # the wait for a batch counts, as in training
-                x = normalize(images)
-                y = labels.to(device, non_blocking=True)
-                flat.zero()
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                optimizer.step()
-                synchronize()
+                result = sgd.step([(images, labels)], LR)
                 if i >= config.warmup:
-                    times[i - config.warmup] = time.perf_counter() - start
+                    times[i - config.warmup] = time.perf_counter() - start - result.times.allreduce
                 advance(1)
         except RuntimeError as exc:   # out of memory at a large batch, most often
             raise DimdError(f"step-time: {config.model} at {batch} images per rank failed: "
@@ -148,8 +143,8 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
                          "inputs": f"{config.data} through dimd train's loader "
                                    f"({config.decode_threads or TrainConfig.decode_threads} decoding thread(s) "
                                    f"per rank running beside the step)",
-                         "step": "the wait for the loader's batch + forward + backward + optimizer step, "
-                                 "no allreduce"}))
+                         "step": "the wait for the loader's batch + dimd train's S-SGD step (forward + "
+                                 "backward + optimizer step), less its allreduce"}))
 
 
 #: Bytes per image pixel channel of a step's input: the uint8 batch and its normalised float32 copy.
