@@ -232,7 +232,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
     from dimd.host import available_cores
 
     p = ctx.size(FULL, QUICK)
-    p["workers"] = max(1, available_cores() - 2)    # decoding processes / threads: the cores but two
+    p["workers"] = max(1, available_cores() - 2)    # decoding processes: the cores but two
     p["decodes"] = ["cpu", "gpu"] if has_torchvision() else ["cpu"]
     data = sample_set(p["classes"], p["per_class"], p["val_per_class"], log=ctx.log)
     common = ["--image-size", p["image_size"], "--batch-size", p["batch_size"], "--epochs", p["epochs"]]
@@ -255,7 +255,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
                 for decode in p["decodes"]:
                     path = ctx.folder() / f"dimd_{model}_{precision}_{decode}_run{run}.json"
                     doc = dimd_job(["train", data.train, "--val", data.val, "--model", model, "--precision",
-                                    precision, "--decode", decode, "--device", "cuda", "--decode-threads",
+                                    precision, "--decode", decode, "--device", "cuda", "--decode-workers",
                                     p["workers"], "--lr", 0.1, "--schedule", "constant", *common], path)
                     history = doc["result"]["history"]
                     trained.setdefault(f"{key}|dimd, decode {decode}", []).append(

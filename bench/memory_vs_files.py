@@ -79,7 +79,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
                 doc = dimd_job(["train", data.train, "--val", data.val, "--model", m["model"],
                                 "--image-size", m["image_size"], "--batch-size", m["batch_size"],
                                 "--epochs", p["epochs"], "--lr", 0.05, "--schedule", "constant",
-                                "--decode-threads", p["workers"], "--allreduce", "multicolor",
+                                "--decode-workers", p["workers"], "--allreduce", "multicolor",
                                 "--read-from", way["read_from"], "--files-root", root],
                                ctx.folder() / f"{tag}.json", ranks=p["ranks"], wrap=wrap)
                 figures = doc["result"]

@@ -768,7 +768,7 @@ def sma_losses_around_a_reshuffle(data: str) -> None:
 
     comm = world()
     config = TrainConfig(train=data, val=data, model="resnet20", image_size=16, epochs=2, batch_size=4, momentum=0.0,
-                         lr=0.05, lr_scaling=False, schedule="constant", decode_threads=1, threads=1,
+                         lr=0.05, lr_scaling=False, schedule="constant", decode_workers=1, threads=1,
                          allreduce="ring", sync="sma", learners=1)
     shuffle = DistributedStore.shuffle
 
@@ -833,7 +833,7 @@ def noise_scale_matches_offline_estimator(data: str) -> None:
     GradientBuckets.synchronize = synchronize  # type: ignore[method-assign]
     batch = 6
     config = TrainConfig(train=data, val=data, model="lenet", image_size=16, epochs=2, batch_size=batch, lr=0.1,
-                         lr_scaling=False, schedule="constant", decode_threads=1, threads=1, noise_scale=True)
+                         lr_scaling=False, schedule="constant", decode_workers=1, threads=1, noise_scale=True)
     result = train(config, comm)
     everyone = comm.gather(seen, root=0)
     if comm.Get_rank() != 0:

@@ -30,7 +30,7 @@ def has_torchvision() -> bool:
 
 def train(data, out, *extra: str) -> dict:
     run_dimd("train", data, "--val", data, "--model", "resnet20", "--image-size", "32", "--batch-size", "8",
-             "--lr", "0.01", "--no-lr-scaling", "--decode-threads", "2", "--device", "cuda",
+             "--lr", "0.01", "--no-lr-scaling", "--decode-workers", "2", "--device", "cuda",
              "--checkpoint-dir", out / "checkpoints", "--json", out / "train.json", *extra,
              check=True, timeout=300)
     return json.loads((out / "train.json").read_text())

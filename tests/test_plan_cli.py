@@ -54,7 +54,7 @@ def test_step_time_on_real_batches_counts_the_loader(colour_set, tmp_path):
     """--data: the training set's batches from dimd train's loader, its decoding threads beside the step."""
     path = tmp_path / "step.json"
     proc = run_dimd("plan-batch", "step-time", "--model", "lenet", "--image-size", "16", "--batch-sizes", "2,4,8",
-                    "--steps", "3", "--warmup", "1", "--threads", "1", "--data", colour_set, "--decode-threads", "1",
+                    "--steps", "3", "--warmup", "1", "--threads", "1", "--data", colour_set, "--decode-workers", "1",
                     "--crop-scale", "0.5", "--quiet", "--json", path)
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(path.read_text())["result"]
@@ -62,8 +62,8 @@ def test_step_time_on_real_batches_counts_the_loader(colour_set, tmp_path):
     assert figures["step"].startswith("the wait for the loader's batch")
     assert figures["classes"] == 4   # the set's, not a default
     assert [r["batch"] for r in figures["batches"]] == [2, 4, 8] and figures["gamma"] > 0
-    one_line_error(invoke_dimd("plan-batch", "step-time", "--model", "lenet", "--decode-threads", "2"),
-                   "'--decode-threads': goes with --data")
+    one_line_error(invoke_dimd("plan-batch", "step-time", "--model", "lenet", "--decode-workers", "2"),
+                   "'--decode-workers': goes with --data")
 
 
 @pytest.mark.mpi
@@ -215,7 +215,7 @@ def test_help_names_the_steps():
 # ---------------------------------------------------------------------------- convergence
 def convergence_args(data, *extra):
     return ["plan-batch", "convergence", data, "--val", data, "--model", "lenet", "--image-size", "16",
-            "--crop-scale", "1", "--threads", "1", "--decode-threads", "1", "-q", *map(str, extra)]
+            "--crop-scale", "1", "--threads", "1", "--decode-workers", "1", "-q", *map(str, extra)]
 
 
 @pytest.fixture(scope="module")

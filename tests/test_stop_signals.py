@@ -28,7 +28,7 @@ def stop_signal() -> signal.Signals:
 
 def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     return ["train", str(data), "--val", str(data), "--model", "lenet", "--image-size", "32",
-            "--batch-size", "4", "--lr", "0.05", "--no-lr-scaling", "--allreduce", "ring", "--decode-threads", "1",
+            "--batch-size", "4", "--lr", "0.05", "--no-lr-scaling", "--allreduce", "ring", "--decode-workers", "1",
             "--checkpoint-dir", str(out / "checkpoints"), "--json", str(out / "train.json"), *extra]
 
 

@@ -20,7 +20,7 @@ STEPS_PER_EPOCH = 3          # 48 records // (2 ranks x 8)
 def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     return ["train", data, "--val", data, "--model", "resnet20", "--image-size", "32",
             "--epochs", str(EPOCHS), "--batch-size", "8", "--lr", "0.01", "--no-lr-scaling",
-            "--schedule", "constant", "--decode-threads", "1", "--threads", "1", "--allreduce", "ring",
+            "--schedule", "constant", "--decode-workers", "1", "--threads", "1", "--allreduce", "ring",
             "--shuffle-every", "2",     # mid-epoch reshuffles across the ranks (the default is every epoch)
             "--checkpoint-dir", out / "checkpoints", "--json", out / "train.json", *extra]
 

@@ -15,7 +15,7 @@ def test_the_engines_estimate_equals_the_estimator_fed_offline_with_the_same_gra
 
 def train_args(data, *extra):
     return ["train", data, "--val", data, "--model", "lenet", "--image-size", "16", "--epochs", "2",
-            "--batch-size", "6", "--threads", "1", "--decode-threads", "1", *map(str, extra)]
+            "--batch-size", "6", "--threads", "1", "--decode-workers", "1", *map(str, extra)]
 
 
 @pytest.mark.mpi

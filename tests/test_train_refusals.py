@@ -13,7 +13,7 @@ def test_more_sma_learners_than_batches_per_epoch_is_refused_not_a_silent_done(p
     """48 records in batches of 4: 12 per epoch on one rank; 13 learners would never take a step."""
     proc = run_dimd("train", packed_sample, "--val", packed_sample, "--model", "lenet", "--image-size", "32",
                     "--batch-size", "4", "--sync", "sma", "--learners", "13", "--epochs", "1", "--device", "cpu",
-                    "--decode-threads", "1", timeout=180)
+                    "--decode-workers", "1", timeout=180)
     assert proc.returncode == 1, proc.stdout
     assert "--learners 13 per rank take 13 batches per step, but a rank has 12 batches of 4 per epoch" in proc.stderr
     assert "done" not in proc.stdout

@@ -51,7 +51,7 @@ BATCHES = 6                  # 48 records // (2 ranks x batch 4): batches per ra
 def sma_args(data: Path, out: Path, *extra: str, model: str = "resnet20") -> list:
     return ["train", data, "--val", data, "--model", model, "--image-size", "32", "--epochs", str(EPOCHS),
             "--batch-size", "4", "--lr", "0.02", "--no-lr-scaling", "--schedule", "step",
-            "--milestones", "2", "--decode-threads", "1", "--threads", "1", "--allreduce", "ring",
+            "--milestones", "2", "--decode-workers", "1", "--threads", "1", "--allreduce", "ring",
             "--shuffle-every", "5", "--sync", "sma", "--learners", "2",
             "--checkpoint-dir", out / "checkpoints", "--json", out / "train.json", *extra]
 

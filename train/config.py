@@ -56,7 +56,7 @@ class TrainConfig:
     bucket_mb: float | None = None        # None: DEFAULT_BUCKET_MB with overlap, else one message; 0: one message
     overlap: bool | None = None           # S-SGD: reduce buckets during backward; None: where a core or GPU is free
     device: str = "auto"
-    decode_threads: int = 2               # the loader's decoding threads per rank
+    decode_workers: int | None = None     # the loader's decoding processes per rank; None: cores per rank - 1
     threads: int | None = None            # torch threads per rank; None: cores / ranks on the node
     seed: int = 0
     eval_batch_size: int | None = None    # None: batch_size
@@ -85,9 +85,9 @@ class TrainConfig:
     decode: str = "cpu"                   # "gpu": nvJPEG on the rank's GPU, then crop and resize there
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "groups", "decode_threads"):
+        for name in ("epochs", "batch_size", "groups"):
             at_least(self, name, 1)
-        for name in ("threads", "eval_batch_size"):
+        for name in ("threads", "eval_batch_size", "decode_workers"):
             at_least(self, name, 1, optional=True)
         at_least(self, "image_size", 8)
         in_range(self, "crop_scale", 0.0, 1.0, low_open=True)

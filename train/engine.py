@@ -38,7 +38,7 @@ from dimd.errors import DimdError
 from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
 from dimd.train.config import TrainConfig
 from dimd.train.evaluate import EvalResult, local_counts, summarize
-from dimd.train.hardware import pick_device, set_threads
+from dimd.train.hardware import default_decode_workers, pick_device, set_threads
 from dimd.train.model_source import recorded_source
 from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
 from dimd.train.precision import Precision, memory_format
@@ -102,7 +102,8 @@ def val_label_map(train_classes: list[str], val_classes: list[str], val: str,
     return torch.tensor([index[name] for name in val_classes], dtype=torch.int64)
 
 
-def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.device) -> tuple[Any, Any]:
+def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.device,
+                 workers: int) -> tuple[Any, Any]:
     """The training loader (over the store, or over the original files with ``read_from``) and the validation one."""
     from dimd.shuffle import BatchLoader
 
@@ -112,10 +113,10 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
         from dimd.train.filesource import OriginalFiles
 
         source = OriginalFiles(store, config.files_root, cold=config.read_from == "files-cold")
-    loader = BatchLoader(source, config.batch_size, config.image_size, train=True, workers=config.decode_threads,
+    loader = BatchLoader(source, config.batch_size, config.image_size, train=True, workers=workers,
                          seed=config.seed, pin_memory=pin, crop_scale=config.crop_scale)
     val_loader = BatchLoader(val_store, config.eval_batch_size or config.batch_size, config.image_size,
-                             train=False, workers=config.decode_threads, seed=config.seed, pin_memory=pin)
+                             train=False, workers=workers, seed=config.seed, pin_memory=pin)
     from dimd.train.device_feed import device_feed
 
     # The batches reach the device one step ahead, on a copy stream (decoded there with decode gpu).
@@ -236,7 +237,8 @@ class Trainer:
         self.val_label_map = val_label_map(self.store.classes, self.val_store.classes, cfg.val, cfg.train)
         self.hooks.on_event(f"loaded {self.store.total} training and {self.val_store.total} validation records "
                             f"into memory in {time.perf_counter() - t0:.1f}s")
-        self.loader, self.val_loader = make_loaders(cfg, self.store, self.val_store, self.device)
+        workers = cfg.decode_workers or default_decode_workers(comm)   # MPI: the node's cores, shared by its ranks
+        self.loader, self.val_loader = make_loaders(cfg, self.store, self.val_store, self.device, workers)
         #: Batches of ``batch_size`` per rank per epoch; the schedule counts these, so its
         #: position is the same whatever the learners per rank.
         self.batches_per_epoch = self.loader.steps_per_epoch

@@ -93,15 +93,15 @@ def seconds(value: float | None) -> str:
 @config_option(StepTimeConfig, "seed", "--seed")
 @config_option(StepTimeConfig, "data", "--data", type=click.Path(dir_okay=False),
                help="A packed training set (the stem dimd pack wrote): time steps on its batches from dimd "
-                    "train's loader, its decoding threads running beside the step, and count the wait for each "
+                    "train's loader, its decoding workers running beside the step, and count the wait for each "
                     "batch; what training sees [default: synthetic inputs, compute only].")
-@config_option(StepTimeConfig, "decode_threads", "--decode-threads",
-               help="With --data: decoding threads of each rank's loader [default: dimd train's].")
+@config_option(StepTimeConfig, "decode_workers", "--decode-workers",
+               help="With --data: decoding worker processes of each rank's loader [default: dimd train's].")
 @config_option(StepTimeConfig, "crop_scale", "--crop-scale",
                help="With --data: smallest area share of a training crop [default: dimd train's].")
 @json_option("gamma, M_T and the per-batch medians")
 @quiet_option()
-@mpi_command("funneled")   # with --data, the loader's decoding threads never call MPI
+@mpi_command("funneled")   # only the main thread calls MPI (the loader decodes in worker processes)
 def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: Any) -> None:
     """Time forward + backward + optimizer step per batch size and fit Gamma(m) = gamma * max(m, M_T).
 
@@ -283,13 +283,13 @@ def _print_comm(figures: dict[str, Any]) -> None:
                help="auto: one GPU per rank when CUDA is available, else CPU [default: auto].")
 @config_option(ConvergenceConfig, "threads", "--threads",
                help="Torch threads per rank [default: cores / ranks on the node, as dimd train].")
-@config_option(ConvergenceConfig, "decode_threads", "--decode-threads",
-               help="Decoding threads of each rank's loader [default: dimd train's].")
+@config_option(ConvergenceConfig, "decode_workers", "--decode-workers",
+               help="Decoding worker processes of each rank's loader [default: dimd train's].")
 @config_option(ConvergenceConfig, "eval_batch_size", "--eval-batch-size",
                help="Validation batch per rank [default: the training batch per rank, at least 128].")
 @json_option("N_inf, alpha, R², every batch's runs (reached or not) and each run's evaluations")
 @quiet_option()
-@mpi_command("funneled")   # the loaders' decoding threads never call MPI
+@mpi_command("funneled")   # only the main thread calls MPI (the loaders decode in worker processes)
 def convergence(train_set: str, val_set: str, json_path: Path | None, quiet: bool, comm, mpi_setup,
                 **values: Any) -> None:
     """Train at each global batch M until validation top-1 first reaches the target; fit N_update = N_inf + alpha/M.

@@ -159,7 +159,6 @@ def print_models() -> None:
                     "compared with the averaged gradient's. S-SGD on 2 ranks or more (docs/plan-batch.md).")
 @config_option(TrainConfig, "device", type=click.Choice(DEVICES),
                help="auto: one GPU per rank when CUDA is available, else CPU.")
-@config_option(TrainConfig, "decode_threads", help="Decoding threads of each rank's loader.")
 @config_option(TrainConfig, "decode", type=click.Choice(DECODES),
                help="Where images are decoded: cpu (the loader's decoders) or gpu (one nvJPEG call per batch, "
                     "then crop, resize and flip on the GPU; needs CUDA and torchvision, `pip install dimd[gpu]`).")
@@ -170,6 +169,8 @@ def print_models() -> None:
 @config_option(TrainConfig, "channels_last", "--channels-last/--no-channels-last", default=None,
                help="Channels-last (NHWC) activations and weights [default: on for convolutional models "
                     "on CUDA, off elsewhere].")
+@config_option(TrainConfig, "decode_workers",
+               help="Decoding worker processes of each rank's loader [default: the rank's cores but one].")
 @config_option(TrainConfig, "threads", help="Torch compute threads per rank [default: cores / ranks on the node].")
 @config_option(TrainConfig, "seed")
 @config_option(TrainConfig, "eval_batch_size", help="Validation batch per rank [default: --batch-size].")
@@ -221,7 +222,7 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, metrics
       mpirun -n 2 dimd train mnist/train --val mnist/val --model lenet --image-size 28 \\
           --epochs 10 --batch-size 8 --lr 0.05 --no-lr-scaling --sync sma --learners auto
       mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --model resnet50 \\
-          --device cuda --decode-threads 8 --checkpoint-dir ckpt --resume
+          --device cuda --decode-workers 8 --checkpoint-dir ckpt --resume
     """
     if list_models:
         return print_models()
@@ -232,8 +233,8 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, metrics
     from dimd.commands.mpi_job import mpi_command
     from dimd.train.signals import install_stop_handlers
 
-    # serialized: the loader's decoding threads never call MPI; with --overlap the communication thread
-    # does, while the main thread runs backward and makes no MPI call.
+    # serialized: one thread calls MPI at a time (the main one; with --overlap the communication thread,
+    # while the main thread runs backward and makes no MPI call); the loader decodes in worker processes.
     # The stop signals (a scheduler's warning, scancel) are caught from MPI's start-up on.
     mpi_command("serialized", install_handlers=install_stop_handlers)(_run)(
         train_set=train_set, val_set=val_set, metrics_path=metrics_path, json_path=json_path,

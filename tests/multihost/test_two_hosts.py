@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 LAYOUTS = ["h1,h2", "h1:2,h2:1"]
 TRAIN = ("--model", "lenet", "--image-size", "32", "--batch-size", "4", "--lr", "0.05", "--no-lr-scaling",
-         "--allreduce", "ring", "--decode-threads", "1", "--device", "cpu")
+         "--allreduce", "ring", "--decode-workers", "1", "--device", "cpu")
 
 
 @pytest.mark.parametrize("hosts", LAYOUTS)
