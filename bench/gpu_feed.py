@@ -17,7 +17,7 @@ batch 128, in 32-true and bf16-mixed (channels-last on both), one rank:
 
 and each loader alone (no step; the batches copied to the GPU). A run's figure is the median of its
 epochs after the first (start-up and warm-up). Runs are interleaved; ratios are taken within a run,
-then their median over the runs. The JSON (bench/results/gpu_feed.json) names the GPU and the torch,
+then their median over the runs. The JSON (gpu_feed.json in the results folder) names the GPU and the torch,
 CUDA and torchvision versions; the figure joins the gallery (bench/reproduce.py, opt-in).
 
 One measurement alone: ``python bench/gpu_feed.py --job ceiling|dataloader|loader --json PATH ...``.
