@@ -778,10 +778,8 @@ def sma_losses_around_a_reshuffle(data: str) -> None:
         store.round = round                     # the reshuffle replaced by the identity
         return None
 
-    for run in ("reshuffled", "kept"):
-        if run == "kept":
-            DistributedStore.shuffle = keep_after_the_first_step  # type: ignore[method-assign]
-        trainer = Trainer(config, comm)
+    def recording(trainer: Any) -> tuple[list, list]:
+        """Each step's loss, and the label counts of the first epoch's steps on this rank."""
         step, losses, labels = trainer.strategy.step, [], []
 
         def recorded(batches: Any, lr: float, **options: Any) -> Any:
@@ -791,7 +789,14 @@ def sma_losses_around_a_reshuffle(data: str) -> None:
                 labels.append(np.bincount(np.concatenate([b[1].numpy() for b in batches]), minlength=4))
             return result
 
-        trainer.strategy.step = recorded  # type: ignore[method-assign]
+        trainer.strategy.step = recorded
+        return losses, labels
+
+    for run in ("reshuffled", "kept"):
+        if run == "kept":
+            DistributedStore.shuffle = keep_after_the_first_step  # type: ignore[method-assign]
+        trainer = Trainer(config, comm)
+        losses, labels = recording(trainer)
         trainer.run()
         if comm.Get_rank() == 0:
             say(json.dumps({"run": run, "losses": losses, "steps_per_epoch": trainer.steps_per_epoch}))
@@ -886,6 +891,29 @@ def dimd_scored_by_known_law(n_inf: str, alpha: str, *args: str) -> None:
     from dimd.train.engine import Trainer
 
     Trainer.evaluate = score_by_law(float(n_inf), float(alpha))  # type: ignore[method-assign]
+    main(list(args), prog_name="dimd")
+
+
+@case
+def dimd_with_validation_loss_nan_from_epoch(epoch: str, *args: str) -> None:
+    """``dimd ARGS`` whose validation loss is NaN from the evaluation ending epoch ``epoch`` (1-based) on:
+    the real engine trains and scores; only the loss sum of the scores is replaced::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py dimd_with_validation_loss_nan_from_epoch 2 train ...
+    """
+    from dimd.cli import main
+    from dimd.train import engine
+
+    real, evaluations = engine.local_counts, []
+
+    def counts(*positional: Any, **options: Any) -> Any:
+        result = real(*positional, **options)
+        evaluations.append(1)
+        if len(evaluations) >= int(epoch):
+            result[0] = float("nan")
+        return result
+
+    engine.local_counts = counts  # type: ignore[assignment]
     main(list(args), prog_name="dimd")
 
 

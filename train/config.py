@@ -73,7 +73,7 @@ class TrainConfig:
     sync: str = "ssgd"                    # "ssgd" or "sma"
     learners: int | str | None = None     # SMA learners per rank: a number or "auto"; None: 1
     alpha: float | None = None            # SMA correction weight; None: 1/L for L learners in all
-    sma_momentum: float | None = None     # SMA's central momentum; None: 0.9 if momentum > 0, else 0
+    sma_momentum: float | None = None     # SMA's central momentum; None: sma.CENTRAL_MOMENTUM (0)
     sync_every: int = 1                   # SMA: learner steps per synchronisation
     autotune_threshold: float = 0.1       # SMA auto: the relative throughput rise that adds a learner
     learner_compute: str = "auto"         # SMA: how a rank computes its learners' gradients

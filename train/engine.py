@@ -27,9 +27,10 @@ hardware, data, model and strategy, schedule) and the loop (:meth:`Trainer.run`,
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
 import torch
@@ -123,6 +124,21 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
     return device_feed(loader, device, config.decode), device_feed(val_loader, device, config.decode)
 
 
+def calibration_source(config: TrainConfig, store: Any, device: torch.device,
+                       workers: int) -> Callable[[int], Iterator[Any]]:
+    """Training batches for SMA's batch-norm recompute (``round`` -> this rank's batches), from a
+    loader of their own (seed + 1), so the training loader's position and batches stay as they are."""
+    from dimd.shuffle import BatchLoader
+
+    def batches(round: int) -> Iterator[Any]:
+        with BatchLoader(store, config.eval_batch_size or config.batch_size, config.image_size, train=True,
+                         workers=workers, seed=config.seed + 1, pin_memory=device.type == "cuda",
+                         crop_scale=config.crop_scale) as loader:
+            yield from loader.epoch(round)
+
+    return batches
+
+
 def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[str, Any]]:
     """The requested algorithm, or the fastest measured now for this message size."""
     if config.allreduce is not None:  # TrainConfig checked the name
@@ -162,9 +178,10 @@ def make_reducer(algorithm: str, comm) -> Callable[[np.ndarray], None]:
 
 def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[[np.ndarray], None],
                   world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False,
-                  precision: Any = None) -> Strategy:
+                  calibration: Callable[[int], Iterator[Any]] | None = None, precision: Any = None) -> Strategy:
     """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says;
-    ``overlap``: S-SGD reduces gradient buckets during backward."""
+    ``overlap``: S-SGD reduces gradient buckets during backward; ``calibration``: the training
+    batches SMA recomputes z's batch-norm statistics on."""
     cfg = config
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -177,7 +194,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
                    compute=learner_compute(cfg.learner_compute),
                    normalize=normalize, threads=torch.get_num_threads(),
                    autotune_threshold=cfg.autotune_threshold,
-                   max_learners=batches_per_epoch, synchronize=sync)
+                   max_learners=batches_per_epoch, synchronize=sync, calibration=calibration)
     from dimd.train.sgd import SSGD, make_optimizer
 
     optimizer = make_optimizer(model, lr=cfg.lr, momentum=cfg.momentum,
@@ -266,6 +283,7 @@ class Trainer:
         self.algorithm_choice["overlap"] = self.overlap
         self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
                                                 self.normalize, self.batches_per_epoch, self.overlap,
+                                                calibration_source(cfg, self.store, self.device, workers),
                                                 self.precision)
 
         # -- schedule
@@ -350,11 +368,7 @@ class Trainer:
                 for event in result.events:
                     self.hooks.on_event(event)
                 if not result.finite:
-                    raise TrainingDiverged(f"training diverged at step {state.step} (loss {result.loss_sum:.4g}, "
-                                           f"or a non-finite update); nothing was saved after it, the last good "
-                                           f"checkpoint is {self.last_checkpoint or 'none'}; lower `lr`"
-                                           + (" or `alpha`" if cfg.sync == "sma" else "")
-                                           + " or add `warmup_epochs`")
+                    raise self.diverged(f"loss {result.loss_sum:.4g}, or a non-finite update")
                 if result.stop:
                     self.stopped_by = self.stop.received or "a signal on another rank"
                     break
@@ -445,7 +459,16 @@ class Trainer:
         with self.precision.autocast():
             counts = local_counts(model, self.val_loader.epoch(0), self.normalize, label_map=self.val_label_map)
         self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)   # MPI: every rank scored its share
-        return summarize(counts, time.perf_counter() - t0)
+        result = summarize(counts, time.perf_counter() - t0)
+        if not math.isfinite(result.loss):                        # the same sums on every rank
+            raise self.diverged(f"validation loss {result.loss:.4g}")
+        return result
+
+    def diverged(self, what: str) -> TrainingDiverged:
+        """The one line a diverged run ends with (every rank raises it at the same step)."""
+        return TrainingDiverged(f"training diverged at step {self.state.step} ({what}); nothing was saved after "
+                                f"it, the last good checkpoint is {self.last_checkpoint or 'none'}; lower `lr`"
+                                + (" or `alpha`" if self.config.sync == "sma" else "") + " or add `warmup_epochs`")
 
     def record_evaluation(self, evaluation: EvalResult) -> None:
         """Note an evaluation (the epoch end's counts as the periodic one that is due) and check the target."""

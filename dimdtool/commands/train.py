@@ -144,8 +144,8 @@ def print_models() -> None:
                help="SMA: weight of each learner's correction towards the central model, in (0, 1] "
                     "[default: 1/L for L learners in all, the paper's choice; see docs/sma.md].")
 @config_option(TrainConfig, "sma_momentum",
-               help="SMA: momentum of the central model's updates [default: 0.9 when --momentum > 0, "
-                    "else 0, as Crossbow's code hard-codes it].")
+               help="SMA: momentum of the central model's updates [default: 0; Crossbow's code hard-codes "
+                    "0.9, unstable on top of the learners' momentum at --alpha 1/L, see docs/sma.md].")
 @config_option(TrainConfig, "sync_every", help="SMA: learner steps between synchronisations.")
 @config_option(TrainConfig, "autotune_threshold",
                help="SMA --learners auto: the relative rise in throughput that adds a learner.")
