@@ -74,7 +74,7 @@ clean:
 PLOT_PACKAGES := matplotlib contourpy cycler fonttools kiwisolver packaging pyparsing python-dateutil six
 PLOTS_STAMP   := $(VENV)/.dimd-plots
 
-.PHONY: plots-setup netfs-setup reproduce reproduce-quick
+.PHONY: plots-setup netfs-setup reproduce reproduce-quick gpu-feed
 
 plots-setup: $(PLOTS_STAMP)
 
@@ -109,3 +109,9 @@ peers-setup:
 
 bench-peers: setup plots-setup peers-setup
 	$(PY) bench/reproduce.py peer_loaders
+
+# One GPU: the ceiling, dimd train (decode cpu and gpu) and a DataLoader script, resnet50/18 at 224 px,
+# 32-true and bf16-mixed (bench/gpu_feed.py; about 25 min). Without CUDA it says so and exits 2.
+# On a GPU machine whose own Python holds a CUDA torch (and torchvision): make gpu-feed PY=that/python
+gpu-feed:
+	$(PY) bench/gpu_feed.py
