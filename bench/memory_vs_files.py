@@ -148,7 +148,7 @@ def plot(envelope: dict[str, Any]):
 
 def findings(envelope: dict[str, Any]) -> str:
     result, p = envelope["result"], envelope["parameters"]
-    lines = [f"P = {p['ranks']} ranks, {p['workers']} decoding threads each, second-epoch training time, "
+    lines = [f"P = {p['ranks']} ranks, {p['workers']} decoding workers each, second-epoch training time, "
              f"medians of {p['runs']} runs. The round trips are added by bench/delay_proxy.py on the sshfs "
              f"connection (this kernel has no netem)."]
     for panel in result["panels"]:

@@ -133,7 +133,7 @@ def prepare(name: str, work: Path) -> tuple[Path, Path]:
 
 def step_time_args(data: tuple[Path, Path], quick: bool) -> list[Any]:
     """`plan-batch step-time` for LeNet on MNIST as the runs train: on the real training batches from the
-    loader (one decoding thread per rank, the recipe's crop), whose threads slow LeNet's step (the GIL)."""
+    loader (one decoding worker per rank, the recipe's crop), which competes with LeNet's step for the cores."""
     return ["plan-batch", "step-time", "--model", "lenet", "--image-size", 28,
             "--batch-sizes", STEP_BATCHES["quick" if quick else "full"], "--steps", 4 if quick else 30,
             "--warmup", 1 if quick else 5, *THREADS, "--data", data[0], "--decode-workers", 1,

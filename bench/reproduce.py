@@ -39,6 +39,7 @@ MODULES = (
     "plan_batch_check",      # Perrone et al.: the plan against real runs to the target; B_simple vs alpha/N_inf
     "allreduce_vs_mpich",    # opt-in: dimd's algorithms against MPICH's, forced
     "peer_loaders",          # opt-in (make bench-peers): dimd against FFCV, litdata, webdataset, ImageFolder
+    "gpu_feed",              # opt-in, CUDA only (make gpu-feed): one GPU's ceiling, dimd, a DataLoader script
 )
 
 README = BENCH / "README.md"

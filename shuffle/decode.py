@@ -70,9 +70,15 @@ def eval_hwc(data: bytes | memoryview, image_size: int) -> np.ndarray:
     """The resized centre crop as HWC."""
     image = _open(data)
     width, height = image.size
-    side = image_size * min(width, height) / round(image_size * EVAL_RESIZE_RATIO)
-    left, top = (width - side) / 2, (height - side) / 2
+    left, top, side, _ = centre_crop_box(width, height, image_size)
     return _crop_resize(image, (left, top, left + side, top + side), image_size)
+
+
+def centre_crop_box(width: int, height: int, image_size: int) -> tuple[float, float, float, float]:
+    """(left, top, side, side) of evaluation's centre crop: the square that, resized to ``image_size``,
+    leaves the shorter side at ``image_size * 256 / 224`` (the GPU path cuts the same box)."""
+    side = image_size * min(width, height) / round(image_size * EVAL_RESIZE_RATIO)
+    return (width - side) / 2, (height - side) / 2, side, side
 
 
 def to_chw(hwc: np.ndarray, flip: bool = False, out: np.ndarray | None = None) -> np.ndarray:

@@ -69,10 +69,11 @@ def invoke_dimd(*args: str, check: bool = False) -> subprocess.CompletedProcess:
     Starting Python and importing torch costs a few seconds per process; here it is
     paid once per session. MPI may start (a world of one rank, as the ``world`` fixture
     starts it), and :func:`process_state_kept` puts back signal handlers and torch's
-    threads, so a command that refuses its input (``dimd train`` included) runs here.
-    A run that trains, forks workers or is sent a signal needs a process of its own
-    (:func:`run_dimd`). An exception that escapes the command fails the test with its
-    own traceback.
+    threads, so a command that refuses its options or configuration (``dimd train``
+    included) runs here. A run that trains, forks workers, is sent a signal or gets
+    as far as claiming its checkpoint folder (given back when its process exits)
+    needs a process of its own (:func:`run_dimd`). An exception that escapes the
+    command fails the test with its own traceback.
     """
     from click.testing import CliRunner
 

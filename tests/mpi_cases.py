@@ -652,6 +652,47 @@ def torch_algorithm_sums_with_gloo() -> None:
         say("torch sum ok gradients ok")
 
 
+@case
+def sixteen_mixed_skips_on_every_rank() -> None:
+    """16-mixed S-SGD on P ranks: rank 1's gradients overflow in the second step (an inf in its batch).
+
+    Every rank must skip that step, halve its loss scale and keep identical
+    weights; rank 0 prints one JSON line: per step, skipped / finite / scale,
+    and whether the weights moved and the replicas agree.
+    """
+    import torch
+
+    from dimd.allreduce import allreduce
+    from dimd.train.models import build_model
+    from dimd.train.precision import Precision
+    from dimd.train.sgd import SSGD, broadcast_state, make_optimizer, replicas_identical
+
+    comm = world()
+    rank = comm.Get_rank()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model("lenet", 10)
+    broadcast_state(model, comm)
+    precision = Precision("16-mixed", torch.device("cpu"))
+    sgd = SSGD(model, make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=0.0),
+               lambda a: allreduce(a, comm, "ring"), comm.Get_size(), precision=precision)
+    g = torch.Generator().manual_seed(rank)
+    steps = []
+    for step in range(3):
+        images = torch.randn(4, 3, 32, 32, generator=g)
+        if step == 1 and rank == 1:
+            images[0, 0, 0, 0] = float("inf")
+        before = [p.detach().clone() for p in model.parameters()]
+        result = sgd.step([(images, torch.randint(0, 10, (4,), generator=g))], 0.05)
+        moved = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+        steps.append({"skipped": precision.last_skipped, "finite": result.finite, "moved": moved,
+                      "scale": precision.loss_scale.scale, "events": len(result.events)})
+    same = replicas_identical(model, comm)
+    everyone = comm.gather(steps)
+    if rank == 0:
+        say(json.dumps({"steps": steps, "ranks_agree": all(s == steps for s in everyone), "identical": same}))
+
+
 def small_bn_model(classes: int = 5) -> Any:
     """A convolution, batch norm and a linear layer: quick, and it has running statistics."""
     from torch import nn
@@ -732,15 +773,13 @@ def sma_losses_around_a_reshuffle(data: str) -> None:
     shuffle = DistributedStore.shuffle
 
     def keep_after_the_first_step(store: Any, seed: int, round: int) -> Any:
-        if trainer.step == 0:
+        if trainer.state.step == 0:
             return shuffle(store, seed, round)
         store.round = round                     # the reshuffle replaced by the identity
         return None
 
-    for run in ("reshuffled", "kept"):
-        if run == "kept":
-            DistributedStore.shuffle = keep_after_the_first_step  # type: ignore[method-assign]
-        trainer = Trainer(config, comm)
+    def recording(trainer: Any) -> tuple[list, list]:
+        """Each step's loss, and the label counts of the first epoch's steps on this rank."""
         step, losses, labels = trainer.strategy.step, [], []
 
         def recorded(batches: Any, lr: float, **options: Any) -> Any:
@@ -750,7 +789,14 @@ def sma_losses_around_a_reshuffle(data: str) -> None:
                 labels.append(np.bincount(np.concatenate([b[1].numpy() for b in batches]), minlength=4))
             return result
 
-        trainer.strategy.step = recorded  # type: ignore[method-assign]
+        trainer.strategy.step = recorded
+        return losses, labels
+
+    for run in ("reshuffled", "kept"):
+        if run == "kept":
+            DistributedStore.shuffle = keep_after_the_first_step  # type: ignore[method-assign]
+        trainer = Trainer(config, comm)
+        losses, labels = recording(trainer)
         trainer.run()
         if comm.Get_rank() == 0:
             say(json.dumps({"run": run, "losses": losses, "steps_per_epoch": trainer.steps_per_epoch}))
@@ -845,6 +891,29 @@ def dimd_scored_by_known_law(n_inf: str, alpha: str, *args: str) -> None:
     from dimd.train.engine import Trainer
 
     Trainer.evaluate = score_by_law(float(n_inf), float(alpha))  # type: ignore[method-assign]
+    main(list(args), prog_name="dimd")
+
+
+@case
+def dimd_with_validation_loss_nan_from_epoch(epoch: str, *args: str) -> None:
+    """``dimd ARGS`` whose validation loss is NaN from the evaluation ending epoch ``epoch`` (1-based) on:
+    the real engine trains and scores; only the loss sum of the scores is replaced::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py dimd_with_validation_loss_nan_from_epoch 2 train ...
+    """
+    from dimd.cli import main
+    from dimd.train import engine
+
+    real, evaluations = engine.local_counts, []
+
+    def counts(*positional: Any, **options: Any) -> Any:
+        result = real(*positional, **options)
+        evaluations.append(1)
+        if len(evaluations) >= int(epoch):
+            result[0] = float("nan")
+        return result
+
+    engine.local_counts = counts  # type: ignore[assignment]
     main(list(args), prog_name="dimd")
 
 

@@ -51,14 +51,14 @@ def test_step_time_writes_gamma_knee_and_medians(chain):
 
 
 def test_step_time_on_real_batches_counts_the_loader(colour_set, tmp_path):
-    """--data: the training set's batches from dimd train's loader, its decoding threads beside the step."""
+    """--data: the training set's batches from dimd train's loader, its decoding workers beside the step."""
     path = tmp_path / "step.json"
     proc = run_dimd("plan-batch", "step-time", "--model", "lenet", "--image-size", "16", "--batch-sizes", "2,4,8",
                     "--steps", "3", "--warmup", "1", "--threads", "1", "--data", colour_set, "--decode-workers", "1",
                     "--crop-scale", "0.5", "--quiet", "--json", path)
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(path.read_text())["result"]
-    assert str(colour_set) in figures["inputs"] and "1 decoding thread" in figures["inputs"]
+    assert str(colour_set) in figures["inputs"] and "1 decoding worker" in figures["inputs"]
     assert figures["step"].startswith("the wait for the loader's batch")
     assert figures["classes"] == 4   # the set's, not a default
     assert [r["batch"] for r in figures["batches"]] == [2, 4, 8] and figures["gamma"] > 0

@@ -171,8 +171,8 @@ def test_bad_inputs_give_one_clear_error_and_write_nothing(packed_sample, foreig
         (["--model", "lenet", "--resume-from", final_checkpoint(straight_run[0])],
          "checkpoint of model 'resnet20', not 'lenet'"),
     ]
-    for extra, message in cases:
-        proc = invoke_dimd(*train_args(packed_sample, tmp_path), *extra)
+    for extra, message in cases:   # a process each: a run that took its checkpoint folder gives it back on exit
+        proc = run_dimd(*train_args(packed_sample, tmp_path), *extra, timeout=120)
         assert proc.returncode == 1, (extra, proc.stderr)
         assert message in proc.stderr and proc.stderr.count("dimd: error:") == 1, (extra, proc.stderr)
         assert not (tmp_path / "train.json").exists() and not (tmp_path / "checkpoints").exists()

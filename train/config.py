@@ -22,6 +22,10 @@ DEVICES = ("auto", "cpu", "cuda")
 READ_FROM = ("memory", "files", "files-cold")
 SYNCS = ("ssgd", "sma")
 LEARNER_COMPUTES = ("auto", "vmap", "loop", "threads")
+#: Where images are decoded: the loader's CPU decoders, or nvJPEG on the rank's GPU (dimd.shuffle.gpu_decode).
+DECODES = ("cpu", "gpu")
+#: How the step computes, in Lightning's names (dimd.train.precision).
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 
 
 @dataclass(frozen=True)
@@ -69,12 +73,16 @@ class TrainConfig:
     sync: str = "ssgd"                    # "ssgd" or "sma"
     learners: int | str | None = None     # SMA learners per rank: a number or "auto"; None: 1
     alpha: float | None = None            # SMA correction weight; None: 1/L for L learners in all
-    sma_momentum: float | None = None     # SMA's central momentum; None: 0.9 if momentum > 0, else 0
+    sma_momentum: float | None = None     # SMA's central momentum; None: sma.CENTRAL_MOMENTUM (0)
     sync_every: int = 1                   # SMA: learner steps per synchronisation
     autotune_threshold: float = 0.1       # SMA auto: the relative throughput rise that adds a learner
     learner_compute: str = "auto"         # SMA: how a rank computes its learners' gradients
     # McCandlish et al.'s gradient noise scale B_simple, per epoch (S-SGD on 2 ranks or more).
     noise_scale: bool = False
+    # How the step computes (dimd.train.precision) and where images are decoded.
+    precision: str = "32-true"            # "32-true", "bf16-mixed" (autocast) or "16-mixed" (autocast + loss scale)
+    channels_last: bool | None = None     # None: channels-last for convolutional models on CUDA
+    decode: str = "cpu"                   # "gpu": nvJPEG on the rank's GPU, then crop and resize there
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "groups"):
@@ -95,6 +103,7 @@ class TrainConfig:
         one_of(self, "schedule", SCHEDULES)
         one_of(self, "device", DEVICES)
         one_of(self, "read_from", READ_FROM)
+        self._check_device_work()
         if self.allreduce is not None:
             from dimd.allreduce import ALGORITHMS
 
@@ -106,6 +115,14 @@ class TrainConfig:
         require(not (self.resume or self.checkpoint_every) or self.checkpoint_dir is not None,
                 "checkpoint_dir", "is needed to resume or to checkpoint every N steps")
         self._check_sync()
+
+    def _check_device_work(self) -> None:
+        one_of(self, "precision", PRECISIONS)
+        one_of(self, "decode", DECODES)
+        require(self.decode == "cpu" or self.device != "cpu", "decode",
+                "gpu needs a GPU: leave out `device` cpu (or decode on the cpu)")
+        require(self.decode == "cpu" or self.read_from == "memory", "decode",
+                "gpu decodes the records held in memory: leave out `read_from`")
 
     def _check_sync(self) -> None:
         one_of(self, "sync", SYNCS)
@@ -129,6 +146,10 @@ class TrainConfig:
             require(not self.noise_scale, "noise_scale", "is defined for S-SGD only: it compares each rank's "
                     "gradient with their average, and SMA averages models, not gradients; leave it out with "
                     "`sync` sma")
+            require(self.channels_last is not True, "channels_last", "is implemented for S-SGD's replica; leave "
+                    "it out with `sync` sma")
+            require(self.precision == "32-true", "precision", "is implemented for S-SGD's step (its loss scale "
+                    "is agreed through the gradient allreduce); leave it out with `sync` sma")
             require(self.overlap is None, "overlap", "is a setting of S-SGD's gradient allreduce; SMA averages "
                     "models, not gradients: leave it out with `sync` sma")
             require(not self.nesterov, "nesterov", "is not part of SMA (its learners use Polyak "

@@ -27,9 +27,10 @@ hardware, data, model and strategy, schedule) and the loop (:meth:`Trainer.run`,
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
 import torch
@@ -41,6 +42,7 @@ from dimd.train.evaluate import EvalResult, local_counts, summarize
 from dimd.train.hardware import default_decode_workers, pick_device, set_threads
 from dimd.train.model_source import recorded_source
 from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
+from dimd.train.precision import Precision, memory_format
 from dimd.train.results import NOISE_FIELDS, EpochMetrics, EpochTally, Evaluation, TrainResult
 from dimd.train.schedule import Schedule, make_schedule
 from dimd.train.signals import StopRequest, stop_request
@@ -77,6 +79,16 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
         build_model(config.model, 1)  # raises the clear "unknown model" error
 
 
+def check_decode(config: TrainConfig, device: torch.device) -> None:
+    """``decode`` gpu: one line, before the data loads, where it cannot run (no CUDA, no torchvision)."""
+    if config.decode == "gpu":
+        from dimd.shuffle.gpu_decode import gpu_decode_problem
+
+        problem = gpu_decode_problem() if device.type == "cuda" else "decode gpu needs `device` cuda"
+        if problem:
+            raise DimdError(problem)
+
+
 def val_label_map(train_classes: list[str], val_classes: list[str], val: str,
                   train: str) -> torch.Tensor | None:
     """Val label -> train label, by class name (a val set packed from a list may order them otherwise)."""
@@ -106,7 +118,25 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
                          seed=config.seed, pin_memory=pin, crop_scale=config.crop_scale)
     val_loader = BatchLoader(val_store, config.eval_batch_size or config.batch_size, config.image_size,
                              train=False, workers=workers, seed=config.seed, pin_memory=pin)
-    return loader, val_loader
+    from dimd.train.device_feed import device_feed
+
+    # The batches reach the device one step ahead, on a copy stream (decoded there with decode gpu).
+    return device_feed(loader, device, config.decode), device_feed(val_loader, device, config.decode)
+
+
+def calibration_source(config: TrainConfig, store: Any, device: torch.device,
+                       workers: int) -> Callable[[int], Iterator[Any]]:
+    """Training batches for SMA's batch-norm recompute (``round`` -> this rank's batches), from a
+    loader of their own (seed + 1), so the training loader's position and batches stay as they are."""
+    from dimd.shuffle import BatchLoader
+
+    def batches(round: int) -> Iterator[Any]:
+        with BatchLoader(store, config.eval_batch_size or config.batch_size, config.image_size, train=True,
+                         workers=workers, seed=config.seed + 1, pin_memory=device.type == "cuda",
+                         crop_scale=config.crop_scale) as loader:
+            yield from loader.epoch(round)
+
+    return batches
 
 
 def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[str, Any]]:
@@ -147,9 +177,11 @@ def make_reducer(algorithm: str, comm) -> Callable[[np.ndarray], None]:
 
 
 def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[[np.ndarray], None],
-                  world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False) -> Strategy:
+                  world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False,
+                  calibration: Callable[[int], Iterator[Any]] | None = None, precision: Any = None) -> Strategy:
     """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says;
-    ``overlap``: S-SGD reduces gradient buckets during backward."""
+    ``overlap``: S-SGD reduces gradient buckets during backward; ``calibration``: the training
+    batches SMA recomputes z's batch-norm statistics on."""
     cfg = config
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -162,7 +194,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
                    compute=learner_compute(cfg.learner_compute),
                    normalize=normalize, threads=torch.get_num_threads(),
                    autotune_threshold=cfg.autotune_threshold,
-                   max_learners=batches_per_epoch, synchronize=sync)
+                   max_learners=batches_per_epoch, synchronize=sync, calibration=calibration)
     from dimd.train.sgd import SSGD, make_optimizer
 
     optimizer = make_optimizer(model, lr=cfg.lr, momentum=cfg.momentum,
@@ -174,7 +206,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
 
         noise = NoiseScale()
     return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
-                normalize=normalize, synchronize=sync, noise=noise, overlap=overlap)
+                normalize=normalize, synchronize=sync, noise=noise, overlap=overlap, precision=precision)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -213,6 +245,7 @@ class Trainer:
         if binding:
             self.hooks.on_event(f"note: {binding}")
         self.device = device if device is not None else pick_device(cfg.device, comm)
+        check_decode(cfg, self.device)
 
         # -- data: each rank's share in memory, and the loaders over it
         t0 = time.perf_counter()
@@ -234,10 +267,13 @@ class Trainer:
 
         # -- model and synchronisation
         torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.model, len(self.store.classes),
-                                 zero_init_residual=cfg.zero_init_residual).to(self.device)
+        self.model = build_model(cfg.model, len(self.store.classes), zero_init_residual=cfg.zero_init_residual)
+        self.memory_format = memory_format(cfg.channels_last if cfg.sync == "ssgd" else False, self.device,
+                                           self.model)
+        self.model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]  # torch's stub lacks it
+        self.precision = Precision(cfg.precision, self.device)
         broadcast_state(self.model, comm)   # MPI: every rank starts from rank 0's weights
-        self.normalize = Normalize(self.device)
+        self.normalize = Normalize(self.device, self.memory_format)
         nbytes = gradient_bytes(self.model)
         self.model_info = {"name": cfg.model, "parameters": parameter_count(self.model),
                            "gradient_bytes": nbytes, "classes": len(self.store.classes), **recorded_source(cfg.model)}
@@ -246,7 +282,9 @@ class Trainer:
         self.overlap = overlap_choice(cfg, self.device, comm)
         self.algorithm_choice["overlap"] = self.overlap
         self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
-                                                self.normalize, self.batches_per_epoch, self.overlap)
+                                                self.normalize, self.batches_per_epoch, self.overlap,
+                                                calibration_source(cfg, self.store, self.device, workers),
+                                                self.precision)
 
         # -- schedule
         #: The batch ``--lr`` is scaled by (linear scaling, lr x batch / 256): S-SGD's global batch
@@ -330,11 +368,7 @@ class Trainer:
                 for event in result.events:
                     self.hooks.on_event(event)
                 if not result.finite:
-                    raise TrainingDiverged(f"training diverged at step {state.step} (loss {result.loss_sum:.4g}, "
-                                           f"or a non-finite update); nothing was saved after it, the last good "
-                                           f"checkpoint is {self.last_checkpoint or 'none'}; lower `lr`"
-                                           + (" or `alpha`" if cfg.sync == "sma" else "")
-                                           + " or add `warmup_epochs`")
+                    raise self.diverged(f"loss {result.loss_sum:.4g}, or a non-finite update")
                 if result.stop:
                     self.stopped_by = self.stop.received or "a signal on another rank"
                     break
@@ -422,9 +456,19 @@ class Trainer:
 
         t0 = time.perf_counter()
         model = self.strategy.eval_model()
-        counts = local_counts(model, self.val_loader.epoch(0), self.normalize, label_map=self.val_label_map)
+        with self.precision.autocast():
+            counts = local_counts(model, self.val_loader.epoch(0), self.normalize, label_map=self.val_label_map)
         self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)   # MPI: every rank scored its share
-        return summarize(counts, time.perf_counter() - t0)
+        result = summarize(counts, time.perf_counter() - t0)
+        if not math.isfinite(result.loss):                        # the same sums on every rank
+            raise self.diverged(f"validation loss {result.loss:.4g}")
+        return result
+
+    def diverged(self, what: str) -> TrainingDiverged:
+        """The one line a diverged run ends with (every rank raises it at the same step)."""
+        return TrainingDiverged(f"training diverged at step {self.state.step} ({what}); nothing was saved after "
+                                f"it, the last good checkpoint is {self.last_checkpoint or 'none'}; lower `lr`"
+                                + (" or `alpha`" if self.config.sync == "sma" else "") + " or add `warmup_epochs`")
 
     def record_evaluation(self, evaluation: EvalResult) -> None:
         """Note an evaluation (the epoch end's counts as the periodic one that is due) and check the target."""

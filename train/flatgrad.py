@@ -28,8 +28,8 @@ class FlatGradients:
             raise ValueError("the model has no trainable parameters")
         device = self.parameters[0].device
         for p in self.parameters:
-            if p.dtype != dtype or p.device != device or not p.is_contiguous():
-                raise ValueError(f"flat gradients need contiguous {dtype} parameters on one device, "
+            if p.dtype != dtype or p.device != device or not _dense(p):
+                raise ValueError(f"flat gradients need dense {dtype} parameters on one device, "
                                  f"got {p.dtype} {tuple(p.shape)} on {p.device}")
         sizes = np.array([p.numel() for p in self.parameters], np.int64)
         ends = np.cumsum(sizes)
@@ -50,9 +50,10 @@ class FlatGradients:
         return self.buffer.numel() * self.buffer.element_size()
 
     def attach(self) -> None:
-        """Point every ``.grad`` at its slice of the buffer (again, if something replaced it)."""
+        """Point every ``.grad`` at its slice of the buffer (again, if something replaced it), laid out
+        as its parameter is (a channels-last weight gets a channels-last gradient: autograd adds in place)."""
         for p, offset in zip(self.parameters, self.offsets):
-            p.grad = self.buffer[int(offset): int(offset) + p.numel()].view_as(p)
+            p.grad = self.buffer.as_strided(p.shape, p.stride(), int(offset))
 
     def attached(self) -> bool:
         """Whether every ``.grad`` still lives in the buffer (autograd accumulates in place)."""
@@ -80,6 +81,11 @@ class FlatGradients:
             self.buffer.copy_(self._host, non_blocking=False)
         if world_size > 1:
             self.grads.div_(world_size)
+
+
+def _dense(p: torch.Tensor) -> bool:
+    """Whether ``p`` fills exactly ``numel`` elements in some order: contiguous, or channels-last."""
+    return p.is_contiguous() or (p.ndim == 4 and p.is_contiguous(memory_format=torch.channels_last))
 
 
 def bucket_bounds(param_ends: Sequence[int] | np.ndarray, total: int, bucket_bytes: int,

@@ -19,12 +19,14 @@ from torch import nn
 from dimd.train.buckets import GradientBuckets
 from dimd.train.flatgrad import Reduce
 from dimd.train.plan.noise import NoiseScale
+from dimd.train.precision import Precision
 from dimd.train.steps import Batches, StepResult, StepTimes, forward_backward
 
 #: The tail of the flat buffer: summed across ranks with the gradients, in the same message.
 #: EXTRA_SQNORM: this rank's |g|^2 before the allreduce, for the gradient noise scale (0 when off).
-EXTRA_LOSS, EXTRA_CORRECT, EXTRA_SAMPLES, EXTRA_STOP, EXTRA_SQNORM = range(5)
-EXTRAS = 5
+#: EXTRA_OVERFLOW: 16-mixed: 1 if this rank's gradients are not finite; summed, every rank skips alike.
+EXTRA_LOSS, EXTRA_CORRECT, EXTRA_SAMPLES, EXTRA_STOP, EXTRA_SQNORM, EXTRA_OVERFLOW = range(6)
+EXTRAS = 6
 
 #: ImageNet's per-channel mean and standard deviation (0..255 scale), as the ResNet recipe uses.
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -58,15 +60,17 @@ def make_optimizer(model: nn.Module, *, lr: float, momentum: float, weight_decay
 
 
 class Normalize:
-    """uint8 N x 3 x H x W images -> normalised float32 on the device, in one pass."""
+    """uint8 N x 3 x H x W images -> normalised float32 on the device, in one pass (in ``memory_format``:
+    channels-last is made from the uint8 batch, a quarter of the bytes of the float one)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, memory_format: torch.memory_format = torch.contiguous_format) -> None:
         self.device = device
+        self.memory_format = memory_format
         self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
         self.inv_std = (1.0 / torch.tensor(STD, device=device)).view(1, 3, 1, 1)
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        x = images.to(self.device, non_blocking=True).float()
+        x = images.to(self.device, non_blocking=True).contiguous(memory_format=self.memory_format).float()
         return x.sub_(self.mean).mul_(self.inv_std)
 
 
@@ -91,7 +95,7 @@ class SSGD:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduce: Reduce,
                  world_size: int, *, bucket_bytes: int = 0, normalize: Normalize | None = None,
                  synchronize: Callable[[], None] | None = None, noise: NoiseScale | None = None,
-                 overlap: bool = False) -> None:
+                 overlap: bool = False, precision: Precision | None = None) -> None:
         if noise is not None and world_size < 2:
             raise ValueError("the gradient noise scale needs at least 2 ranks")
         self.noise = noise
@@ -99,8 +103,11 @@ class SSGD:
         self.optimizer = optimizer
         self.reduce = reduce
         self.world_size = world_size
+        self.precision = precision or Precision("32-true", next(model.parameters()).device)
+        # 16-mixed unscales every gradient and notes an overflow before any bucket is reduced: no overlap.
+        overlap = overlap and noise is None and self.precision.loss_scale is None
         self.buckets = GradientBuckets(model.parameters(), reduce, world_size, extras=EXTRAS, bucket_bytes=bucket_bytes,
-                                       overlap=overlap and noise is None)
+                                       overlap=overlap)
         self.flat = self.buckets.flat
         self.normalize = normalize
         self._sync = synchronize or (lambda: None)
@@ -113,12 +120,13 @@ class SSGD:
         spent = StepTimes(data=times.data if times is not None else 0.0)
         t0 = time.perf_counter()
         self.buckets.zero()
-        stats = forward_backward(self.model, images, labels, self.normalize)
+        stats = forward_backward(self.model, images, labels, self.normalize, self.precision)
         with torch.no_grad():
             extras = self.flat.extras
             extras[EXTRA_LOSS: EXTRA_CORRECT + 1] = stats
             extras[EXTRA_SAMPLES] = labels.numel()
             extras[EXTRA_STOP] = 1.0 if stop else 0.0
+            extras[EXTRA_OVERFLOW] = self.precision.unscale(self.flat.grads)   # 16-mixed: this rank's flag
             if self.noise is not None:
                 extras[EXTRA_SQNORM] = squared_norm(self.flat.grads)   # before the allreduce: this rank's
         self._sync()
@@ -128,16 +136,23 @@ class SSGD:
             with torch.no_grad():
                 averaged = float(squared_norm(self.flat.grads))   # the mean of the ranks' gradients
         t2 = time.perf_counter()
-        self.optimizer.step()
+        skipped = self.precision.skip(self.flat.extras[EXTRA_OVERFLOW])   # the same on every rank
+        if not skipped:
+            self.optimizer.step()
         self._sync()
         t3 = time.perf_counter()
         spent.compute, spent.allreduce, spent.optimizer = t1 - t0, t2 - t1, t3 - t2
-        loss_sum, correct, samples, stops, local_sqnorms = self.flat.extras.tolist()
-        if self.noise is not None:
+        loss_sum, correct, samples, stops, local_sqnorms, _ = self.flat.extras.tolist()
+        if self.noise is not None and not skipped:
             self.noise.update(local_sqnorms / self.world_size, averaged, local_batch=round(samples / self.world_size),
                               ranks=self.world_size)
-        finite = math.isfinite(loss_sum) and math.isfinite(float(self.flat.grads.sum()))
-        return StepResult(loss_sum, correct, samples, stops > 0, spent, finite=finite)
+        finite = ((skipped or math.isfinite(loss_sum) and math.isfinite(float(self.flat.grads.sum())))
+                  and not self.precision.diverged)
+        result = StepResult(loss_sum, correct, samples, stops > 0, spent, finite=finite)
+        if skipped:
+            result.events.append(f"16-mixed: the gradients overflowed on some rank, the step is skipped on every "
+                                 f"rank; {self.precision.figures()}")
+        return result
 
     def restart(self) -> bool:
         return False
@@ -146,7 +161,7 @@ class SSGD:
         return self.model
 
     def global_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "precision": self.precision.state_dict()}
         if self.noise is not None:
             state["noise_scale"] = self.noise.state_dict()   # the same on every rank
         return state
@@ -158,7 +173,7 @@ class SSGD:
     def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
         self.optimizer.load_state_dict(shared["optimizer"])
         self.flat.attach()
-        notes = []
+        notes = self.precision.load_state_dict(shared.get("precision"))
         if self.noise is not None:
             if "noise_scale" in shared:
                 self.noise.load_state_dict(shared["noise_scale"])
@@ -171,7 +186,8 @@ class SSGD:
         return notes
 
     def figures(self) -> dict[str, Any]:
-        return self.noise.figures() if self.noise is not None else {}
+        noise = self.noise.figures() if self.noise is not None else {}
+        return {**noise, **self.precision.figures()}
 
     def identical(self, comm) -> bool:
         return replicas_identical(self.model, comm)

@@ -11,6 +11,7 @@ times ``SSGD``'s step itself.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -60,7 +61,8 @@ Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 
 def forward_backward(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                     normalize: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                     normalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                     precision: Any = None) -> torch.Tensor:
     """The compute of every training step (S-SGD's, each SMA learner's, the planner's timed one).
 
     Forward in training mode, the batch's mean cross-entropy, backward: the
@@ -72,9 +74,14 @@ def forward_backward(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     model.train()
     x = normalize(images) if normalize is not None else images
     y = labels.to(x.device, non_blocking=True)
-    logits = model(x)
-    loss = F.cross_entropy(logits, y)
-    loss.backward()
+    # ``precision`` (dimd.train.precision.Precision): autocast over forward and loss, 16-mixed's scaled backward
+    with precision.autocast() if precision is not None else contextlib.nullcontext():
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+    if precision is not None:
+        precision.backward(loss)
+    else:
+        loss.backward()
     with torch.no_grad():
         return torch.stack([loss.detach() * y.numel(), (logits.argmax(1) == y).sum().float()])
 

@@ -109,8 +109,8 @@ def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: An
     share the node's cores as in training, and the torch threads per rank
     are set as `dimd train` sets them. The inputs are synthetic (random
     images and labels), so the times are compute only; with --data they are
-    real batches from dimd train's loader, whose decoding threads slow a small
-    model's step (the GIL), and the wait for each batch counts. A step's time
+    real batches from dimd train's loader, whose decoding workers compete with
+    the step for the cores, and the wait for each batch counts. A step's time
     is its slowest rank's; the table shows the median over --steps with min
     and max, and the fit's relative residual.
 

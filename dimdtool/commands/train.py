@@ -16,7 +16,7 @@ import click
 from dimd.console import progress
 from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
                           config_option, defer_output_checks, json_option)
-from dimd.train.config import DEVICES, LEARNER_COMPUTES, READ_FROM, SYNCS, TrainConfig
+from dimd.train.config import DECODES, DEVICES, LEARNER_COMPUTES, PRECISIONS, READ_FROM, SYNCS, TrainConfig
 from dimd.train.schedule import SCHEDULES
 
 
@@ -144,8 +144,8 @@ def print_models() -> None:
                help="SMA: weight of each learner's correction towards the central model, in (0, 1] "
                     "[default: 1/L for L learners in all, the paper's choice; see docs/sma.md].")
 @config_option(TrainConfig, "sma_momentum",
-               help="SMA: momentum of the central model's updates [default: 0.9 when --momentum > 0, "
-                    "else 0, as Crossbow's code hard-codes it].")
+               help="SMA: momentum of the central model's updates [default: 0; Crossbow's code hard-codes "
+                    "0.9, unstable on top of the learners' momentum at --alpha 1/L, see docs/sma.md].")
 @config_option(TrainConfig, "sync_every", help="SMA: learner steps between synchronisations.")
 @config_option(TrainConfig, "autotune_threshold",
                help="SMA --learners auto: the relative rise in throughput that adds a learner.")
@@ -159,6 +159,16 @@ def print_models() -> None:
                     "compared with the averaged gradient's. S-SGD on 2 ranks or more (docs/plan-batch.md).")
 @config_option(TrainConfig, "device", type=click.Choice(DEVICES),
                help="auto: one GPU per rank when CUDA is available, else CPU.")
+@config_option(TrainConfig, "decode", type=click.Choice(DECODES),
+               help="Where images are decoded: cpu (the loader's decoders) or gpu (one nvJPEG call per batch, "
+                    "then crop, resize and flip on the GPU; needs CUDA and torchvision, `pip install dimd[gpu]`).")
+@config_option(TrainConfig, "precision", type=click.Choice(PRECISIONS),
+               help="32-true; bf16-mixed or 16-mixed: autocast over the forward pass and the loss, the "
+                    "weights, optimizer state and allreduced gradients in float32; 16-mixed adds a dynamic "
+                    "loss scale (steps with overflowing gradients are skipped on every rank and counted).")
+@config_option(TrainConfig, "channels_last", "--channels-last/--no-channels-last", default=None,
+               help="Channels-last (NHWC) activations and weights [default: on for convolutional models "
+                    "on CUDA, off elsewhere].")
 @config_option(TrainConfig, "decode_workers",
                help="Decoding worker processes of each rank's loader [default: the rank's cores but one].")
 @config_option(TrainConfig, "threads", help="Torch compute threads per rank [default: cores / ranks on the node].")

@@ -8,11 +8,10 @@ held in one flat buffer, and the same torch threads per rank (cores / ranks on t
 unless ``--threads`` or OMP_NUM_THREADS says otherwise). The inputs are
 synthetic by default: random uint8 images and labels, made once per batch
 size, so the time is compute only. With ``data`` they are real batches from
-``dimd train``'s loader and the wait for each counts: the loader decodes in
-threads of this process, and for a small model their Python contends with
-the step's for the GIL (bench/decode_contention.py: a LeNet step at batch 14
-takes 3x as long beside one free-running decoding thread), which synthetic
-inputs do not see.
+``dimd train``'s loader and the wait for each counts: the loader's decoding
+worker processes compete with the step for the cores
+(bench/decode_contention.py measures by how much), which synthetic inputs
+do not see.
 
 Under MPI every rank runs the same steps at once, after a barrier each, so
 ranks that share a node share its cores and memory bandwidth as they do in
