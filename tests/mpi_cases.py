@@ -686,7 +686,7 @@ def noise_scale_matches_offline_estimator(data: str) -> None:
     from dimd.train.config import TrainConfig
     from dimd.train.engine import train
     from dimd.train.flatgrad import FlatGradients
-    from dimd.train.plan.noise import NoiseScale, noise_estimates_from_gradients
+    from dimd.train.noise import NoiseScale, noise_estimates_from_gradients
 
     comm = world("funneled")
     seen: list[Any] = []

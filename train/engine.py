@@ -157,7 +157,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
                                decay_bn_and_bias=cfg.decay_bn_and_bias)
     noise = None
     if cfg.noise_scale:
-        from dimd.train.plan.noise import NoiseScale
+        from dimd.train.noise import NoiseScale
 
         noise = NoiseScale()
     return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes,

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from dimd.train.flatgrad import FlatGradients, Reduce
-from dimd.train.plan.noise import NoiseScale
+from dimd.train.noise import NoiseScale
 from dimd.train.steps import Batches, StepResult, StepTimes, forward_backward
 
 #: The tail of the flat buffer: summed across ranks with the gradients, in the same message.
