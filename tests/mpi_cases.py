@@ -621,7 +621,7 @@ def small_bn_model(classes: int = 5) -> Any:
 
 
 @case
-def sma_distribution(learners_per_rank: str, compute: str = "vmap", algorithm: str = "ring") -> None:
+def sma_distribution(learners_per_rank: str, compute: str = "loop", algorithm: str = "ring") -> None:
     """P ranks x K learners against one process with P*K learners fed the same batches.
 
     Rank 0 prints how far the distributed z (and, relatively, its averaged batch-norm

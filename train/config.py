@@ -21,7 +21,7 @@ DEVICES = ("auto", "cpu", "cuda")
 #: access (page cache allowed), or that file read cold (its cached pages dropped before each read).
 READ_FROM = ("memory", "files", "files-cold")
 SYNCS = ("ssgd", "sma")
-LEARNER_COMPUTES = ("auto", "vmap", "loop", "threads")
+LEARNER_COMPUTES = ("auto", "loop", "threads")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,6 @@ class TrainConfig:
     groups: int = 1
     shuffle_every: int | None = 0         # steps; 0: at every epoch start; None: never
     allreduce: str | None = None          # None: the fastest measured at start-up
-    bucket_mb: float = 0.0                # 0: one allreduce for all gradients
     device: str = "auto"
     decode_threads: int = 2               # the loader's decoding threads per rank
     threads: int | None = None            # torch threads per rank; None: cores / ranks on the node
@@ -84,7 +83,7 @@ class TrainConfig:
         in_range(self, "crop_scale", 0.0, 1.0, low_open=True)
         positive(self, "lr")
         in_range(self, "momentum", 0.0, 1.0, high_open=True)
-        for name in ("weight_decay", "bucket_mb", "seed", "checkpoint_every", "keep_checkpoints"):
+        for name in ("weight_decay", "seed", "checkpoint_every", "keep_checkpoints"):
             at_least(self, name, 0)
         at_least(self, "warmup_epochs", 0, optional=True)
         at_least(self, "shuffle_every", 0, optional=True)
@@ -132,10 +131,6 @@ class TrainConfig:
     def autotune(self) -> bool:
         """SMA with ``learners="auto"``: the auto-tuner chooses the learners per rank."""
         return self.sync == "sma" and self.learners == "auto"
-
-    @property
-    def bucket_bytes(self) -> int:
-        return int(self.bucket_mb * 2**20)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -121,7 +121,7 @@ def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[
 
 def learner_compute(choice: str) -> str:
     """``auto``: one replica after another, on CUDA each on its own stream (Crossbow's way); on a
-    CPU core measured faster than one vectorised vmap pass at 1-4 learners (docs/sma.md)."""
+    CPU core, where every core already runs a rank, threads gain nothing (docs/sma.md)."""
     return "loop" if choice == "auto" else choice
 
 
@@ -160,8 +160,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
         from dimd.train.noise import NoiseScale
 
         noise = NoiseScale()
-    return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes,
-                normalize=normalize, synchronize=sync, noise=noise)
+    return SSGD(model, optimizer, reduce, world_size, normalize=normalize, synchronize=sync, noise=noise)
 
 
 # -- the run ----------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ class SSGD:
     learners = 1
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduce: Reduce,
-                 world_size: int, *, bucket_bytes: int = 0, normalize: Normalize | None = None,
+                 world_size: int, *, normalize: Normalize | None = None,
                  synchronize: Callable[[], None] | None = None, noise: NoiseScale | None = None) -> None:
         if noise is not None and world_size < 2:
             raise ValueError("the gradient noise scale needs at least 2 ranks")
@@ -93,7 +93,7 @@ class SSGD:
         self.optimizer = optimizer
         self.reduce = reduce
         self.world_size = world_size
-        self.flat = FlatGradients(model.parameters(), extras=EXTRAS, bucket_bytes=bucket_bytes)
+        self.flat = FlatGradients(model.parameters(), extras=EXTRAS)   # one message: nothing to overlap with
         self.normalize = normalize
         self._sync = synchronize or (lambda: None)
 

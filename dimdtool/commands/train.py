@@ -115,7 +115,6 @@ def print_models() -> None:
 @config_option(TrainConfig, "allreduce", type=RegistryChoice(allreduce_algorithms, "ALGORITHM"),
                help="Allreduce algorithm (see `dimd bench-allreduce --help`) [default: the fastest "
                     "measured at start-up for the model's gradient size].")
-@config_option(TrainConfig, "bucket_mb", help="Allreduce the gradients in buckets of this size (0: one message).")
 @config_option(TrainConfig, "sync", type=click.Choice(SYNCS),
                help="ssgd: synchronous data-parallel SGD (one gradient allreduce per step); sma: "
                     "Crossbow's synchronous model averaging of independent learners (docs/sma.md).")
@@ -133,9 +132,9 @@ def print_models() -> None:
 @config_option(TrainConfig, "autotune_threshold",
                help="SMA --learners auto: the relative rise in throughput that adds a learner.")
 @config_option(TrainConfig, "learner_compute", type=click.Choice(LEARNER_COMPUTES),
-               help="SMA: how a rank computes its learners' gradients: vmap (one vectorised pass over "
-                    "the stacked replicas), loop (one after another; on CUDA one stream each) or "
-                    "threads; auto: loop (measured fastest on CPU cores; see docs/sma.md).")
+               help="SMA: how a rank computes its learners' gradients: loop (one after another; on CUDA "
+                    "one stream each) or threads (one each, sharing the rank's torch threads); auto: loop "
+                    "(see docs/sma.md).")
 @config_option(TrainConfig, "noise_scale",
                help="Log the gradient noise scale B_simple (McCandlish et al., appendix A) per epoch in "
                     "--metrics and --json: each rank's squared gradient norm rides the gradient allreduce, "
