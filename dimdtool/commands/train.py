@@ -15,7 +15,7 @@ import click
 
 from dimd.console import progress
 from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
-                          config_option, defer_output_checks, json_option)
+                          config_option, defer_output_checks, json_option, shared_option)
 from dimd.train.config import DEVICES, LEARNER_COMPUTES, READ_FROM, SYNCS, TrainConfig
 from dimd.train.schedule import SCHEDULES
 
@@ -80,7 +80,7 @@ def print_models() -> None:
 @click.argument("train_set", metavar="TRAIN", required=False)
 @click.option("--val", "val_set", metavar="VAL",
               help="Packed validation set (required); its classes are matched to TRAIN's by name.")
-@config_option(TrainConfig, "model", type=RegistryChoice(_models), help="Model name (see --list-models).")
+@shared_option(TrainConfig, "model", type=RegistryChoice(_models))
 @click.option("--list-models", is_flag=True,
               help="List the models with parameter counts and gradient bytes, then exit.")
 @config_option(TrainConfig, "epochs")
@@ -104,9 +104,7 @@ def print_models() -> None:
                help="Linear warm-up from --lr to the scaled rate (Goyal et al.) [default: 5 if the "
                     "global batch exceeds 256, else 0].")
 @config_option(TrainConfig, "image_size", help="Training crop and validation centre crop (px).")
-@config_option(TrainConfig, "crop_scale",
-               help="Smallest share of the image area a random-resized training crop keeps "
-                    "(0.08 as for ImageNet; 0.35 or more suits small images).")
+@shared_option(TrainConfig, "crop_scale")
 @config_option(TrainConfig, "zero_init_residual",
                help="Zero the last batch-norm scale of each residual block (every ResNet).")
 @config_option(TrainConfig, "groups", help="Shuffle groups: each group of consecutive ranks holds the whole set.")
@@ -139,10 +137,9 @@ def print_models() -> None:
                help="Log the gradient noise scale B_simple (McCandlish et al., appendix A) per epoch in "
                     "--metrics and --json: each rank's squared gradient norm rides the gradient allreduce, "
                     "compared with the averaged gradient's. S-SGD on 2 ranks or more (docs/plan-batch.md).")
-@config_option(TrainConfig, "device", type=click.Choice(DEVICES),
-               help="auto: one GPU per rank when CUDA is available, else CPU.")
-@config_option(TrainConfig, "decode_threads", help="Decoding threads of each rank's loader.")
-@config_option(TrainConfig, "threads", help="Torch compute threads per rank [default: cores / ranks on the node].")
+@shared_option(TrainConfig, "device", type=click.Choice(DEVICES))
+@shared_option(TrainConfig, "decode_threads")
+@shared_option(TrainConfig, "threads")
 @config_option(TrainConfig, "seed")
 @config_option(TrainConfig, "eval_batch_size", help="Validation batch per rank [default: --batch-size].")
 @config_option(TrainConfig, "checkpoint_dir", type=click.Path(file_okay=False),
