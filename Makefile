@@ -5,6 +5,8 @@ VENV        ?= .venv
 TORCH_SPEC  ?= torch==2.13.0
 DEMO_DIR    ?= demo
 NP          ?= 2
+# The demo's synchronisation: ssgd, or sma (Crossbow's model averaging, one learner per rank; docs/sma.md).
+SYNC        ?= ssgd
 
 BIN   := $(VENV)/bin
 PY    := $(BIN)/python
@@ -33,7 +35,8 @@ $(STAMP): pyproject.toml Makefile
 
 # The whole pipeline (bin/pipeline.sh) on generated sample data: 10 classes,
 # 800 train and 200 val images; pack, shuffle --verify, bench-allreduce --check,
-# then train resnet20 at 32 px on $(NP) ranks (about three minutes on 2 cores).
+# then train resnet20 at 32 px on $(NP) ranks (about three minutes on 2 cores); SYNC=sma trains with SMA
+# (--lr 0.8 is then scaled by a learner's batch of 16, not by the global batch).
 demo: setup
 	$(BIN)/dimd sample-data $(DEMO_DIR)/images/train --classes 10 --per-class 80 --seed 1
 	$(BIN)/dimd sample-data $(DEMO_DIR)/images/val --classes 10 --per-class 20 --seed 2 --layout flat
@@ -41,7 +44,7 @@ demo: setup
 	  VAL_LIST=$(DEMO_DIR)/images/val/labels.txt VAL_CLASSES=$(DEMO_DIR)/images/val/classes.txt \
 	  MODEL=resnet20 IMAGE_SIZE=32 EPOCHS=24 BATCH_SIZE=16 LR=0.8 \
 	  bin/pipeline.sh $(DEMO_DIR)/images/train $(DEMO_DIR)/images/val $(DEMO_DIR) \
-	  --schedule cosine --warmup-epochs 2
+	  --schedule cosine --warmup-epochs 2 --sync $(SYNC)
 
 # plots-setup: the tests of bench/'s plotting run too (matplotlib, installed without plain Pillow).
 test: setup plots-setup

@@ -47,6 +47,20 @@ def process_cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def memory(pid: int | str) -> dict[str, int]:
+    """Rss and Pss (the shared pages divided among the processes that map them) of ``pid``, in bytes."""
+    figures = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                key = line.split(":")[0]
+                if key in ("Rss", "Pss"):
+                    figures[key.lower()] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return figures
+
+
 class Beside:
     """Something decoding flat out next to the step: ``start()``, then ``stop()`` -> images decoded."""
 
@@ -125,8 +139,12 @@ def loader_rate(store: Any, args: argparse.Namespace, workers: int) -> dict[str,
             epoch += 1
         wall, cpu = time.perf_counter() - wall0, process_cpu_seconds(pids) - cpu0
         startup = getattr(loader, "startup_seconds", None)
+        rank, workers = memory("self"), [memory(pid) for pid in pids]
     return {"images": images, "images_per_s": images / wall, "images_per_cpu_s": images / cpu,
-            "worker_startup_s": startup}
+            "worker_startup_s": startup, "store_bytes": store.nbytes,
+            "rank_rss": rank.get("rss"), "rank_pss": rank.get("pss"),
+            "workers_rss": sum(w.get("rss", 0) for w in workers), "workers_pss": sum(w.get("pss", 0) for w in workers),
+            "pss_total": rank.get("pss", 0) + sum(w.get("pss", 0) for w in workers)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,7 +186,10 @@ def main(argv: list[str] | None = None) -> None:
         rate = loader_rate(store, args, workers)
         rows.append({"beside": f"loader-only:{workers}", **rate})
         print(f"loader alone, {workers} worker(s): {rate['images_per_s']:,.0f} images/s, "
-              f"{rate['images_per_cpu_s']:,.0f} images per CPU-second", flush=True)
+              f"{rate['images_per_cpu_s']:,.0f} images per CPU-second; rank + workers Pss "
+              f"{rate['pss_total'] / 2**20:.0f} MiB (rank Rss {rate['rank_rss'] / 2**20:.0f} MiB, "
+              f"workers Rss {rate['workers_rss'] / 2**20:.0f} MiB, store {rate['store_bytes'] / 2**20:.1f} MiB); "
+              f"workers started in {rate['worker_startup_s'] or 0:.2f} s", flush=True)
 
     model = build_model(args.model, len(data.classes))
     optimizer = make_optimizer(model, lr=0.01, momentum=0.9, weight_decay=5e-4)

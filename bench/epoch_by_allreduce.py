@@ -39,7 +39,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
                     doc = dimd_job(["train", data.train, "--val", data.val, "--model", p["model"],
                                     "--image-size", p["image_size"], "--batch-size", p["batch_size"],
                                     "--epochs", p["epochs"], "--lr", 0.05, "--schedule", "constant",
-                                    "--decode-threads", p["workers"], "--allreduce", algorithm],
+                                    "--decode-workers", p["workers"], "--allreduce", algorithm],
                                    ctx.folder() / f"p{ranks}_{algorithm}_run{run}.json", ranks=ranks,
                                    timeout=p["job_timeout_s"])
                 except subprocess.TimeoutExpired:

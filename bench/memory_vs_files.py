@@ -79,7 +79,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
                 doc = dimd_job(["train", data.train, "--val", data.val, "--model", m["model"],
                                 "--image-size", m["image_size"], "--batch-size", m["batch_size"],
                                 "--epochs", p["epochs"], "--lr", 0.05, "--schedule", "constant",
-                                "--decode-threads", p["workers"], "--allreduce", "multicolor",
+                                "--decode-workers", p["workers"], "--allreduce", "multicolor",
                                 "--read-from", way["read_from"], "--files-root", root],
                                ctx.folder() / f"{tag}.json", ranks=p["ranks"], wrap=wrap)
                 figures = doc["result"]
@@ -148,7 +148,7 @@ def plot(envelope: dict[str, Any]):
 
 def findings(envelope: dict[str, Any]) -> str:
     result, p = envelope["result"], envelope["parameters"]
-    lines = [f"P = {p['ranks']} ranks, {p['workers']} decoding threads each, second-epoch training time, "
+    lines = [f"P = {p['ranks']} ranks, {p['workers']} decoding workers each, second-epoch training time, "
              f"medians of {p['runs']} runs. The round trips are added by bench/delay_proxy.py on the sshfs "
              f"connection (this kernel has no netem)."]
     for panel in result["panels"]:

@@ -133,10 +133,10 @@ def prepare(name: str, work: Path) -> tuple[Path, Path]:
 
 def step_time_args(data: tuple[Path, Path], quick: bool) -> list[Any]:
     """`plan-batch step-time` for LeNet on MNIST as the runs train: on the real training batches from the
-    loader (one decoding thread per rank, the recipe's crop), whose threads slow LeNet's step (the GIL)."""
+    loader (one decoding worker per rank, the recipe's crop), which competes with LeNet's step for the cores."""
     return ["plan-batch", "step-time", "--model", "lenet", "--image-size", 28,
             "--batch-sizes", STEP_BATCHES["quick" if quick else "full"], "--steps", 4 if quick else 30,
-            "--warmup", 1 if quick else 5, *THREADS, "--data", data[0], "--decode-threads", 1,
+            "--warmup", 1 if quick else 5, *THREADS, "--data", data[0], "--decode-workers", 1,
             "--crop-scale", SETS["mnist"]["crop_scale"], "--quiet"]
 
 
@@ -144,7 +144,7 @@ def recipe_args(name: str) -> list[Any]:
     s = SETS[name]
     return ["--model", s["model"], "--image-size", s["image_size"], "--lr", s["lr"], "--warmup-epochs",
             s["warmup_epochs"], "--crop-scale", s["crop_scale"], "--weight-decay", s["weight_decay"],
-            "--decode-threads", 1, *THREADS]
+            "--decode-workers", 1, *THREADS]
 
 
 def convergence(name: str, data: tuple[Path, Path], size: dict[str, Any], out: Path, *, ranks: int = 2,

@@ -58,7 +58,7 @@ def train(data: tuple[Path, Path], dataset: str, setup: dict[str, Any], seed: in
     command = ["train", data[0], "--val", data[1], "--model", model, "--image-size", size, "--epochs", epochs,
                "--batch-size", setup["batch"], "--lr", setup["lr"], "--no-lr-scaling", "--schedule", "step",
                "--milestones", round(0.75 * epochs), "--crop-scale", crop, "--weight-decay", decay,
-               "--threads", 1, "--decode-threads", 1, "--seed", seed]
+               "--threads", 1, "--decode-workers", 1, "--seed", seed]
     if setup["sync"] == "sma":
         command += ["--sync", "sma", "--learners", setup["learners"]]
         if setup.get("alpha") is not None:

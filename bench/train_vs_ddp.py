@@ -199,7 +199,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
                 doc = dimd_job(["train", data.train, "--val", data.val, "--model", p["model"],
                                 "--image-size", p["image_size"], "--batch-size", p["batch_size"],
                                 "--epochs", p["epochs"], "--lr", p["lr"], "--schedule", "constant",
-                                "--decode-threads", p["workers"], "--threads", p["threads"],
+                                "--decode-workers", p["workers"], "--threads", p["threads"],
                                 "--read-from", "files" if "files" in setup else "memory",
                                 "--files-root", data.files], path, ranks=p["ranks"])
             runs[setup].append(steady(doc["result"]["history"]))

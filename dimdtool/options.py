@@ -307,7 +307,7 @@ SHARED_HELP = {
     "model": "Model name (`dimd train --list-models`).",
     "device": "auto: one GPU per rank when CUDA is available, else CPU.",
     "threads": "Torch compute threads per rank [default: cores / ranks on the node].",
-    "decode_threads": "Decoding threads of each rank's loader.",
+    "decode_workers": "Decoding worker processes of each rank's loader [default: the rank's cores but one].",
     "crop_scale": ("Smallest share of the image area a random-resized training crop keeps (0.08 as for "
                    "ImageNet; 0.35 or more suits small images)."),
 }
@@ -324,8 +324,9 @@ def shared_option(config_cls: type, name: str, *param_decls: str, when: str | No
     text = SHARED_HELP[name]
     if when:
         text = f"{when}: {text[0].lower()}{text[1:]}"
-    if default_from is not None and field_default(config_cls, name) is None:
-        text += f" [default: dimd train's, {field_default(default_from, name)}]"
+    inherited = field_default(default_from, name) if default_from is not None else None
+    if inherited is not None and field_default(config_cls, name) is None:
+        text += f" [default: dimd train's, {inherited}]"
     return config_option(config_cls, name, *param_decls, help=text, **kwargs)
 
 

@@ -3,7 +3,7 @@
 Three measurements of training batches (random-resized crop + flip, uint8
 N x 3 x S x S) on the same images, augmentation and worker count:
 
-* ``dimd``: :class:`BatchLoader` over the packed records in memory (threads,
+* ``dimd``: :class:`BatchLoader` over the packed records in memory (worker processes,
   DCT-domain draft decoding);
 * ``torch``: a ``torch.utils.data.DataLoader`` (worker processes) over the
   original image files, each opened with Pillow, converted to RGB, cropped and
@@ -186,7 +186,9 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
         files, batch_size=config.batch_size, shuffle=True, drop_last=True, num_workers=config.workers,
         generator=torch.Generator().manual_seed(config.seed), persistent_workers=True, prefetch_factor=2)}
 
-    def worker_pids() -> list[int]:
+    def worker_pids(method: str) -> list[int]:
+        if method == "dimd":
+            return loader.worker_pids
         iterator = getattr(loaders["torch"], "_iterator", None)
         return [w.pid for w in getattr(iterator, "_workers", [])]
 
@@ -210,19 +212,19 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
         return count
 
     runners = {"dimd": run_dimd, "torch": run_torch, "limit": run_limit}
-    # warm-up: thread pool, page cache, PIL's plugin import; not measured
+    # warm-up: decoding workers, page cache, PIL's plugin import; not measured
     next(iter(loader.epoch(10_000_000)))
     for _ in loaders["torch"]:  # a whole epoch: persistent workers left prefetching would steal dimd's cores
         pass
     measurements: list[Measurement] = []
     for repeat in range(config.repeats):
         for method in METHODS:
-            workers_cpu = process_cpu_seconds(worker_pids()) if method == "torch" else 0.0
+            pids = worker_pids(method) if method != "limit" else []
+            workers_cpu = process_cpu_seconds(pids)
             start, cpu = time.perf_counter(), time.process_time()
             images = runners[method](repeat)
             seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-            if method == "torch":  # persistent workers: the same processes before and after
-                cpu += process_cpu_seconds(worker_pids()) - workers_cpu
+            cpu += process_cpu_seconds(pids) - workers_cpu   # persistent workers: the same before and after
             measurement = Measurement(method, repeat, images, seconds, cpu)
             measurements.append(measurement)
             if on_measurement is not None:

@@ -114,7 +114,8 @@ class BatchLoader:
         next_step = first
         try:
             for step in range(first, len(batches)):
-                while next_step < len(batches) and next_step <= step + self.prefetch:
+                # the ring's slots bound the batches in flight (prefetch may grow during an epoch)
+                while next_step < len(batches) and next_step < step + self._slots:
                     pending.append(self._submit(epoch, next_step, batches[next_step]))
                     next_step += 1
                 images, labels = self._collect(pending.popleft())
@@ -164,12 +165,21 @@ class BatchLoader:
         """Start (or reuse) the workers, wait out abandoned batches, and point the workers at the store."""
         if self._pool is None or self._pool.closed:
             self._pool = DecodeWorkers.shared(self.workers)
-            self._ring = Segment(self._slots * self._slot_bytes, "dimd-ring")
-            self._pool.attach(self._ring)
+            if self._ring is not None:
+                self._ring.close()
+                self._ring = None
             self._store_key = None
         for worker, ticket in self._abandoned:
             self._pool.discard(worker, ticket)
         self._abandoned = []
+        if self._ring is not None and self._slots != self.prefetch + 1:   # prefetch was changed: a ring to fit
+            self._pool.detach(self._ring.key)
+            self._ring.close()
+            self._ring = None
+        if self._ring is None:
+            self._slots = self.prefetch + 1
+            self._ring = Segment(self._slots * self._slot_bytes, "dimd-ring")
+            self._pool.attach(self._ring)
         if self._paths is None:
             segment = self.store.segment
             if segment.key != self._store_key:   # the first batch, or the store was shuffled

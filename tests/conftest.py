@@ -13,11 +13,14 @@ Tests that need no separate process call the CLI in this one through :func:`invo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -39,19 +42,44 @@ def run_dimd(*args: str, check: bool = False, timeout: float = 300, **kwargs) ->
     return proc
 
 
+@contextlib.contextmanager
+def process_state_kept() -> Iterator[None]:
+    """Put back what a command run in this process may change for the whole process.
+
+    The stop-signal handlers (``dimd train`` installs them for the process), torch's
+    thread count (set from ``--threads``) and the training's process-wide stop flag.
+    """
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else len(os.sched_getaffinity(0))
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
+        if "dimd.train.signals" in sys.modules:
+            sys.modules["dimd.train.signals"]._process_stop = None
+
+
 def invoke_dimd(*args: str, check: bool = False) -> subprocess.CompletedProcess:
     """Run ``dimd ARGS`` in this process through click's CliRunner: what :func:`run_dimd` gives, faster.
 
-    For commands that leave this process as they found it: MPI may start (the ``world``
-    fixture starts it too), but torch's threads and seed, signal handlers and worker
-    processes call for :func:`run_dimd`. An exception that escapes the command fails
-    the test with its own traceback.
+    Starting Python and importing torch costs a few seconds per process; here it is
+    paid once per session. MPI may start (a world of one rank, as the ``world`` fixture
+    starts it), and :func:`process_state_kept` puts back signal handlers and torch's
+    threads, so a command that refuses its input (``dimd train`` included) runs here.
+    A run that trains, forks workers or is sent a signal needs a process of its own
+    (:func:`run_dimd`). An exception that escapes the command fails the test with its
+    own traceback.
     """
     from click.testing import CliRunner
 
     from dimd.cli import main
 
-    result = CliRunner().invoke(main, list(map(str, args)), prog_name="dimd", catch_exceptions=False)
+    with process_state_kept():
+        result = CliRunner().invoke(main, list(map(str, args)), prog_name="dimd", catch_exceptions=False)
     proc = subprocess.CompletedProcess(["dimd", *map(str, args)], result.exit_code,
                                        result.stdout, result.stderr)
     if check and proc.returncode != 0:

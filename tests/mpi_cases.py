@@ -240,8 +240,10 @@ def sweep_sizes(ranks: int) -> list[int]:
 
 
 @case
-def allreduce_sweep(algorithms: str = "") -> None:
+def allreduce_sweep(algorithms: str = "", colors: str = "") -> None:
     """Every standalone algorithm (or the comma-separated ALGORITHMS), on sizes around P and a few MiB, each dtype.
+
+    ``colors`` sets the colour count of the algorithms that take one (multicolor's default is 4).
 
     Each result is checked against numpy's sum of every rank's input, and every
     rank must end with the same bits. Each rank prints a ``FAIL`` line per
@@ -262,6 +264,8 @@ def allreduce_sweep(algorithms: str = "") -> None:
     for name in names:
         # small segments so that the pipelined algorithms run many segments
         options = {"segment_bytes": 40000} if "segment_bytes" in ALGORITHMS[name].options else {}
+        if colors and "colors" in ALGORITHMS[name].options:
+            options["colors"] = int(colors)
         for count in sweep_sizes(P):
             for dtype in ("float32", "float64", "int32", "int64"):
                 rng = np.random.default_rng([rank, count, len(name)])
@@ -427,6 +431,42 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
         same = replicas_identical(model, comm)
         if rank == 0:
             say(f"{algorithm} diff {diff:.3g} moved {moved:.3g} identical {same}")
+
+
+@case
+def sgd_overlap_on_and_off_alike() -> None:
+    """dimd train's S-SGD step (SSGD) with its buckets reduced during backward and after it: four
+    steps each, LeNet, small buckets; rank 0 says whether the weights and the step figures are identical::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_cases.py sgd_overlap_on_and_off_alike
+        -> buckets 9 identical True loss 27.6
+    """
+    import torch
+
+    from dimd.allreduce import allreduce
+    from dimd.train.models import build_model
+    from dimd.train.sgd import SSGD, broadcast_state, make_optimizer
+
+    comm = world("serialized")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    torch.set_num_threads(1)
+
+    def run(overlap: bool) -> tuple[Any, list, int]:
+        torch.manual_seed(0)
+        model = build_model("lenet", 10)
+        broadcast_state(model, comm)
+        opt = make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True)
+        sgd = SSGD(model, opt, lambda a: allreduce(a, comm, "ring"), size, bucket_bytes=40_000, overlap=overlap)
+        g = torch.Generator().manual_seed(rank)
+        figures = [sgd.step([(torch.randn(6, 3, 32, 32, generator=g), torch.randint(0, 10, (6,), generator=g))],
+                            lr=0.05) for _ in range(4)]
+        sgd.buckets.close()
+        return model, [(r.loss_sum, r.correct, r.samples) for r in figures], sgd.buckets.buckets
+
+    (on, on_figures, buckets), (off, off_figures, _) = run(True), run(False)
+    identical = on_figures == off_figures and all(torch.equal(p, q) for p, q in zip(on.parameters(), off.parameters()))
+    if rank == 0:
+        say(f"buckets {buckets} identical {identical} loss {on_figures[-1][0]:.3g}")
 
 
 class BranchyNet:
@@ -667,6 +707,63 @@ def sma_distribution(learners_per_rank: str, compute: str = "loop", algorithm: s
         say(f"z diff {z_diff:.3g} buffers diff {buffers_diff:.3g} moved {moved:.3g} identical {identical}")
 
 
+@case
+def sma_losses_around_a_reshuffle(data: str) -> None:
+    """SMA on ``data`` (a packed set in class order) twice at equal seeds: reshuffled at every epoch,
+    and with every reshuffle after the first placement keeping the records where they are.
+
+    Rank 0 prints each run's per-synchronisation training loss and each rank prints the
+    classes its learners drew in epoch 1, one JSON line each::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py sma_losses_around_a_reshuffle colours
+        -> {"run": "reshuffled", "losses": [...], "steps_per_epoch": 6}
+           {"rank": 0, "epoch_1_classes": [7, 5, 6, 6]}
+    """
+    import numpy as np
+
+    from dimd.shuffle import DistributedStore
+    from dimd.train.config import TrainConfig
+    from dimd.train.engine import Trainer
+
+    comm = world()
+    config = TrainConfig(train=data, val=data, model="resnet20", image_size=16, epochs=2, batch_size=4, momentum=0.0,
+                         lr=0.05, lr_scaling=False, schedule="constant", decode_workers=1, threads=1,
+                         allreduce="ring", sync="sma", learners=1)
+    shuffle = DistributedStore.shuffle
+
+    def keep_after_the_first_step(store: Any, seed: int, round: int) -> Any:
+        if trainer.step == 0:
+            return shuffle(store, seed, round)
+        store.round = round                     # the reshuffle replaced by the identity
+        return None
+
+    def recording(trainer: Any) -> tuple[list, list]:
+        """Each step's loss, and the label counts of the first epoch's steps on this rank."""
+        step, losses, labels = trainer.strategy.step, [], []
+
+        def recorded(batches: Any, lr: float, **options: Any) -> Any:
+            result = step(batches, lr, **options)
+            losses.append(result.loss_sum / result.samples)
+            if len(labels) < trainer.steps_per_epoch:
+                labels.append(np.bincount(np.concatenate([b[1].numpy() for b in batches]), minlength=4))
+            return result
+
+        trainer.strategy.step = recorded
+        return losses, labels
+
+    for run in ("reshuffled", "kept"):
+        if run == "kept":
+            DistributedStore.shuffle = keep_after_the_first_step  # type: ignore[method-assign]
+        trainer = Trainer(config, comm)
+        losses, labels = recording(trainer)
+        trainer.run()
+        if comm.Get_rank() == 0:
+            say(json.dumps({"run": run, "losses": losses, "steps_per_epoch": trainer.steps_per_epoch}))
+        if run == "reshuffled":
+            say(json.dumps({"rank": comm.Get_rank(), "epoch_1_classes": np.sum(labels, axis=0).tolist()}))
+    DistributedStore.shuffle = shuffle  # type: ignore[method-assign]
+
+
 # -- plan-batch: the gradient noise scale and the convergence step ---------------------------
 
 @case
@@ -677,29 +774,30 @@ def noise_scale_matches_offline_estimator(data: str) -> None:
         -> ok 8 steps; B_simple per epoch ...
 
     Every rank trains lenet with ``noise_scale`` on and keeps a float64 copy of
-    its gradient just before each allreduce (the flat buffer's ``allreduce`` is
-    wrapped); rank 0 gathers the copies, feeds the estimator with norms computed
-    from them in float64, and compares per epoch.
+    its gradient just before each allreduce (the buckets' ``synchronize`` is
+    wrapped; the noise scale keeps overlap off, so nothing is reduced before it);
+    rank 0 gathers the copies, feeds the estimator with norms computed from them
+    in float64, and compares per epoch.
     """
     import numpy as np
 
+    from dimd.train.buckets import GradientBuckets
     from dimd.train.config import TrainConfig
     from dimd.train.engine import train
-    from dimd.train.flatgrad import FlatGradients
     from dimd.train.noise import NoiseScale, noise_estimates_from_gradients
 
     comm = world("funneled")
     seen: list[Any] = []
-    real_allreduce = FlatGradients.allreduce
+    real_synchronize = GradientBuckets.synchronize
 
-    def allreduce(self: FlatGradients, reduce: Any, world_size: int) -> Any:   # this rank's gradient, as computed
-        seen.append(self.grads.detach().double().numpy().copy())
-        return real_allreduce(self, reduce, world_size)
+    def synchronize(self: GradientBuckets) -> None:   # this rank's gradient, as computed
+        seen.append(self.flat.grads.detach().double().numpy().copy())
+        real_synchronize(self)
 
-    FlatGradients.allreduce = allreduce  # type: ignore[method-assign]
+    GradientBuckets.synchronize = synchronize  # type: ignore[method-assign]
     batch = 6
     config = TrainConfig(train=data, val=data, model="lenet", image_size=16, epochs=2, batch_size=batch, lr=0.1,
-                         lr_scaling=False, schedule="constant", decode_threads=1, threads=1, noise_scale=True)
+                         lr_scaling=False, schedule="constant", decode_workers=1, threads=1, noise_scale=True)
     result = train(config, comm)
     everyone = comm.gather(seen, root=0)
     if comm.Get_rank() != 0:
@@ -752,6 +850,29 @@ def dimd_scored_by_known_law(n_inf: str, alpha: str, *args: str) -> None:
     from dimd.train.engine import Trainer
 
     Trainer.evaluate = score_by_law(float(n_inf), float(alpha))  # type: ignore[method-assign]
+    main(list(args), prog_name="dimd")
+
+
+@case
+def dimd_with_validation_loss_nan_from_epoch(epoch: str, *args: str) -> None:
+    """``dimd ARGS`` whose validation loss is NaN from the evaluation ending epoch ``epoch`` (1-based) on:
+    the real engine trains and scores; only the loss sum of the scores is replaced::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py dimd_with_validation_loss_nan_from_epoch 2 train ...
+    """
+    from dimd.cli import main
+    from dimd.train import engine
+
+    real, evaluations = engine.local_counts, []
+
+    def counts(*positional: Any, **options: Any) -> Any:
+        result = real(*positional, **options)
+        evaluations.append(1)
+        if len(evaluations) >= int(epoch):
+            result[0] = float("nan")
+        return result
+
+    engine.local_counts = counts  # type: ignore[assignment]
     main(list(args), prog_name="dimd")
 
 

@@ -103,7 +103,7 @@ def start_lsf_job(tmp: Path, data: Path) -> subprocess.Popen:
     env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
            "LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "1", "OUT": str(data), "RUN_DIR": str(tmp / "run"),
            "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8",
-           "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-threads 1"}
+           "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-workers 1"}
     return subprocess.Popen(["bash", str(BIN / "lsf" / "train.lsf")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -123,7 +123,7 @@ def test_lsf_job_exits_99_for_a_requeue_only_after_the_warning(packed_sample, tm
     assert job.returncode == 99, out   # -Q "99" requeues
     assert "stopped by SIGUSR1" in out and "asking LSF to requeue" in out
     parameters = json.loads((tmp_path / "run" / "train.json").read_text())["parameters"]
-    assert parameters["image_size"] == 32 and parameters["decode_threads"] == 1   # from TRAIN_ARGS
+    assert parameters["image_size"] == 32 and parameters["decode_workers"] == 1   # from TRAIN_ARGS
     saved = sorted(checkpoints.glob("*.pt"))
 
     job = start_lsf_job(tmp_path, data)  # the requeued job
@@ -164,7 +164,7 @@ def test_lsf_job_under_open_mpi_turns_a_term_into_usr2_for_mpirun(packed_sample,
     env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
            "LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "1", "OUT": str(data), "RUN_DIR": str(tmp_path / "run"),
            "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8",
-           "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-threads 1"}
+           "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-workers 1"}
     job = subprocess.Popen(["bash", str(BIN / "lsf" / "train.lsf")], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")))

@@ -57,3 +57,10 @@ def test_train_refuses_a_fresh_start_over_a_checkpoint_with_one_line(packed_samp
                     "--checkpoint-dir", tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "--resume" in proc.stderr and "--force" in proc.stderr
+
+
+def test_a_run_refused_at_start_up_leaves_no_folder_behind(tmp_path):
+    lock = FolderLock(tmp_path / "runs" / "ckpt")
+    lock.acquire()
+    lock.release()
+    assert not (tmp_path / "runs").exists()

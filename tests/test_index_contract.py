@@ -146,7 +146,7 @@ def test_shuffle_verify_and_train_refuse_it_too(good_set, tmp_path):
     assert proc.returncode != 0
     copy, index = damaged(good_set, tmp_path / "labels", set_column("label", [0, 99, 1]))
     proc = run_dimd("train", copy, "--val", copy, "--model", "lenet", "--image-size", "32", "--epochs", "1",
-                    "--batch-size", "1", "--decode-threads", "1", "--threads", "1", timeout=180)
+                    "--batch-size", "1", "--decode-workers", "1", "--threads", "1", timeout=180)
     assert one_error_line(proc) == f"{index}: record 1 has label 99, outside the 2 classes (0..1)"
 
 

@@ -56,6 +56,20 @@ def test_batches_do_not_depend_on_the_number_of_workers_or_their_timing(store):
     assert not torch.equal(one[0][0], other_seed[0][0])
 
 
+def test_raising_prefetch_after_the_first_epoch_keeps_every_batch_intact(store):
+    """SMA's engine asks for 2K batches ahead once it knows K: the ring of batch slots must follow,
+    or a batch is overwritten by one drawn later before it is read."""
+    reference = collect(BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3, prefetch=4), 1)
+    with BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3) as loader:
+        collect(loader, 0)
+        loader.prefetch = 4
+        batches = loader.epoch(1)
+        held = [next(batches) for _ in range(4)]            # four batches held at once, as 2 x 2 learners
+        rest = [(images.clone(), labels.clone()) for images, labels in batches]
+    for (images, labels), (expected, expected_labels) in zip(held + rest, reference):
+        assert torch.equal(images, expected) and torch.equal(labels, expected_labels)
+
+
 def test_state_dict_resumes_exactly_mid_epoch(store):
     reference = BatchLoader(store, batch_size=4, image_size=24, seed=9)
     expected = collect(reference, 1)

@@ -86,7 +86,7 @@ def test_a_warning_right_after_mpi_starts_is_not_lost(packed_sample, tmp_path):
     """MPI_Init puts its own handler on SIGUSR1; dimd's must already be there (and after it)."""
     proc = mpi_run("dimd_warned_right_after_mpi_starts", 2, "train", packed_sample, "--val", packed_sample,
                    "--model", "lenet", "--image-size", "32", "--epochs", "50", "--batch-size", "8",
-                   "--decode-threads", "1", "--threads", "1", "--checkpoint-dir", tmp_path / "ck",
+                   "--decode-workers", "1", "--threads", "1", "--checkpoint-dir", tmp_path / "ck",
                    "--json", tmp_path / "train.json", timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "stopped by SIGUSR1 after step 1" in proc.stdout

@@ -134,7 +134,7 @@ def test_train_checks_its_outputs_before_the_first_epoch(packed_sample, tmp_path
     (tmp_path / "afile").write_text("x")
     fill = {"tmp": tmp_path}
     proc = run_mpi_dimd(2, "train", packed_sample, "--val", packed_sample, "--model", "resnet20",
-                        "--image-size", "32", "--epochs", "1", "--batch-size", "8", "--decode-threads", "1",
+                        "--image-size", "32", "--epochs", "1", "--batch-size", "8", "--decode-workers", "1",
                         "--threads", "1", *[a.format(**fill) for a in extra], timeout=180)
     assert mpi_error(proc) == message.format(**fill)
     assert "epoch 1/" not in proc.stdout

@@ -4,7 +4,7 @@ import json
 import os
 
 import pytest
-from conftest import mpi_run, run_dimd, run_mpi_dimd
+from conftest import invoke_dimd, mpi_run, run_dimd, run_mpi_dimd
 
 from dimd.host import available_cores
 from dimd.report import result_document, write_json
@@ -51,19 +51,19 @@ def test_step_time_writes_gamma_knee_and_medians(chain):
 
 
 def test_step_time_on_real_batches_counts_the_loader(colour_set, tmp_path):
-    """--data: the training set's batches from dimd train's loader, its decoding threads beside the step."""
+    """--data: the training set's batches from dimd train's loader, its decoding workers beside the step."""
     path = tmp_path / "step.json"
     proc = run_dimd("plan-batch", "step-time", "--model", "lenet", "--image-size", "16", "--batch-sizes", "2,4,8",
-                    "--steps", "3", "--warmup", "1", "--threads", "1", "--data", colour_set, "--decode-threads", "1",
+                    "--steps", "3", "--warmup", "1", "--threads", "1", "--data", colour_set, "--decode-workers", "1",
                     "--crop-scale", "0.5", "--quiet", "--json", path)
     assert proc.returncode == 0, proc.stderr
     figures = json.loads(path.read_text())["result"]
-    assert str(colour_set) in figures["inputs"] and "1 decoding thread" in figures["inputs"]
+    assert str(colour_set) in figures["inputs"] and "1 decoding worker" in figures["inputs"]
     assert figures["step"].startswith("the wait for the loader's batch")
     assert figures["classes"] == 4   # the set's, not a default
     assert [r["batch"] for r in figures["batches"]] == [2, 4, 8] and figures["gamma"] > 0
-    one_line_error(run_dimd("plan-batch", "step-time", "--model", "lenet", "--decode-threads", "2"),
-                   "'--decode-threads': goes with --data")
+    one_line_error(invoke_dimd("plan-batch", "step-time", "--model", "lenet", "--decode-workers", "2"),
+                   "'--decode-workers': goes with --data")
 
 
 @pytest.mark.mpi
@@ -137,26 +137,26 @@ def one_line_error(proc, text):
 
 @pytest.mark.mpi
 def test_a_json_from_another_command_is_refused(chain):
-    proc = run_dimd("plan-batch", "solve", "--step", chain["step"], "--comm", chain["step"],
+    proc = invoke_dimd("plan-batch", "solve", "--step", chain["step"], "--comm", chain["step"],
                     "--convergence", chain["conv"])
     one_line_error(proc, "a result of `plan-batch step-time`, expected one of `plan-batch comm`")
-    proc = run_dimd("plan-batch", "comm", chain["step"], chain["conv"], "--bytes", "1M")
+    proc = invoke_dimd("plan-batch", "comm", chain["step"], chain["conv"], "--bytes", "1M")
     one_line_error(proc, "a result of `plan-batch step-time`, expected one of `bench-allreduce`")
 
 
 @pytest.mark.mpi
 def test_ranks_that_are_not_positive_integers_are_refused(chain):
     common = ["plan-batch", "solve", "--step", chain["step"], "--comm", chain["step"], "--convergence", chain["conv"]]
-    one_line_error(run_dimd(*common, "--ranks", "0,2"), "'--ranks': must be positive integers, got 0")
-    one_line_error(run_dimd(*common, "--ranks", "1,2.5"), "expected comma-separated int values")
-    one_line_error(run_dimd("plan-batch", "comm", *chain["bench"], "--holdout", "1", "--bytes", "1M"),
+    one_line_error(invoke_dimd(*common, "--ranks", "0,2"), "'--ranks': must be positive integers, got 0")
+    one_line_error(invoke_dimd(*common, "--ranks", "1,2.5"), "expected comma-separated int values")
+    one_line_error(invoke_dimd("plan-batch", "comm", *chain["bench"], "--holdout", "1", "--bytes", "1M"),
                    "must be rank counts of at least 2")
 
 
 def test_fewer_than_two_batch_sizes_is_refused():
-    proc = run_dimd("plan-batch", "step-time", "--model", "lenet", "--batch-sizes", "8,8")
+    proc = invoke_dimd("plan-batch", "step-time", "--model", "lenet", "--batch-sizes", "8,8")
     one_line_error(proc, "needs at least 2 distinct batch sizes to fit the knee, got 8,8")
-    proc = run_dimd("plan-batch", "step-time", "--model", "nope")
+    proc = invoke_dimd("plan-batch", "step-time", "--model", "nope")
     one_line_error(proc, "'nope' is unknown; choose from lenet")
 
 
@@ -176,20 +176,20 @@ def test_comm_says_which_size_it_lacks(chain):
         doc["result"]["gradient_bytes"] = None
         old.append(chain["dir"] / f"ar-old-{i}.json")
         old[-1].write_text(json.dumps(doc))
-    proc = run_dimd("plan-batch", "comm", *old)
+    proc = invoke_dimd("plan-batch", "comm", *old)
     one_line_error(proc, "no gradient size: give --model or --bytes")
-    proc = run_dimd("plan-batch", "comm", *chain["bench"], "--model", "lenet", "--bytes", "1M")
+    proc = invoke_dimd("plan-batch", "comm", *chain["bench"], "--model", "lenet", "--bytes", "1M")
     one_line_error(proc, "give --model or --bytes, not both")
 
 
 @pytest.mark.mpi
 def test_solve_refuses_a_convergence_result_without_n_inf(tmp_path, chain):
     comm = chain["dir"] / "comm-check.json"
-    run_dimd("plan-batch", "comm", *chain["bench"], "--bytes", "1M", "--json", comm, check=True)
+    invoke_dimd("plan-batch", "comm", *chain["bench"], "--bytes", "1M", "--json", comm, check=True)
     broken = tmp_path / "conv.json"
     write_json(broken, result_document("plan-batch convergence", {}, {"n_inf": None, "alpha": 1.0,
                                                                        "batches": [{"batch": 8}]}))
-    proc = run_dimd("plan-batch", "solve", "--step", chain["step"], "--comm", comm, "--convergence", broken,
+    proc = invoke_dimd("plan-batch", "solve", "--step", chain["step"], "--comm", comm, "--convergence", broken,
                     *ANY_FIT)
     one_line_error(proc, "no number 'n_inf' in its result (got None)")
 
@@ -207,7 +207,7 @@ def test_require_matplotlib_is_one_line(monkeypatch):
 
 
 def test_help_names_the_steps():
-    text = " ".join(run_dimd("plan-batch", "--help", check=True).stdout.split())
+    text = " ".join(invoke_dimd("plan-batch", "--help", check=True).stdout.split())
     for step in ("step-time", "comm", "solve"):
         assert step in text
 
@@ -215,7 +215,7 @@ def test_help_names_the_steps():
 # ---------------------------------------------------------------------------- convergence
 def convergence_args(data, *extra):
     return ["plan-batch", "convergence", data, "--val", data, "--model", "lenet", "--image-size", "16",
-            "--crop-scale", "1", "--threads", "1", "--decode-threads", "1", "-q", *map(str, extra)]
+            "--crop-scale", "1", "--threads", "1", "--decode-workers", "1", "-q", *map(str, extra)]
 
 
 @pytest.fixture(scope="module")
@@ -310,24 +310,24 @@ def test_convergence_on_one_rank_without_mpirun(colour_set, tmp_path):
 
 
 def test_convergence_refuses_bad_inputs_in_one_line(colour_set, tmp_path):
-    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,8")),
+    one_line_error(invoke_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,8")),
                    "needs at least 2 distinct global batch sizes to fit N_inf and alpha, got 8,8")
-    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,0")),
+    one_line_error(invoke_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,0")),
                    "'--batch-sizes': must be positive, got 0")
-    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "1.5", "--batch-sizes", "8,16")),
+    one_line_error(invoke_dimd(*convergence_args(colour_set, "--target-top1", "1.5", "--batch-sizes", "8,16")),
                    "'--target-top1': must be in (0.0, 1.0]")
-    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,16",
+    one_line_error(invoke_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,16",
                                               "--ranks-per-run", "0")), "'--ranks-per-run': must be at least 1")
-    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,12",
+    one_line_error(invoke_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,12",
                                               "--ranks-per-run", "8")),
                    "'--batch-sizes': must be multiples of --ranks-per-run (8)")
-    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,16",
+    one_line_error(invoke_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,16",
                                               "--ranks-per-run", "2")),
                    "--ranks-per-run 2 does not divide the job's 1 rank(s)")
-    one_line_error(run_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,64")),
+    one_line_error(invoke_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,64")),
                    "--batch-sizes: 64 is more than the 48 records")
-    one_line_error(run_dimd(*convergence_args(tmp_path / "nothing", "--target-top1", "0.5", "--batch-sizes", "8,16")),
-                   "index file not found")
+    one_line_error(invoke_dimd(*convergence_args(tmp_path / "nothing", "--target-top1", "0.5",
+                                                 "--batch-sizes", "8,16")), "index file not found")
 
 
 def test_a_target_no_run_reaches_is_one_line_and_the_runs_are_kept(colour_set, tmp_path):
@@ -339,5 +339,5 @@ def test_a_target_no_run_reaches_is_one_line_and_the_runs_are_kept(colour_set, t
     assert proc.stderr.strip().count("\n") == 0
     figures = json.loads(path.read_text())["result"]
     assert figures["n_inf"] is None and figures["unreached_runs"] == 2 and len(figures["runs"]) == 2
-    proc = run_dimd("plan-batch", "solve", "--step", path, "--comm", path, "--convergence", path)
+    proc = invoke_dimd("plan-batch", "solve", "--step", path, "--comm", path, "--convergence", path)
     one_line_error(proc, "a result of `plan-batch convergence`, expected one of `plan-batch step-time`")

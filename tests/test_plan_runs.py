@@ -15,7 +15,7 @@ def config(data, **changes):
     from dimd.train.plan.config import ConvergenceConfig
 
     settings = dict(train=str(data), val=str(data), model="lenet", target_top1=0.5, batch_sizes=(4, 8, 48),
-                    seeds=2, max_epochs=2, eval_every_images=8, image_size=16, threads=1, decode_threads=1,
+                    seeds=2, max_epochs=2, eval_every_images=8, image_size=16, threads=1, decode_workers=1,
                     lr=0.1)
     return ConvergenceConfig(**{**settings, **changes})
 

@@ -18,7 +18,8 @@ def saved_orders(folder, rounds, ranks):
     return [[np.load(folder / f"round{r}_rank{k}.npy") for k in range(ranks)] for r in range(rounds)]
 
 
-@pytest.mark.parametrize("ranks,groups", [(2, 1), (3, 1), (3, 3), (4, 2), (4, 4)])
+# One group of 2 and of 3; one rank per group (nothing moves); two groups of 2.
+@pytest.mark.parametrize("ranks,groups", [(2, 1), (3, 1), (3, 3), (4, 2)])
 def test_shuffle_conserves_balances_and_reorders(packed_sample, tmp_path, ranks, groups):
     orders, report = tmp_path / "orders", tmp_path / "shuffle.json"
     proc = run_mpi_dimd(ranks, "shuffle", packed_sample, "--groups", groups, "--rounds", 3, "--seed", 11,

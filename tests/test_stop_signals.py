@@ -28,7 +28,7 @@ def stop_signal() -> signal.Signals:
 
 def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     return ["train", str(data), "--val", str(data), "--model", "lenet", "--image-size", "32",
-            "--batch-size", "4", "--lr", "0.05", "--no-lr-scaling", "--allreduce", "ring", "--decode-threads", "1",
+            "--batch-size", "4", "--lr", "0.05", "--no-lr-scaling", "--allreduce", "ring", "--decode-workers", "1",
             "--checkpoint-dir", str(out / "checkpoints"), "--json", str(out / "train.json"), *extra]
 
 
@@ -74,4 +74,4 @@ def test_no_output_holds_a_nul_and_the_threads_are_recorded(packed_sample, tmp_p
 def test_a_usage_error_is_printed_once_not_once_per_rank():
     proc = run_mpi_dimd(3, "bench-allreduce", "-q")
     assert proc.returncode != 0
-    assert proc.stderr.count("No such option: -q") == 1, proc.stderr
+    assert proc.stderr.count("No such option '-q'") == 1, proc.stderr

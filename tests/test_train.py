@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ STEPS_PER_EPOCH = 3          # 48 records // (2 ranks x 8)
 def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     return ["train", data, "--val", data, "--model", "resnet20", "--image-size", "32",
             "--epochs", str(EPOCHS), "--batch-size", "8", "--lr", "0.01", "--no-lr-scaling",
-            "--schedule", "constant", "--decode-threads", "1", "--threads", "1", "--allreduce", "ring",
+            "--schedule", "constant", "--decode-workers", "1", "--threads", "1", "--allreduce", "ring",
             "--shuffle-every", "2",     # mid-epoch reshuffles across the ranks (the default is every epoch)
             "--checkpoint-dir", out / "checkpoints", "--json", out / "train.json", *extra]
 
@@ -61,6 +60,14 @@ def test_two_ranks_train_stay_identical_and_loss_falls(straight_run):
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3, 4]
     assert proc.stdout.count("epoch ") >= EPOCHS and "done: val top1" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_without_noise_scale_the_metrics_lines_carry_no_noise_figures(straight_run):
+    out, proc = straight_run
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        assert not any(key.startswith("noise") for key in json.loads(line))
+    assert "B_simple" not in proc.stdout
 
 
 @pytest.mark.mpi
@@ -164,11 +171,8 @@ def test_bad_inputs_give_one_clear_error_and_write_nothing(packed_sample, foreig
         (["--model", "lenet", "--resume-from", final_checkpoint(straight_run[0])],
          "checkpoint of model 'resnet20', not 'lenet'"),
     ]
-    # Each case is a process of its own (train sets torch's threads and seed); start them together.
-    with ThreadPoolExecutor(len(cases)) as pool:
-        procs = list(pool.map(lambda case: run_dimd(*train_args(packed_sample, tmp_path), *case[0], timeout=120),
-                              cases))
-    for (extra, message), proc in zip(cases, procs):
+    for extra, message in cases:
+        proc = invoke_dimd(*train_args(packed_sample, tmp_path), *extra)
         assert proc.returncode == 1, (extra, proc.stderr)
         assert message in proc.stderr and proc.stderr.count("dimd: error:") == 1, (extra, proc.stderr)
         assert not (tmp_path / "train.json").exists() and not (tmp_path / "checkpoints").exists()

@@ -1,12 +1,13 @@
 """Checkpoint files: a failed write keeps the older ones; a foreign or malicious file is refused in one line."""
 
 import errno
+import os
 
 import pytest
 import torch
 
 from dimd.errors import DimdError
-from dimd.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from dimd.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 
 
 def state(epoch, step):
@@ -40,7 +41,7 @@ class RunsCode:
 
 def test_a_file_that_would_run_code_is_refused_without_inviting_unpickling(tmp_path, capsys):
     path = tmp_path / "checkpoint-e0001-s00000001.pt"
-    torch.save({"format": "dimd-checkpoint", "version": 2, "model": RunsCode()}, path)
+    torch.save({"format": "dimd-checkpoint", "version": 3, "model": RunsCode()}, path)
     with pytest.raises(DimdError) as caught:
         load_checkpoint(path)
     message = str(caught.value)
@@ -65,7 +66,7 @@ def test_another_programs_torch_file_is_not_a_dimd_checkpoint(tmp_path):
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("version", [None, 1, 3])
+@pytest.mark.parametrize("version", [None, 1, 2, 4])
 def test_a_checkpoint_of_another_version_is_refused_in_one_line_naming_it(tmp_path, version):
     path = tmp_path / "checkpoint-e0001-s00000010.pt"
     document = {"format": "dimd-checkpoint", "epoch": 1, "step": 10}   # version 1 wrote no number
@@ -73,5 +74,30 @@ def test_a_checkpoint_of_another_version_is_refused_in_one_line_naming_it(tmp_pa
     with pytest.raises(DimdError) as caught:
         load_checkpoint(path)
     message = str(caught.value)
-    assert message.startswith(f"{path}: checkpoint version {version or 1}; this dimd reads version 2")
+    assert message.startswith(f"{path}: checkpoint version {version or 1}; this dimd reads version 3")
     assert "\n" not in message
+
+
+def test_random_bytes_are_refused_as_damaged_not_as_unsafe(tmp_path):
+    path = tmp_path / "checkpoint-e0001-s00000010.pt"
+    path.write_bytes(os.urandom(4096))
+    with pytest.raises(DimdError) as caught:
+        load_checkpoint(path)
+    message = str(caught.value)
+    assert "not the zip archive torch.save writes" in message and "Python objects" not in message
+
+
+def test_a_checkpoint_without_a_field_resume_reads_is_one_line(tmp_path):
+    path = tmp_path / "checkpoint-e0001-s00000010.pt"
+    torch.save({"format": "dimd-checkpoint", "version": 3, "epoch": 1, "step": 10, "model_name": "lenet"}, path)
+    with pytest.raises(DimdError, match=r"a damaged checkpoint: it has no 'run_id', 'sync', 'classes' \.\.\."):
+        load_checkpoint(path)
+
+
+def test_checkpoints_are_listed_in_the_order_they_were_written(tmp_path):
+    """A run resumed on another layout counts fewer steps: its new checkpoints are still the newest."""
+    stale, new = tmp_path / "checkpoint-e0004-s00000050.pt", tmp_path / "checkpoint-e0005-s00000047.pt"
+    stale.write_bytes(b"old layout, mid-epoch")
+    new.write_bytes(b"after --resume-from the boundary")
+    os.utime(stale, ns=(1_000_000_000, 1_000_000_000))
+    assert list_checkpoints(tmp_path) == [stale, new] and latest_checkpoint(tmp_path) == new

@@ -7,7 +7,7 @@ def config(data, **changes):
     from dimd.train.config import TrainConfig
 
     settings = dict(train=str(data), val=str(data), model="lenet", image_size=32, epochs=2, batch_size=8,
-                    lr=0.01, lr_scaling=False, schedule="constant", decode_threads=1, threads=1)
+                    lr=0.01, lr_scaling=False, schedule="constant", decode_workers=1, threads=1)
     return TrainConfig(**{**settings, **changes})
 
 

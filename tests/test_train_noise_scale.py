@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import mpi_run, run_dimd, run_mpi_dimd
+from conftest import invoke_dimd, mpi_run, run_mpi_dimd
 
 
 @pytest.mark.mpi
@@ -15,7 +15,7 @@ def test_the_engines_estimate_equals_the_estimator_fed_offline_with_the_same_gra
 
 def train_args(data, *extra):
     return ["train", data, "--val", data, "--model", "lenet", "--image-size", "16", "--epochs", "2",
-            "--batch-size", "6", "--threads", "1", "--decode-threads", "1", *map(str, extra)]
+            "--batch-size", "6", "--threads", "1", "--decode-workers", "1", *map(str, extra)]
 
 
 @pytest.mark.mpi
@@ -33,21 +33,12 @@ def test_noise_scale_goes_into_every_metrics_line_and_the_json_history(colour_se
     assert "B_simple" in proc.stdout
 
 
-@pytest.mark.mpi
-def test_without_the_flag_the_metrics_lines_are_as_before(colour_set, tmp_path):
-    metrics = tmp_path / "m.jsonl"
-    proc = run_mpi_dimd(2, *train_args(colour_set, "--epochs", "1", "--metrics", metrics))
-    assert proc.returncode == 0, proc.stderr
-    assert not any(key.startswith("noise") for key in json.loads(metrics.read_text()))
-    assert "B_simple" not in proc.stdout
-
-
 def test_noise_scale_is_refused_on_one_rank_and_with_sma_in_one_line(colour_set):
-    proc = run_dimd(*train_args(colour_set, "--noise-scale"))
+    proc = invoke_dimd(*train_args(colour_set, "--noise-scale"))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "dimd: error: --noise-scale needs at least 2 ranks: it compares each rank's gradient with their "
         "average (run under mpirun -n 2 or more)"]
-    proc = run_dimd(*train_args(colour_set, "--noise-scale", "--sync", "sma"))
+    proc = invoke_dimd(*train_args(colour_set, "--noise-scale", "--sync", "sma"))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "'--noise-scale': is defined for S-SGD only" in proc.stderr and proc.stderr.strip().count("\n") == 0

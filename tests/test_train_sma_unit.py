@@ -196,3 +196,55 @@ def test_a_stop_request_rides_the_synchronisation_and_learner_steps_without_one_
     assert not local.synced and not local.stop and local.samples == 0
     synced = sma.step(batches, 0.1, sync=True, stop=True)
     assert synced.synced and synced.stop and synced.samples == 8 and sma.syncs == 1   # both steps counted
+
+
+def test_recomputed_batch_norm_statistics_are_those_of_every_ranks_batches():
+    """Two ranks' batches through a batch-norm layer: the pooled mean is the mean of all images and
+    the variance the mixture's (each rank's average batch variance plus the spread of the means)."""
+    from dimd.train.batchnorm import recompute_batch_norm
+
+    g = torch.Generator().manual_seed(0)
+    ranks = [[torch.randn(8, 3, 4, 4, generator=g) * (1 + r) + 3 * r for _ in range(2)] for r in range(2)]
+    other: list[np.ndarray] = []
+
+    def measure(batches, reduce):
+        model = nn.Sequential(nn.BatchNorm2d(3, momentum=0.1))
+        model.train()
+        images = recompute_batch_norm(model, [(x, None) for x in batches], lambda x: x, reduce, world_size=2)
+        assert images == 16 and model.training and model[0].momentum == 0.1
+        assert int(model[0].num_batches_tracked) == 0                 # left as it was
+        return model[0]
+
+    measure(ranks[1], lambda array: other.append(array.copy()))       # what rank 1 puts in the allreduce
+    layer = measure(ranks[0], lambda array: np.add(array, other[0], out=array))
+    per_rank = [(torch.cat(b).mean(dim=(0, 2, 3)),
+                 torch.stack([x.var(dim=(0, 2, 3)) for x in b]).mean(dim=0)) for b in ranks]
+    mean = sum(m for m, _ in per_rank) / 2
+    variance = sum(v + m * m for m, v in per_rank) / 2 - mean * mean
+    torch.testing.assert_close(layer.running_mean, mean)
+    torch.testing.assert_close(layer.running_var, variance)
+    assert (layer.running_var > torch.stack([v for _, v in per_rank]).max(dim=0).values).all()   # the spread counts
+
+
+def test_the_central_model_is_evaluated_with_statistics_recomputed_once_per_synchronisation():
+    drawn = []
+
+    def calibration(round):
+        drawn.append(round)
+        g = torch.Generator().manual_seed(round)
+        while True:
+            yield (torch.randint(0, 255, (4, 3, 16, 16), dtype=torch.uint8, generator=g),
+                   torch.zeros(4, dtype=torch.int64))
+
+    torch.manual_seed(0)
+    sma = SMA(small_bn_model(), lambda array: None, 1, learners=2, alpha=None, momentum=0.9,
+              central_momentum=None, weight_decay=0.0, calibration=calibration, calibration_images=12)
+    before = sma.model[1].running_var.clone()
+    sma.eval_model()
+    sma.eval_model()                                   # z has not moved: nothing is recomputed
+    assert drawn == [0] and not torch.equal(before, sma.model[1].running_var)
+    assert sma.learner_group.float_rows()[0].abs().sum() > 0      # the learners' own are untouched
+    batch = [(torch.randint(0, 255, (4, 3, 16, 16), dtype=torch.uint8), torch.zeros(4, dtype=torch.int64))] * 2
+    sma.step(batch, 0.05, sync=True)
+    sma.eval_model()
+    assert drawn == [0, 1]

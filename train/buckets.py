@@ -32,7 +32,7 @@ import contextlib
 import queue
 import threading
 from functools import partial
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -41,6 +41,22 @@ from dimd.train.flatgrad import FlatGradients, Reduce
 
 #: Reduces a contiguous slice of the device buffer in place (the ``torch`` algorithm on CUDA: NCCL).
 DeviceReduce = Callable[[torch.Tensor], None]
+
+#: The bucket when overlapping and none is asked for: big enough that per-message costs stay small,
+#: small enough that the first bucket is ready early in backward (DDP's default is 25 MiB too).
+DEFAULT_BUCKET_MB = 25.0
+
+
+def core_free_for_communication(device: torch.device, comm: Any) -> bool:
+    """Whether overlap can hide anything here: the compute runs on a GPU, or the node has a core beyond
+    its ranks' torch threads for the communication thread (measured in docs/library.md: without one,
+    the thread and backward share the cores and nothing is hidden). Collective over ``comm``."""
+    if device.type == "cuda":
+        return True
+    from dimd.host import available_cores
+    from dimd.mpi import node_local_ranks
+
+    return available_cores() > node_local_ranks(comm) * torch.get_num_threads()   # MPI: ranks on this node
 
 
 class GradientBuckets:

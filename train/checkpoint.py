@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import uuid
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,15 +36,21 @@ import torch
 from torch import nn
 
 from dimd.errors import DimdError
-from dimd.mpi import require_on_every_rank
 from dimd.fsutil import atomic_path
+from dimd.mpi import require_on_every_rank
 from dimd.train.config import TrainConfig
+from dimd.train.model_source import recorded_source
 from dimd.train.results import EpochMetrics, EpochTally, Evaluation
 from dimd.train.schedule import Schedule
 from dimd.train.steps import Strategy
 
 FORMAT = "dimd-checkpoint"
-VERSION = 2
+#: 3: a run id in every checkpoint (rotation and resume go by the order checkpoints were written).
+VERSION = 3
+#: What a resume reads from every checkpoint: a file without one of them is refused in one line.
+REQUIRED = ("run_id", "sync", "model_name", "classes", "config", "layout", "world_size", "epoch", "step",
+            "position", "since_sync", "lr_phase", "images", "next_eval_images", "model", "strategy", "ranks",
+            "store_round", "tally", "history")
 _NAME = re.compile(r"^checkpoint-e(\d+)-s(\d+)\.pt$")
 
 
@@ -58,11 +66,23 @@ def checkpoint_step(path: str | os.PathLike) -> int:
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """Checkpoints in ``directory``, oldest first (by step)."""
+    """Checkpoints in ``directory``, oldest first: in the order they were written, then by step.
+
+    Not by step alone: a run resumed from an earlier checkpoint on another
+    layout counts its steps from there, so its new checkpoints can have lower
+    step numbers than the abandoned ones it leaves behind; by step, the
+    rotation would delete the new ones and ``resume`` would pick the stale one
+    again, for ever.
+    """
     folder = Path(directory)
     if not folder.is_dir():
         return []
-    return sorted((p for p in folder.iterdir() if _NAME.match(p.name)), key=lambda p: (checkpoint_step(p), p))
+    found = []
+    for path in folder.iterdir():
+        if _NAME.match(path.name):
+            with contextlib.suppress(FileNotFoundError):   # rotated out by another process meanwhile
+                found.append((path.stat().st_mtime_ns, checkpoint_step(path), path))
+    return [path for *_, path in sorted(found)]
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
@@ -100,6 +120,11 @@ def save_checkpoint(directory: str | os.PathLike, state: dict[str, Any], *, keep
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint`; a clear error for anything else."""
     path = Path(path)
+    if not path.exists():
+        raise DimdError(f"{path}: checkpoint not found")
+    if not zipfile.is_zipfile(path):   # what torch.save writes; anything else is damaged or foreign
+        raise DimdError(f"{path}: not a readable dimd checkpoint (not the zip archive torch.save writes: "
+                        f"truncated, overwritten or another kind of file)")
     try:
         document = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -114,14 +139,21 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if version != VERSION:
         raise DimdError(f"{path}: checkpoint version {version}; this dimd reads version {VERSION} only "
                         f"(start the run afresh without `resume`)")
+    missing = [key for key in REQUIRED if key not in document]
+    if missing:
+        raise DimdError(f"{path}: a damaged checkpoint: it has no {', '.join(repr(k) for k in missing[:3])}"
+                        f"{' ...' if len(missing) > 3 else ''} (start the run afresh without `resume`)")
     return decode(document)
 
 
 def _reason(exc: Exception) -> str:
     """The first line of a load error, without torch's advice to unpickle the file."""
     text = str(exc)
-    if "weights_only" in text or "Unsupported global" in text or "WeightsUnpickler" in text:
+    if "Unsupported global" in text:
         return "it holds Python objects other than tensors and plain values"
+    for line in text.splitlines():   # torch's weights-only errors: the line after its advice says what
+        if "WeightsUnpickler error:" in line:
+            return line.split("WeightsUnpickler error:", 1)[1].strip()[:200]
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return first[:200]
 
@@ -174,6 +206,8 @@ class RunState:
     tally: EpochTally = field(default_factory=EpochTally)
     history: list[EpochMetrics] = field(default_factory=list)
     evaluations: list[Evaluation] = field(default_factory=list)
+    #: Which run this is: new for a fresh start, carried over by every resume (rank 0's is written).
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
 class Run(Protocol):
@@ -248,7 +282,9 @@ def run_document(run: Run, state: RunState) -> dict[str, Any] | None:
     epoch, done = run.loader.position
     per_epoch = run.loader.steps_per_epoch
     return {
-        "sync": run.strategy.name, "model_name": run.config.model, "classes": list(run.store.classes),
+        "run_id": state.run_id, "sync": run.strategy.name, "model_name": run.config.model,
+        "model_source": recorded_source(run.config.model).get("source"),   # a user's: spec, path, sha256
+        "classes": list(run.store.classes),
         "config": run.config.as_dict(), "layout": run_layout(run.config, comm.Get_size()),
         "world_size": comm.Get_size(), "epoch": state.epoch, "step": state.step,
         # The schedule's position, in epochs and batches of the loader: it does not depend on P.
@@ -292,7 +328,8 @@ def restore_run(run: Run, path: str) -> tuple[RunState, list[str]]:
                      next_eval_images=int(document["next_eval_images"]),
                      train_seconds=float(document.get("train_seconds", 0.0)),
                      history=[EpochMetrics.from_dict(m) for m in document["history"]],
-                     evaluations=[Evaluation(**e) for e in document.get("evaluations", [])])
+                     evaluations=[Evaluation(**e) for e in document.get("evaluations", [])],
+                     run_id=str(document["run_id"]))
     if document["store_round"] is not None:
         run.store.shuffle(config.seed, int(document["store_round"]))   # MPI: the records' placement, replayed
     if same_layout:

@@ -49,8 +49,10 @@ class TrainConfig:
     groups: int = 1
     shuffle_every: int | None = 0         # steps; 0: at every epoch start; None: never
     allreduce: str | None = None          # None: the fastest measured at start-up
+    bucket_mb: float | None = None        # None: DEFAULT_BUCKET_MB with overlap, else one message; 0: one message
+    overlap: bool | None = None           # S-SGD: reduce buckets during backward; None: where a core or GPU is free
     device: str = "auto"
-    decode_threads: int = 2               # the loader's decoding threads per rank
+    decode_workers: int | None = None     # the loader's decoding processes per rank; None: cores per rank - 1
     threads: int | None = None            # torch threads per rank; None: cores / ranks on the node
     seed: int = 0
     eval_batch_size: int | None = None    # None: batch_size
@@ -67,7 +69,7 @@ class TrainConfig:
     sync: str = "ssgd"                    # "ssgd" or "sma"
     learners: int | str | None = None     # SMA learners per rank: a number or "auto"; None: 1
     alpha: float | None = None            # SMA correction weight; None: 1/L for L learners in all
-    sma_momentum: float | None = None     # SMA's central momentum; None: 0.9 if momentum > 0, else 0
+    sma_momentum: float | None = None     # SMA's central momentum; None: sma.CENTRAL_MOMENTUM (0)
     sync_every: int = 1                   # SMA: learner steps per synchronisation
     autotune_threshold: float = 0.1       # SMA auto: the relative throughput rise that adds a learner
     learner_compute: str = "auto"         # SMA: how a rank computes its learners' gradients
@@ -75,9 +77,9 @@ class TrainConfig:
     noise_scale: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "groups", "decode_threads"):
+        for name in ("epochs", "batch_size", "groups"):
             at_least(self, name, 1)
-        for name in ("threads", "eval_batch_size"):
+        for name in ("threads", "eval_batch_size", "decode_workers"):
             at_least(self, name, 1, optional=True)
         at_least(self, "image_size", 8)
         in_range(self, "crop_scale", 0.0, 1.0, low_open=True)
@@ -85,6 +87,7 @@ class TrainConfig:
         in_range(self, "momentum", 0.0, 1.0, high_open=True)
         for name in ("weight_decay", "seed", "checkpoint_every", "keep_checkpoints"):
             at_least(self, name, 0)
+        at_least(self, "bucket_mb", 0, optional=True)
         at_least(self, "warmup_epochs", 0, optional=True)
         at_least(self, "shuffle_every", 0, optional=True)
         positive(self, "power")
@@ -116,6 +119,8 @@ class TrainConfig:
                     f"must be a number of learners per rank or auto (got {self.learners!r})")
             at_least(self, "learners", 1)
         if self.sync == "ssgd":
+            require(not (self.overlap and self.noise_scale), "overlap", "cannot go with `noise_scale`: the "
+                    "noise scale needs each rank's whole gradient before any bucket is reduced")
             for name, default in (("learners", None), ("alpha", None), ("sma_momentum", None),
                                   ("sync_every", 1)):
                 require(getattr(self, name) == default, name,
@@ -124,6 +129,8 @@ class TrainConfig:
             require(not self.noise_scale, "noise_scale", "is defined for S-SGD only: it compares each rank's "
                     "gradient with their average, and SMA averages models, not gradients; leave it out with "
                     "`sync` sma")
+            require(self.overlap is None, "overlap", "is a setting of S-SGD's gradient allreduce; SMA averages "
+                    "models, not gradients: leave it out with `sync` sma")
             require(not self.nesterov, "nesterov", "is not part of SMA (its learners use Polyak "
                     "momentum, as Crossbow's do); leave it out with `sync` sma")
 
@@ -131,6 +138,13 @@ class TrainConfig:
     def autotune(self) -> bool:
         """SMA with ``learners="auto"``: the auto-tuner chooses the learners per rank."""
         return self.sync == "sma" and self.learners == "auto"
+
+    def bucket_bytes(self, overlap: bool) -> int:
+        """The S-SGD bucket in bytes (0: one message), given whether the buckets overlap backward."""
+        from dimd.train.buckets import DEFAULT_BUCKET_MB
+
+        mb = self.bucket_mb if self.bucket_mb is not None else DEFAULT_BUCKET_MB if overlap else 0.0
+        return int(mb * 2**20)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

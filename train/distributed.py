@@ -27,11 +27,7 @@ import torch
 from torch import nn
 
 from dimd.errors import DimdError
-from dimd.train.buckets import GradientBuckets
-
-#: The default bucket: big enough that per-message costs stay small, small enough that the
-#: first bucket is ready early in backward (DDP's default is 25 MiB).
-DEFAULT_BUCKET_MB = 25.0
+from dimd.train.buckets import DEFAULT_BUCKET_MB, GradientBuckets
 
 
 class DistributedGradients:

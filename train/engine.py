@@ -27,9 +27,10 @@ hardware, data, model and strategy, schedule) and the loop (:meth:`Trainer.run`,
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
 import torch
@@ -38,7 +39,8 @@ from dimd.errors import DimdError
 from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
 from dimd.train.config import TrainConfig
 from dimd.train.evaluate import EvalResult, local_counts, summarize
-from dimd.train.hardware import pick_device, set_threads
+from dimd.train.hardware import default_decode_workers, pick_device, set_threads
+from dimd.train.model_source import recorded_source
 from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
 from dimd.train.results import NOISE_FIELDS, EpochMetrics, EpochTally, Evaluation, TrainResult
 from dimd.train.schedule import Schedule, make_schedule
@@ -90,7 +92,8 @@ def val_label_map(train_classes: list[str], val_classes: list[str], val: str,
     return torch.tensor([index[name] for name in val_classes], dtype=torch.int64)
 
 
-def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.device) -> tuple[Any, Any]:
+def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.device,
+                 workers: int) -> tuple[Any, Any]:
     """The training loader (over the store, or over the original files with ``read_from``) and the validation one."""
     from dimd.shuffle import BatchLoader
 
@@ -100,11 +103,26 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
         from dimd.train.filesource import OriginalFiles
 
         source = OriginalFiles(store, config.files_root, cold=config.read_from == "files-cold")
-    loader = BatchLoader(source, config.batch_size, config.image_size, train=True, workers=config.decode_threads,
+    loader = BatchLoader(source, config.batch_size, config.image_size, train=True, workers=workers,
                          seed=config.seed, pin_memory=pin, crop_scale=config.crop_scale)
     val_loader = BatchLoader(val_store, config.eval_batch_size or config.batch_size, config.image_size,
-                             train=False, workers=config.decode_threads, seed=config.seed, pin_memory=pin)
+                             train=False, workers=workers, seed=config.seed, pin_memory=pin)
     return loader, val_loader
+
+
+def calibration_source(config: TrainConfig, store: Any, device: torch.device,
+                       workers: int) -> Callable[[int], Iterator[Any]]:
+    """Training batches for SMA's batch-norm recompute (``round`` -> this rank's batches), from a
+    loader of their own (seed + 1), so the training loader's position and batches stay as they are."""
+    from dimd.shuffle import BatchLoader
+
+    def batches(round: int) -> Iterator[Any]:
+        with BatchLoader(store, config.eval_batch_size or config.batch_size, config.image_size, train=True,
+                         workers=workers, seed=config.seed + 1, pin_memory=device.type == "cuda",
+                         crop_scale=config.crop_scale) as loader:
+            yield from loader.epoch(round)
+
+    return batches
 
 
 def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[str, Any]]:
@@ -117,6 +135,16 @@ def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[
 
     return choose_fastest(nbytes, comm, np.float32), {"how": "fastest measured at start-up",
                                                        "bytes": nbytes}
+
+
+def overlap_choice(config: TrainConfig, device: torch.device, comm: Any) -> bool:
+    """``overlap``, or where unset: S-SGD on several ranks with a core or GPU free for the communication."""
+    if config.overlap is not None:
+        return config.overlap
+    from dimd.train.buckets import core_free_for_communication
+
+    free = core_free_for_communication(device, comm)   # MPI: collective (the node's ranks)
+    return config.sync == "ssgd" and not config.noise_scale and comm.Get_size() > 1 and free
 
 
 def learner_compute(choice: str) -> str:
@@ -135,8 +163,11 @@ def make_reducer(algorithm: str, comm) -> Callable[[np.ndarray], None]:
 
 
 def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[[np.ndarray], None],
-                  world_size: int, normalize: Any, batches_per_epoch: int) -> Strategy:
-    """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says."""
+                  world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False,
+                  calibration: Callable[[int], Iterator[Any]] | None = None) -> Strategy:
+    """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says;
+    ``overlap``: S-SGD reduces gradient buckets during backward; ``calibration``: the training
+    batches SMA recomputes z's batch-norm statistics on."""
     cfg = config
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -149,7 +180,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
                    compute=learner_compute(cfg.learner_compute),
                    normalize=normalize, threads=torch.get_num_threads(),
                    autotune_threshold=cfg.autotune_threshold,
-                   max_learners=batches_per_epoch, synchronize=sync)
+                   max_learners=batches_per_epoch, synchronize=sync, calibration=calibration)
     from dimd.train.sgd import SSGD, make_optimizer
 
     optimizer = make_optimizer(model, lr=cfg.lr, momentum=cfg.momentum,
@@ -160,7 +191,8 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
         from dimd.train.noise import NoiseScale
 
         noise = NoiseScale()
-    return SSGD(model, optimizer, reduce, world_size, normalize=normalize, synchronize=sync, noise=noise)
+    return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
+                normalize=normalize, synchronize=sync, noise=noise, overlap=overlap)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -207,10 +239,16 @@ class Trainer:
         self.val_label_map = val_label_map(self.store.classes, self.val_store.classes, cfg.val, cfg.train)
         self.hooks.on_event(f"loaded {self.store.total} training and {self.val_store.total} validation records "
                             f"into memory in {time.perf_counter() - t0:.1f}s")
-        self.loader, self.val_loader = make_loaders(cfg, self.store, self.val_store, self.device)
+        workers = cfg.decode_workers or default_decode_workers(comm)   # MPI: the node's cores, shared by its ranks
+        self.loader, self.val_loader = make_loaders(cfg, self.store, self.val_store, self.device, workers)
         #: Batches of ``batch_size`` per rank per epoch; the schedule counts these, so its
         #: position is the same whatever the learners per rank.
         self.batches_per_epoch = self.loader.steps_per_epoch
+        learners = int(cfg.learners) if cfg.sync == "sma" and cfg.learners not in (None, "auto") else 1
+        if learners > self.batches_per_epoch:   # not one step per epoch: nothing would train
+            raise DimdError(f"`learners` {learners} per rank take {learners} batches per step, but a rank has "
+                            f"{self.batches_per_epoch} batches of {cfg.batch_size} per epoch: lower `learners` "
+                            f"to at most {self.batches_per_epoch}, or `batch_size`")
 
         # -- model and synchronisation
         torch.manual_seed(cfg.seed)
@@ -220,11 +258,14 @@ class Trainer:
         self.normalize = Normalize(self.device)
         nbytes = gradient_bytes(self.model)
         self.model_info = {"name": cfg.model, "parameters": parameter_count(self.model),
-                           "gradient_bytes": nbytes, "classes": len(self.store.classes)}
+                           "gradient_bytes": nbytes, "classes": len(self.store.classes), **recorded_source(cfg.model)}
         # MPI: the allreduce algorithm, measured for this message size if not given
         self.algorithm, self.algorithm_choice = choose_allreduce(cfg, nbytes, comm)
+        self.overlap = overlap_choice(cfg, self.device, comm)
+        self.algorithm_choice["overlap"] = self.overlap
         self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
-                                                self.normalize, self.batches_per_epoch)
+                                                self.normalize, self.batches_per_epoch, self.overlap,
+                                                calibration_source(cfg, self.store, self.device, workers))
 
         # -- schedule
         #: The batch ``--lr`` is scaled by (linear scaling, lr x batch / 256): S-SGD's global batch
@@ -308,11 +349,7 @@ class Trainer:
                 for event in result.events:
                     self.hooks.on_event(event)
                 if not result.finite:
-                    raise TrainingDiverged(f"training diverged at step {state.step} (loss {result.loss_sum:.4g}, "
-                                           f"or a non-finite update); nothing was saved after it, the last good "
-                                           f"checkpoint is {self.last_checkpoint or 'none'}; lower `lr`"
-                                           + (" or `alpha`" if cfg.sync == "sma" else "")
-                                           + " or add `warmup_epochs`")
+                    raise self.diverged(f"loss {result.loss_sum:.4g}, or a non-finite update")
                 if result.stop:
                     self.stopped_by = self.stop.received or "a signal on another rank"
                     break
@@ -355,25 +392,29 @@ class Trainer:
             return
         self.state, notes = restore_run(self, path)
         self.resumed_from = path
-        self.hooks.on_event(f"resumed from {path} at epoch {self.state.epoch}, step {self.state.step}")
+        self.hooks.on_event(f"resumed from {path} at epoch {self.state.epoch}, step {self.state.step} "
+                            f"(run {self.state.run_id})")
         for note in notes:
             self.hooks.on_event(note)
 
     # -- the step's helpers -------------------------------------------------------------------
 
-    def shuffle_round(self) -> int | None:
-        """The store round this position should hold (None: still in load order)."""
+    def shuffle_round(self) -> int:
+        """The store round this position should hold.
+
+        Round 0 comes before the first step, whatever ``shuffle_every``: a rank's share in load
+        order is a contiguous slice of the pack, which is in class order, and learners (SMA) or
+        batch-norm statistics (both) fitted to a few classes are knocked back when the rest arrive.
+        """
         every, state = self.config.shuffle_every, self.state
         if every is None:
-            return None
-        if every == 0:
-            return state.epoch if state.epoch > 0 else None
-        return state.step // every if state.step >= every else None
+            return 0
+        return state.epoch if every == 0 else state.step // every
 
     def reshuffle(self) -> float:
         t0 = time.perf_counter()
         self.loader.close()  # no decoder may read the store while records move
-        self.store.shuffle(self.config.seed, self.shuffle_round())  # type: ignore[arg-type]  # MPI: records move between ranks
+        self.store.shuffle(self.config.seed, self.shuffle_round())  # MPI: records move between ranks
         return time.perf_counter() - t0
 
     def maybe_restart(self, position: int) -> None:
@@ -398,7 +439,16 @@ class Trainer:
         model = self.strategy.eval_model()
         counts = local_counts(model, self.val_loader.epoch(0), self.normalize, label_map=self.val_label_map)
         self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)   # MPI: every rank scored its share
-        return summarize(counts, time.perf_counter() - t0)
+        result = summarize(counts, time.perf_counter() - t0)
+        if not math.isfinite(result.loss):                        # the same sums on every rank
+            raise self.diverged(f"validation loss {result.loss:.4g}")
+        return result
+
+    def diverged(self, what: str) -> TrainingDiverged:
+        """The one line a diverged run ends with (every rank raises it at the same step)."""
+        return TrainingDiverged(f"training diverged at step {self.state.step} ({what}); nothing was saved after "
+                                f"it, the last good checkpoint is {self.last_checkpoint or 'none'}; lower `lr`"
+                                + (" or `alpha`" if self.config.sync == "sma" else "") + " or add `warmup_epochs`")
 
     def record_evaluation(self, evaluation: EvalResult) -> None:
         """Note an evaluation (the epoch end's counts as the periodic one that is due) and check the target."""
@@ -451,7 +501,8 @@ class Trainer:
                       "total_steps": schedule.total_steps, "counts": "batches per rank"},
             sync=self.strategy.name, strategy={k: v for k, v in figures.items() if k != "learners_per_rank"},
             epochs=self.state.history, evaluations=self.state.evaluations, resumed_from=self.resumed_from,
-            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads)
+            stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads,
+            run_id=self.state.run_id)
         result.replicas_identical = self.strategy.identical(self.comm)   # MPI: the ranks' models agree
         result.seconds = time.perf_counter() - self.started
         return result

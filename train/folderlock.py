@@ -53,9 +53,17 @@ class FolderLock:
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
         self.held = False
+        #: Folders this lock made (deepest first): removed again if the run leaves them empty, so a
+        #: run refused at start-up leaves nothing behind.
+        self.created: list[Path] = []
 
     def acquire(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        missing = [f for f in (self.folder, *self.folder.parents) if not f.exists()]
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DimdError(f"{self.folder}: cannot create the checkpoint folder ({exc.strerror or exc})") from None
+        self.created = missing
         for _ in range(3):   # a stale lock removed, or a racing run that just released, then again
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -100,6 +108,12 @@ class FolderLock:
         if self.held:
             self.held = False
             self.path.unlink(missing_ok=True)
+        for folder in self.created:   # deepest first; a folder with anything in it stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self.created = []
 
     def __enter__(self) -> "FolderLock":
         self.acquire()

@@ -17,6 +17,12 @@ def default_threads(comm: Any) -> int:
     return node_cores(comm).threads   # MPI: gathered over the node's ranks
 
 
+def default_decode_workers(comm: Any) -> int:
+    """Collective: decoding worker processes per rank by default: the rank's share of the node's cores, but one
+    (the training process's); at least one."""
+    return max(1, default_threads(comm) - 1)
+
+
 def set_threads(threads: int | None, comm: Any) -> tuple[int, str | None]:
     """Collective: torch threads as ``dimd train`` sets them, ``threads`` else :func:`default_threads`
     (left alone when OMP_NUM_THREADS is set and ``threads`` is not). Returns the count in force

@@ -87,13 +87,17 @@ def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224,
     and int64 labels: ``len(loader)`` batches per epoch (the same on every
     rank when ``train``), ``loader.epoch(e)`` the batches of epoch ``e``,
     ``state_dict()``/``load_state_dict()`` to resume mid-epoch,
-    ``loader.store.classes`` the class names. ``train=False`` yields every
+    ``loader.store.classes`` the class names. A training set is shuffled across
+    the ranks once (round 0, as ``dimd train`` does): loaded in order, each
+    rank would hold a few classes of a class-sorted pack. ``train=False`` yields every
     local record once (each rank its share; sum the counts over ranks).
     Normalise on the device with :class:`dimd.Normalize`.
     """
     from dimd.shuffle import BatchLoader, DistributedStore
 
     store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit)
+    if train:   # MPI: round 0, as dimd train: in load order a rank's share is a few classes of a class-sorted pack
+        store.shuffle(seed, 0)
     extra: dict[str, Any] = {} if crop_scale is None else {"crop_scale": crop_scale}
     return BatchLoader(store, batch_size, image_size, train=train, workers=workers, seed=seed,
                        pin_memory=torch.cuda.is_available(), **extra)

@@ -102,3 +102,8 @@ def model_source(spec: str) -> dict[str, Any]:
         module = sys.modules.get(where)
         source["path"] = getattr(module, "__file__", None)
     return source
+
+
+def recorded_source(name: str) -> dict[str, Any]:
+    """``{"source": ...}`` for a user's model (what results and checkpoints record), ``{}`` for the zoo's."""
+    return {"source": model_source(name)} if is_model_spec(name) else {}

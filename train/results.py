@@ -129,6 +129,7 @@ class TrainResult:
     replicas_identical: bool | None = None
     seconds: float = 0.0
     threads: int = 0                    # torch compute threads per rank
+    run_id: str | None = None           # the run's id, as its checkpoints record it
 
     @property
     def final(self) -> EpochMetrics | None:
@@ -151,7 +152,7 @@ class TrainResult:
             "lr_batch": self.lr_batch, "schedule": self.schedule, "resumed_from": self.resumed_from,
             "stopped_by": self.stopped_by,
             "checkpoint": self.checkpoint, "replicas_identical": self.replicas_identical,
-            "seconds": self.seconds, "threads": self.threads, "epochs_run": len(run),
+            "seconds": self.seconds, "threads": self.threads, "run_id": self.run_id, "epochs_run": len(run),
             "images_per_s": images / train_s if train_s > 0 else 0.0,
             "time_split": split,
             "final": final.as_dict() if final else None,

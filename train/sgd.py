@@ -16,7 +16,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dimd.train.flatgrad import FlatGradients, Reduce
+from dimd.train.buckets import GradientBuckets
+from dimd.train.flatgrad import Reduce
 from dimd.train.noise import NoiseScale
 from dimd.train.steps import Batches, StepResult, StepTimes, forward_backward
 
@@ -71,7 +72,11 @@ class Normalize:
 
 class SSGD:
     """Synchronous data-parallel SGD as a :class:`~dimd.train.steps.Strategy`: one learner per rank,
-    its gradients in a :class:`FlatGradients` buffer averaged over the ranks by one allreduce per step.
+    its gradients in :class:`GradientBuckets` averaged over the ranks every step.
+
+    ``overlap``: reduce each bucket on the communication thread while backward
+    goes on (off with ``noise``, whose local |g|^2 needs every gradient before
+    any is reduced); the weights are the same either way (docs/library.md).
 
     ``noise``: estimate McCandlish et al.'s gradient noise scale as a side
     effect of every step (needs ``world_size`` >= 2): each rank puts its own
@@ -84,8 +89,9 @@ class SSGD:
     learners = 1
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduce: Reduce,
-                 world_size: int, *, normalize: Normalize | None = None,
-                 synchronize: Callable[[], None] | None = None, noise: NoiseScale | None = None) -> None:
+                 world_size: int, *, bucket_bytes: int = 0, normalize: Normalize | None = None,
+                 synchronize: Callable[[], None] | None = None, noise: NoiseScale | None = None,
+                 overlap: bool = False) -> None:
         if noise is not None and world_size < 2:
             raise ValueError("the gradient noise scale needs at least 2 ranks")
         self.noise = noise
@@ -93,7 +99,9 @@ class SSGD:
         self.optimizer = optimizer
         self.reduce = reduce
         self.world_size = world_size
-        self.flat = FlatGradients(model.parameters(), extras=EXTRAS)   # one message: nothing to overlap with
+        self.buckets = GradientBuckets(model.parameters(), reduce, world_size, extras=EXTRAS, bucket_bytes=bucket_bytes,
+                                       overlap=overlap and noise is None)
+        self.flat = self.buckets.flat
         self.normalize = normalize
         self._sync = synchronize or (lambda: None)
 
@@ -104,7 +112,7 @@ class SSGD:
         set_lr(self.optimizer, lr)
         spent = StepTimes(data=times.data if times is not None else 0.0)
         t0 = time.perf_counter()
-        self.flat.zero()
+        self.buckets.zero()
         stats = forward_backward(self.model, images, labels, self.normalize)
         with torch.no_grad():
             extras = self.flat.extras
@@ -115,7 +123,7 @@ class SSGD:
                 extras[EXTRA_SQNORM] = squared_norm(self.flat.grads)   # before the allreduce: this rank's
         self._sync()
         t1 = time.perf_counter()
-        self.flat.allreduce(self.reduce, self.world_size)   # MPI: the gradients (and extras) summed over ranks
+        self.buckets.synchronize()   # MPI: the gradients (and extras) summed over ranks; with overlap, the rest
         if self.noise is not None:   # before the optimizer, which may change .grad in place (Nesterov)
             with torch.no_grad():
                 averaged = float(squared_norm(self.flat.grads))   # the mean of the ranks' gradients
@@ -169,7 +177,7 @@ class SSGD:
         return replicas_identical(self.model, comm)
 
     def close(self) -> None:
-        pass
+        self.buckets.close()
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -16,21 +16,24 @@ which every rank holds (there is no parameter server)::
 few scalars in its tail: loss, hits, samples, the stop flag and the
 auto-tuner's window figures), and every rank applies the same arithmetic to
 the same bits, so z stays bit-identical on every rank. z is the model that is
-evaluated and checkpointed; its batch-norm statistics are the learners'
-running statistics averaged over all L learners.
+evaluated and checkpointed; its batch-norm statistics are its own, recomputed
+on a few training batches before it is evaluated or saved
+(:mod:`dimd.train.batchnorm`; without a source of batches, the learners'
+statistics averaged over all L learners).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
 from dimd.train.autotune import AutoTuner
+from dimd.train.batchnorm import recompute_batch_norm
 from dimd.train.learners import Learners
 from dimd.train.sgd import decays, identical_across_ranks
 from dimd.train.steps import Batches, StepResult, StepTimes
@@ -40,6 +43,16 @@ Reduce = Callable[[np.ndarray], None]
 #: The message's tail after Delta: summed over ranks in the same allreduce.
 LOSS, CORRECT, SAMPLES, STOP, NOT_FINITE, WINDOW_DONE, WINDOW_IMAGES, WINDOW_SECONDS = range(8)
 EXTRAS = 8
+
+#: The central momentum unless ``--sma-momentum`` is given (docs/sma.md, "Why no central momentum by default").
+CENTRAL_MOMENTUM = 0.0
+
+#: Training images (all ranks together) z's batch-norm statistics are recomputed on before it is
+#: evaluated or saved: enough for stable estimates, a fraction of an epoch's forward passes.
+CALIBRATION_IMAGES = 256
+
+#: ``round`` -> this rank's training batches for the recompute (a fresh draw per round).
+Calibration = Callable[[int], Iterator[tuple[torch.Tensor, torch.Tensor]]]
 
 
 def decay_vector(model: nn.Module, weight_decay: float, *, decay_bn_and_bias: bool = False) -> torch.Tensor | None:
@@ -61,20 +74,26 @@ class SMA:
                  weight_decay: float, decay_bn_and_bias: bool = False, compute: str = "loop",
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int = 1,
                  autotune_threshold: float = 0.1, autotune_window: float = 2.0, max_learners: int = 64,
-                 synchronize: Callable[[], None] | None = None) -> None:
+                 synchronize: Callable[[], None] | None = None, calibration: Calibration | None = None,
+                 calibration_images: int = CALIBRATION_IMAGES) -> None:
         """``learners`` None: the auto-tuner chooses; ``alpha`` None: 1/L (L = all learners, the
-        paper's suggestion); ``central_momentum`` None: 0.9 when ``momentum`` > 0, else 0 (as the
-        authors hard-coded it)."""
+        paper's suggestion); ``central_momentum`` None: 0 (the authors hard-coded 0.9, which on top of
+        the learners' momentum at alpha 1/L is unstable at rates one sixth of the usual, docs/sma.md);
+        ``calibration``: training batches that z's batch-norm statistics are
+        recomputed on (None: the learners' statistics averaged)."""
         self.model = model
         self.reduce = reduce
         self.world_size = world_size
         self.alpha_given = alpha
         self.momentum = momentum
-        self.central_momentum = (0.9 if momentum > 0 else 0.0) if central_momentum is None else central_momentum
+        self.central_momentum = CENTRAL_MOMENTUM if central_momentum is None else central_momentum
         self.decay = decay_vector(model, weight_decay, decay_bn_and_bias=decay_bn_and_bias)
         self.tuner = AutoTuner(threshold=autotune_threshold, max_learners=max_learners) if learners is None else None
         self.autotune_window = autotune_window
         self._sync = synchronize or (lambda: None)
+        self.calibration = calibration
+        self.calibration_images = calibration_images
+        self._calibrated_at: int | None = None   # the synchronisation z's statistics were measured after
         self.learner_group = Learners(model, 1 if learners is None else learners, compute=compute,
                                       normalize=normalize, threads=threads)
         layout = self.learner_group.layout
@@ -216,15 +235,37 @@ class SMA:
 
     @torch.no_grad()
     def eval_model(self) -> nn.Module:
-        """Collective: z, with batch-norm statistics averaged over all learners of all ranks."""
+        """Collective: z, with batch-norm statistics of its own (recomputed on training batches), or
+        without a source of batches the learners' statistics averaged over all learners of all ranks."""
         group = self.learner_group
-        if self.z_floats.numel():
+        if self.z_counts.numel():
+            self.z_counts.copy_(group.count_rows()[0])
+        if not self.z_floats.numel() or self._calibrated_at == self.syncs:
+            return self.model
+        if self.calibration is not None:
+            recompute_batch_norm(self.model, self._calibration_batches(), group.normalize, self.reduce,
+                                 self.world_size)
+        else:
             total = group.float_rows().sum(dim=0).cpu().contiguous()
             self.reduce(total.numpy())                       # MPI: sum over the ranks' learners
             self.z_floats.copy_(total.div_(self.total_learners))
-        if self.z_counts.numel():
-            self.z_counts.copy_(group.count_rows()[0])
+        self._calibrated_at = self.syncs
         return self.model
+
+    def _calibration_batches(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's share of :data:`CALIBRATION_IMAGES`, a fresh draw after every synchronisation."""
+        assert self.calibration is not None
+        share = -(-self.calibration_images // self.world_size)
+        batches = self.calibration(self.syncs)
+        try:
+            taken = 0
+            for images, labels in batches:
+                yield images, labels
+                taken += int(labels.numel())
+                if taken >= share:
+                    break
+        finally:
+            batches.close()
 
     def global_state(self) -> dict[str, Any]:
         return {"delta_prev": self.delta_prev.cpu().clone(), "alpha": self.alpha,

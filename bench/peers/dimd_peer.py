@@ -6,7 +6,7 @@ pack    the manifest's JPEG bytes into dimd's format with ``dimd.format.PackWrit
         resizes, is timed by bench/peer_loaders.py itself);
 verify  the records as ``dimd.format.PackedDataset`` reads them;
 load    ``dimd.shuffle.BatchLoader`` over the records held in this process's memory
-        (``DistributedStore`` on one rank): ``--workers`` decoding threads, DCT-domain
+        (``DistributedStore`` on one rank): ``--workers`` decoding processes, DCT-domain
         (draft) decoding, a permutation of the whole set each epoch.
 """
 
@@ -40,7 +40,7 @@ def records(data: Path):
 def loader(options: LoadOptions):
     from dimd.mpi import init_mpi
 
-    init_mpi("funneled")   # decoding threads; only this thread calls MPI
+    init_mpi("funneled")   # only this thread calls MPI; the decoding workers are processes without MPI
     from mpi4py import MPI
 
     from dimd.shuffle.loader import BatchLoader
@@ -56,8 +56,9 @@ def loader(options: LoadOptions):
 
 
 def notes(options: LoadOptions) -> dict:
-    return {"workers": f"{options.workers} decoding threads in the training process",
-            "storage": "the records in the process's own memory (read once from the .dimd file)",
+    return {"workers": f"{options.workers} decoding worker processes, started once",
+            "storage": "the records in the process's shared-memory segment (read once from the .dimd file), "
+                       "read zero-copy by the workers",
             "shuffle": "a permutation of the whole set every epoch",
             "decode": "Pillow (pillow-simd), DCT-domain draft decode at the smallest scale that keeps "
                       "the crop at least the output size, crop and resize in one bilinear resize",

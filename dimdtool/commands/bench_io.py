@@ -17,7 +17,7 @@ from dimd.shuffle.bench_io import BenchIoConfig
 @config_option(BenchIoConfig, "tree", required=True, type=click.Path(file_okay=False, exists=True, path_type=Path),
                help="The folder DATASET was packed from (the original image files).")
 @config_option(BenchIoConfig, "workers",
-               help="Decoders per method, the same count for a fair comparison: dimd's decoding threads "
+               help="Decoders per method, the same count for a fair comparison: dimd's decoding workers "
                     "and the DataLoader's worker processes.")
 @config_option(BenchIoConfig, "batch_size")
 @config_option(BenchIoConfig, "image_size")
@@ -33,7 +33,7 @@ def bench_io(dataset: Path, json_path: Path | None, comm, mpi_setup, **fields: A
     """Measure training-batch throughput (images/s) three ways on the same images.
 
     \b
-      dimd   the in-memory BatchLoader over the packed DATASET (threads, draft decode)
+      dimd   the in-memory BatchLoader over the packed DATASET (worker processes, draft decode)
       torch  torch.utils.data.DataLoader over the original files in --tree, Pillow
              decode + RandomResizedCrop-style crop/resize + flip (worker processes)
       limit  decode_train in a bare single-threaded loop over the in-memory bytes

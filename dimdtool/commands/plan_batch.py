@@ -93,13 +93,13 @@ def seconds(value: float | None) -> str:
 @config_option(StepTimeConfig, "seed", "--seed")
 @config_option(StepTimeConfig, "data", "--data", type=click.Path(dir_okay=False),
                help="A packed training set (the stem dimd pack wrote): time steps on its batches from dimd "
-                    "train's loader, its decoding threads running beside the step, and count the wait for each "
+                    "train's loader, its decoding workers running beside the step, and count the wait for each "
                     "batch; what training sees [default: synthetic inputs, compute only].")
-@shared_option(StepTimeConfig, "decode_threads", when="With --data", default_from=TrainConfig)
+@shared_option(StepTimeConfig, "decode_workers", when="With --data", default_from=TrainConfig)
 @shared_option(StepTimeConfig, "crop_scale", when="With --data", default_from=TrainConfig)
 @json_option("gamma, M_T and the per-batch medians")
 @quiet_option()
-@mpi_command("funneled")   # with --data, the loader's decoding threads never call MPI
+@mpi_command("funneled")   # only the main thread calls MPI (the loader decodes in worker processes)
 def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: Any) -> None:
     """Time forward + backward + optimizer step per batch size and fit Gamma(m) = gamma * max(m, M_T).
 
@@ -107,8 +107,8 @@ def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: An
     share the node's cores as in training, and the torch threads per rank
     are set as `dimd train` sets them. The inputs are synthetic (random
     images and labels), so the times are compute only; with --data they are
-    real batches from dimd train's loader, whose decoding threads slow a small
-    model's step (the GIL), and the wait for each batch counts. A step's time
+    real batches from dimd train's loader, whose decoding workers compete with
+    the step for the cores, and the wait for each batch counts. A step's time
     is its slowest rank's; the table shows the median over --steps with min
     and max, and the fit's relative residual.
 
@@ -278,12 +278,12 @@ def _print_comm(figures: dict[str, Any]) -> None:
                help="With --ranks-per-run 2 or more [default: the fastest measured at each run's start].")
 @shared_option(ConvergenceConfig, "device", type=click.Choice(DEVICES), default_from=TrainConfig)
 @shared_option(ConvergenceConfig, "threads")
-@shared_option(ConvergenceConfig, "decode_threads", default_from=TrainConfig)
+@shared_option(ConvergenceConfig, "decode_workers", default_from=TrainConfig)
 @config_option(ConvergenceConfig, "eval_batch_size", "--eval-batch-size",
                help="Validation batch per rank [default: the training batch per rank, at least 128].")
 @json_option("N_inf, alpha, R², every batch's runs (reached or not) and each run's evaluations")
 @quiet_option()
-@mpi_command("funneled")   # the loaders' decoding threads never call MPI
+@mpi_command("funneled")   # only the main thread calls MPI (the loaders decode in worker processes)
 def convergence(train_set: str, val_set: str, json_path: Path | None, quiet: bool, comm, mpi_setup,
                 **values: Any) -> None:
     """Train at each global batch M until validation top-1 first reaches the target; fit N_update = N_inf + alpha/M.

@@ -26,6 +26,14 @@ def _models() -> Any:
     return MODELS
 
 
+class ModelName(RegistryChoice):
+    """A model of the zoo, or a user's ``package.module:callable`` / ``path/to/file.py:callable`` as given
+    (loading it and every way that fails are dimd.train.model_source's)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return value if isinstance(value, str) and ":" in value else super().convert(value, param, ctx)
+
+
 def allreduce_algorithms() -> Any:
     """dimd.allreduce's algorithm names, for the commands' --allreduce choice (loaded on first use)."""
     from dimd.allreduce import ALGORITHMS
@@ -80,7 +88,9 @@ def print_models() -> None:
 @click.argument("train_set", metavar="TRAIN", required=False)
 @click.option("--val", "val_set", metavar="VAL",
               help="Packed validation set (required); its classes are matched to TRAIN's by name.")
-@shared_option(TrainConfig, "model", type=RegistryChoice(_models))
+@config_option(TrainConfig, "model", type=ModelName(_models),
+               help="Model name (see --list-models), or your own: package.module:callable or "
+                    "path/to/file.py:callable, called with num_classes, returning an nn.Module.")
 @click.option("--list-models", is_flag=True,
               help="List the models with parameter counts and gradient bytes, then exit.")
 @config_option(TrainConfig, "epochs")
@@ -109,10 +119,18 @@ def print_models() -> None:
                help="Zero the last batch-norm scale of each residual block (every ResNet).")
 @config_option(TrainConfig, "groups", help="Shuffle groups: each group of consecutive ranks holds the whole set.")
 @config_option(TrainConfig, "shuffle_every", type=ShuffleEvery(), show_default="epoch",
-               help="Reshuffle the store across each group every N steps, every 'epoch' or 'never'.")
+               help="Reshuffle the store across each group every N steps, every 'epoch' or 'never' "
+                    "(it is shuffled once before the first step in any case).")
 @config_option(TrainConfig, "allreduce", type=RegistryChoice(allreduce_algorithms, "ALGORITHM"),
                help="Allreduce algorithm (see `dimd bench-allreduce --help`) [default: the fastest "
                     "measured at start-up for the model's gradient size].")
+@config_option(TrainConfig, "bucket_mb",
+               help="Allreduce the gradients in buckets of this size (0: one message) [default: 25 with "
+                    "--overlap, else one message].")
+@config_option(TrainConfig, "overlap", "--overlap/--no-overlap",
+               help="S-SGD: reduce each gradient bucket on a communication thread while backward goes on; "
+                    "the weights are the same either way [default: on with a GPU, or a core free beyond the "
+                    "ranks' torch threads; docs/library.md].")
 @config_option(TrainConfig, "sync", type=click.Choice(SYNCS),
                help="ssgd: synchronous data-parallel SGD (one gradient allreduce per step); sma: "
                     "Crossbow's synchronous model averaging of independent learners (docs/sma.md).")
@@ -124,8 +142,8 @@ def print_models() -> None:
                help="SMA: weight of each learner's correction towards the central model, in (0, 1] "
                     "[default: 1/L for L learners in all, the paper's choice; see docs/sma.md].")
 @config_option(TrainConfig, "sma_momentum",
-               help="SMA: momentum of the central model's updates [default: 0.9 when --momentum > 0, "
-                    "else 0, as Crossbow's code hard-codes it].")
+               help="SMA: momentum of the central model's updates [default: 0; Crossbow's code hard-codes "
+                    "0.9, unstable on top of the learners' momentum at --alpha 1/L, see docs/sma.md].")
 @config_option(TrainConfig, "sync_every", help="SMA: learner steps between synchronisations.")
 @config_option(TrainConfig, "autotune_threshold",
                help="SMA --learners auto: the relative rise in throughput that adds a learner.")
@@ -138,7 +156,7 @@ def print_models() -> None:
                     "--metrics and --json: each rank's squared gradient norm rides the gradient allreduce, "
                     "compared with the averaged gradient's. S-SGD on 2 ranks or more (docs/plan-batch.md).")
 @shared_option(TrainConfig, "device", type=click.Choice(DEVICES))
-@shared_option(TrainConfig, "decode_threads")
+@shared_option(TrainConfig, "decode_workers")
 @shared_option(TrainConfig, "threads")
 @config_option(TrainConfig, "seed")
 @config_option(TrainConfig, "eval_batch_size", help="Validation batch per rank [default: --batch-size].")
@@ -190,7 +208,7 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, metrics
       mpirun -n 2 dimd train mnist/train --val mnist/val --model lenet --image-size 28 \\
           --epochs 10 --batch-size 8 --lr 0.05 --no-lr-scaling --sync sma --learners auto
       mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --model resnet50 \\
-          --device cuda --decode-threads 8 --checkpoint-dir ckpt --resume
+          --device cuda --decode-workers 8 --checkpoint-dir ckpt --resume
     """
     if list_models:
         return print_models()
@@ -201,9 +219,10 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, metrics
     from dimd.commands.mpi_job import mpi_command
     from dimd.train.signals import install_stop_handlers
 
-    # funneled: the loader's decoding threads never call MPI, only the main thread does.
+    # serialized: one thread calls MPI at a time (the main one; with --overlap the communication thread,
+    # while the main thread runs backward and makes no MPI call); the loader decodes in worker processes.
     # The stop signals (a scheduler's warning, scancel) are caught from MPI's start-up on.
-    mpi_command("funneled", install_handlers=install_stop_handlers)(_run)(
+    mpi_command("serialized", install_handlers=install_stop_handlers)(_run)(
         train_set=train_set, val_set=val_set, metrics_path=metrics_path, json_path=json_path,
         fields=fields)
 

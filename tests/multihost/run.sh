@@ -12,6 +12,10 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 [[ $(id -u) -eq 0 ]] || { echo "multihost: needs root (network namespaces)" >&2; exit 2; }
+if ! command -v ip >/dev/null; then   # Debian's iproute2 brings `ip netns`
+    echo "multihost: installing iproute2" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+fi
 command -v ip >/dev/null && command -v unshare >/dev/null || {
     echo "multihost: needs ip (iproute2) and unshare (util-linux)" >&2; exit 2; }
 # shellcheck source=hosts.sh

@@ -31,7 +31,7 @@ trap 'exit 130' INT TERM
 "$venv/bin/dimd" sample-data "$work/images/train" --classes 4 --per-class 12 --seed 1 >/dev/null
 "$venv/bin/dimd" sample-data "$work/images/val" --classes 4 --per-class 4 --seed 2 >/dev/null
 PATH="$venv/bin:$PATH" LAUNCH="mpirun --oversubscribe -n 2" MODEL=lenet IMAGE_SIZE=32 EPOCHS=1 BATCH_SIZE=4 \
-    LR=0.05 bin/pipeline.sh "$work/images/train" "$work/images/val" "$work/out" --decode-threads 1 \
+    LR=0.05 bin/pipeline.sh "$work/images/train" "$work/images/val" "$work/out" --decode-workers 1 \
     >"$work/pipeline.log" 2>&1 || { tail -n 40 "$work/pipeline.log" >&2; say "FAIL: the pipeline under mpirun"; exit 1; }
 grep -q "done: val top1" "$work/pipeline.log" || { tail -n 40 "$work/pipeline.log" >&2; say "FAIL: no training line"; exit 1; }
 "$venv/bin/python" -c 'import sys; sys.exit(b"\0" in open(sys.argv[1], "rb").read())' "$work/pipeline.log" ||

@@ -262,7 +262,7 @@ as_user dimd sample-data data/val --classes 4 --per-class 10 --seed 2 --layout f
 ok "sample data: 160 train images in 4 class folders, 40 flat val images with labels.txt and classes.txt"
 
 # ---- 1. the singleton trap, and the launches that are right ---------------------------------
-train_small=(--model lenet --image-size 32 --epochs 1 --batch-size 8 --decode-threads 1)
+train_small=(--model lenet --image-size 32 --epochs 1 --batch-size 8 --decode-workers 1)
 as_user dimd pack data/train -o trap-train --short-side 40 >/dev/null
 trap_out=$work/trap.out
 rc=0

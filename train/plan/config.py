@@ -48,10 +48,10 @@ class StepTimeConfig:
     device: str = "auto"
     threads: int | None = None     # torch threads per rank; None: cores / ranks on the node
     seed: int = 0
-    #: A packed training set: time steps on its batches from ``dimd train``'s loader, its decoding threads
-    #: running alongside (they contend with a small model's step for the GIL); None: synthetic inputs.
+    #: A packed training set: time steps on its batches from ``dimd train``'s loader, its decoding workers
+    #: running alongside (they compete with the step for the cores); None: synthetic inputs.
     data: str | None = None
-    decode_threads: int | None = None   # with ``data``: the loader's threads per rank; None: dimd train's
+    decode_workers: int | None = None   # with ``data``: the loader's processes per rank; None: dimd train's
     crop_scale: float | None = None     # with ``data``: the training crop's smallest area share; None: dimd train's
 
     def __post_init__(self) -> None:
@@ -67,9 +67,9 @@ class StepTimeConfig:
         at_least(self, "classes", 2, optional=True)
         one_of(self, "device", DEVICES)
         at_least(self, "threads", 1, optional=True)
-        at_least(self, "decode_threads", 1, optional=True)
+        at_least(self, "decode_workers", 1, optional=True)
         in_range(self, "crop_scale", 0.0, 1.0, low_open=True, optional=True)
-        for name in ("decode_threads", "crop_scale"):
+        for name in ("decode_workers", "crop_scale"):
             require(self.data is not None or getattr(self, name) is None, name,
                     "goes with `data` (real batches from the loader)")
 
@@ -130,7 +130,7 @@ class SolveConfig:
 
 #: The TrainConfig fields ``plan-batch convergence`` passes through when given (None: `dimd train`'s default).
 CONVERGENCE_TRAIN_FIELDS = ("lr", "warmup_epochs", "momentum", "weight_decay", "crop_scale", "allreduce",
-                            "device", "decode_threads")
+                            "device", "decode_workers")
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ class ConvergenceConfig:
     crop_scale: float | None = None
     allreduce: str | None = None              # with G >= 2; None: the fastest measured at start-up
     device: str | None = None
-    decode_threads: int | None = None
+    decode_workers: int | None = None
 
     def __post_init__(self) -> None:
         from dimd.train.models import MODELS

@@ -8,11 +8,10 @@ held in one flat buffer, and the same torch threads per rank (cores / ranks on t
 unless ``--threads`` or OMP_NUM_THREADS says otherwise). The inputs are
 synthetic by default: random uint8 images and labels, made once per batch
 size, so the time is compute only. With ``data`` they are real batches from
-``dimd train``'s loader and the wait for each counts: the loader decodes in
-threads of this process, and for a small model their Python contends with
-the step's for the GIL (bench/decode_contention.py: a LeNet step at batch 14
-takes 3x as long beside one free-running decoding thread), which synthetic
-inputs do not see.
+``dimd train``'s loader and the wait for each counts: the loader's decoding
+worker processes compete with the step for the cores
+(bench/decode_contention.py measures by how much), which synthetic inputs
+do not see.
 
 Under MPI every rank runs the same steps at once, after a barrier each, so
 ranks that share a node share its cores and memory bandwidth as they do in
@@ -73,7 +72,7 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     from mpi4py import MPI
 
     from dimd.train.config import TrainConfig
-    from dimd.train.hardware import pick_device, set_threads
+    from dimd.train.hardware import default_decode_workers, pick_device, set_threads
     from dimd.train.models import build_model, gradient_bytes, parameter_count
     from dimd.train.sgd import SSGD, Normalize, make_optimizer
 
@@ -100,14 +99,15 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
 
     # MPI: the largest batch's input must fit every rank's share of its node's memory
     agree_or_raise(comm, input_memory_problem(config, available_memory() // node_local_ranks(comm)))
+    workers = config.decode_workers or default_decode_workers(comm)   # MPI: the node's cores, shared by its ranks
     per_step, medians = [], []
     for batch in config.batch_sizes:
         loader = None
-        if store is not None:   # real batches, the loader's decoding threads running beside the step
+        if store is not None:   # real batches, the loader's decoding workers running beside the step
             from dimd.shuffle import BatchLoader
 
             loader = BatchLoader(store, batch, config.image_size, train=True, seed=config.seed,
-                                 workers=config.decode_threads or TrainConfig.decode_threads,
+                                 workers=workers,
                                  crop_scale=config.crop_scale or TrainConfig.crop_scale,
                                  pin_memory=device.type == "cuda")
             batches = endless(loader)
@@ -141,7 +141,7 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
                      str(device), classes, parameter_count(model), gradient_bytes(model),
                      **({} if config.data is None else {
                          "inputs": f"{config.data} through dimd train's loader "
-                                   f"({config.decode_threads or TrainConfig.decode_threads} decoding thread(s) "
+                                   f"({workers} decoding worker(s) "
                                    f"per rank running beside the step)",
                          "step": "the wait for the loader's batch + dimd train's S-SGD step (forward + "
                                  "backward + optimizer step), less its allreduce"}))

@@ -1,0 +1,71 @@
+"""``dimd train --model FILE.py:callable``: a user's network gets dimd's loop, checkpoints and overlap."""
+
+import json
+
+import pytest
+import torch
+from conftest import invoke_dimd, mpi_run, run_dimd, run_mpi_dimd
+
+NETWORK = """
+from torch import nn
+
+
+def build(num_classes):
+    return nn.Sequential(nn.Conv2d(3, 6, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+                         nn.Linear(24, 9), nn.ReLU(), nn.Linear(9, num_classes))
+
+
+def not_a_network(num_classes):
+    return "a string"
+"""
+
+
+def train_args(data, out, model, *extra):
+    return ["train", data, "--val", data, "--model", model, "--image-size", "16", "--epochs", "2",
+            "--batch-size", "4", "--lr", "0.05", "--no-lr-scaling", "--schedule", "constant",
+            "--decode-workers", "1", "--threads", "1", "--allreduce", "ring", "--checkpoint-dir", out / "checkpoints",
+            "--json", out / "train.json", *extra]
+
+
+@pytest.mark.mpi
+def test_a_network_from_a_file_trains_overlapped_and_its_checkpoint_names_it(colour_set, tmp_path):
+    network = tmp_path / "my_network.py"
+    network.write_text(NETWORK)
+    spec = f"{network}:build"
+    run_mpi_dimd(2, *train_args(colour_set, tmp_path, spec, "--overlap", "--bucket-mb", "0.0005"),
+                 timeout=240, check=True)
+    result = json.loads((tmp_path / "train.json").read_text())["result"]
+    assert result["model"]["name"] == spec and result["model"]["source"]["path"] == str(network)
+    assert result["allreduce_choice"]["overlap"] is True and result["replicas_identical"] is True
+    assert result["history"][-1]["train_loss"] < result["history"][0]["train_loss"]
+    newest = sorted((tmp_path / "checkpoints").glob("checkpoint-*.pt"))[-1]
+    state = torch.load(newest, weights_only=True)
+    assert state["model_name"] == spec and len(state["model_source"]["sha256"]) == 64
+
+    (tmp_path / "again").mkdir()
+    other = run_dimd(*train_args(colour_set, tmp_path / "again", "lenet", "--resume-from", newest), timeout=120)
+    assert other.returncode == 1
+    assert other.stderr.strip().endswith(f"checkpoint of model '{spec}', not 'lenet'"), other.stderr
+    assert other.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("model, message", [
+    ("missing.py:build", "missing.py: no such file"),
+    ("NETWORK:make", "has no callable 'make'; it defines build, not_a_network"),
+    ("NETWORK:not_a_network", "returned str, not a torch.nn.Module"),
+])
+def test_a_bad_model_file_or_callable_is_one_line(colour_set, tmp_path, model, message):
+    network = tmp_path / "my_network.py"
+    network.write_text(NETWORK)
+    model = model.replace("NETWORK", str(network)).replace("missing.py", str(tmp_path / "missing.py"))
+    proc = invoke_dimd(*train_args(colour_set, tmp_path, model))
+    assert proc.returncode == 1
+    assert proc.stderr.count("dimd: error:") == 1 and message in proc.stderr and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "train.json").exists()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_the_sgd_step_trains_alike_with_and_without_overlap(ranks):
+    proc = mpi_run("sgd_overlap_on_and_off_alike", ranks, timeout=180, check=True)
+    assert "identical True" in proc.stdout and "buckets 1 " not in proc.stdout

@@ -1,0 +1,76 @@
+"""A model's batch-norm statistics recomputed on training batches, over every rank (SWA's way).
+
+SMA's central model z is not any learner: its weights are an average of
+theirs (with momentum), so no learner's running statistics belong to it, and
+the learners' statistics averaged miss the spread of their means (a mean of
+variances is not the variance of the mixture). Before z is evaluated or
+saved, its own statistics are measured instead: every batch-norm layer's
+running mean and variance are reset and accumulated (a cumulative average,
+``momentum=None``) over a few training batches through z in training mode,
+with everything else in evaluation mode (no dropout), and without gradients.
+Each rank measures on its own batches; one allreduce of every layer's mean
+and mean square (``var + mean**2``) makes the statistics of the whole job's
+batches, the same bits on every rank. docs/sma.md has the measurements
+behind the choice.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+Reduce = Callable[[np.ndarray], None]
+
+
+def batch_norm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+
+
+@torch.no_grad()
+def recompute_batch_norm(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                         normalize: Callable[[torch.Tensor], torch.Tensor], reduce: Reduce,
+                         world_size: int) -> int:
+    """Collective: ``model``'s running statistics measured on ``batches`` (this rank's) and pooled
+    over the ``world_size`` ranks through ``reduce`` (a sum); returns this rank's image count.
+
+    Every rank must pass at least one batch. The layers' ``num_batches_tracked`` are left as they were.
+    """
+    layers = batch_norm_layers(model)
+    if not layers:
+        return 0
+    saved = [(layer.momentum, layer.num_batches_tracked.clone()) for layer in layers]
+    was_training = model.training
+    model.eval()
+    for layer in layers:
+        layer.reset_running_stats()
+        layer.momentum = None                        # a cumulative average over the batches
+        layer.train()
+    images = 0
+    try:
+        for x, _ in batches:
+            model(normalize(x))
+            images += int(x.shape[0])
+    finally:
+        for layer, (momentum, count) in zip(layers, saved):
+            layer.momentum = momentum
+            layer.num_batches_tracked.copy_(count)
+        model.train(was_training)
+    if images == 0:
+        raise ValueError("no batches to recompute the batch-norm statistics on")
+    means = [layer.running_mean for layer in layers]
+    squares = [layer.running_var + layer.running_mean ** 2 for layer in layers]
+    pooled = torch.cat([torch.cat([m, s]) for m, s in zip(means, squares)]).double().cpu().numpy()
+    reduce(pooled)                                   # MPI: summed over the ranks
+    pooled /= world_size
+    offset = 0
+    for layer in layers:
+        n = layer.running_mean.numel()
+        mean = torch.from_numpy(pooled[offset: offset + n])
+        square = torch.from_numpy(pooled[offset + n: offset + 2 * n])
+        layer.running_mean.copy_(mean)
+        layer.running_var.copy_((square - mean * mean).clamp_min(0))
+        offset += 2 * n
+    return images
