@@ -12,11 +12,13 @@ need nothing but the communicator (all but ``torch``, which runs on the
 ``torch.distributed`` process group the caller set up).
 """
 
-from dimd.allreduce.api import (ALGORITHMS, STANDALONE, SUPPORTED_DTYPES, Algorithm, AllreduceError,
-                                allreduce, get_algorithm)
+from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, STANDALONE, SUPPORTED_DTYPES, Algorithm,
+                                AllreduceError, allreduce, get_algorithm)
 from dimd.allreduce.bench import choose_fastest
 from dimd.allreduce.buffers import release_scratch
-from dimd.allreduce.multicolor import ColorTree, color_trees
+from dimd.allreduce.multicolor import ColorTree, color_trees, multicolor_split
+from dimd.allreduce.ring import ring_root_segment_bytes
 
-__all__ = ["ALGORITHMS", "STANDALONE", "SUPPORTED_DTYPES", "Algorithm", "AllreduceError", "ColorTree", "allreduce",
-           "choose_fastest", "color_trees", "get_algorithm", "release_scratch"]
+__all__ = ["ALGORITHMS", "DEFAULT_COLORS", "STANDALONE", "SUPPORTED_DTYPES", "Algorithm", "AllreduceError",
+           "ColorTree", "allreduce", "choose_fastest", "color_trees", "get_algorithm", "multicolor_split",
+           "release_scratch", "ring_root_segment_bytes"]

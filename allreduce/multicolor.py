@@ -162,6 +162,17 @@ def _nothing() -> None:
     pass
 
 
+def multicolor_split(count: int, size: int, colors: int, segment_bytes: int | None = None,
+                     itemsize: int = 4) -> tuple[list[int], int]:
+    """How ``multicolor`` cuts ``count`` elements on ``size`` ranks: the bounds of its k = min(colors,
+    P) chunks (one per colour) and the elements per pipelined segment (by default up to 8 segments
+    per chunk, of at least 512 KiB)."""
+    chunks = block_bounds(count, min(colors, size))
+    if segment_bytes is None:
+        segment_bytes = auto_segment_bytes((chunks[1] - chunks[0]) * itemsize, 8, low=512 << 10)
+    return chunks, max(1, min(segment_bytes // itemsize, chunks[1] - chunks[0]))
+
+
 def multicolor(buf: np.ndarray, comm: Any, *, colors: int = 4, segment_bytes: int | None = None) -> None:
     """Sum ``buf`` over k = min(colors, P) colour trees, all colours pipelined at once."""
     from mpi4py import MPI
@@ -169,12 +180,8 @@ def multicolor(buf: np.ndarray, comm: Any, *, colors: int = 4, segment_bytes: in
     size, rank = comm.Get_size(), comm.Get_rank()
     if size == 1 or buf.size == 0:
         return
-    k = min(colors, size)
-    trees = color_trees(size, k)
-    chunks = block_bounds(buf.size, k)
-    if segment_bytes is None:  # up to 8 segments per colour's chunk, of at least 512 KiB
-        segment_bytes = auto_segment_bytes((chunks[1] - chunks[0]) * buf.itemsize, 8, low=512 << 10)
-    segment = max(1, min(segment_bytes // buf.itemsize, chunks[1] - chunks[0]))
+    chunks, segment = multicolor_split(buf.size, size, colors, segment_bytes, buf.itemsize)
+    trees = color_trees(size, len(chunks) - 1)
     fan_in = [len(tree.children[rank]) for tree in trees]
     arena = scratch(sum(fan_in) * WINDOW * segment, buf.dtype)
 

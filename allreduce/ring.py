@@ -46,6 +46,11 @@ def ring(buf: np.ndarray, comm: Any) -> None:
         comm.Sendrecv(block(rank + 1 - step), right, _BCAST, block(rank - step), left, _BCAST)
 
 
+def ring_root_segment_bytes(nbytes: int) -> int:
+    """How ``ring_root`` sizes its segments by default: a pipeline of up to 16, of at least 256 KiB."""
+    return auto_segment_bytes(nbytes, 16, low=256 << 10, high=4 << 20)
+
+
 def ring_root(buf: np.ndarray, comm: Any, *, segment_bytes: int | None = None) -> None:
     """Chain reduce ``1 -> 2 -> ... -> P-1 -> 0`` then broadcast ``0 -> P-1 -> ... -> 1``, pipelined."""
     from mpi4py import MPI
@@ -53,9 +58,7 @@ def ring_root(buf: np.ndarray, comm: Any, *, segment_bytes: int | None = None) -
     size, rank = comm.Get_size(), comm.Get_rank()
     if size == 1 or buf.size == 0:
         return
-    if segment_bytes is None:  # a pipeline of up to 16 segments, of at least 256 KiB
-        segment_bytes = auto_segment_bytes(buf.nbytes, 16, low=256 << 10, high=4 << 20)
-    segment = max(1, segment_bytes // buf.itemsize)
+    segment = max(1, (segment_bytes or ring_root_segment_bytes(buf.nbytes)) // buf.itemsize)
     bounds = segment_bounds(buf.size, segment)
     segments = len(bounds) - 1
     position = (rank - 1) % size            # place in the reduce chain; the root is last

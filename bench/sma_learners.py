@@ -3,9 +3,9 @@
 Crossbow trains several small-batch learners per GPU because one small batch
 leaves the device idle. This measures whether K learners beat one on this
 machine, for each way dimd can compute them (``--learner-compute``):
-``vmap`` (one vectorised pass over the stacked replicas), ``loop`` (one
-replica after another) and ``threads`` (K threads, each with its share of
-torch's threads). One learner step is what `dimd train --sync sma` does per
+``loop`` (one replica after another) and ``threads`` (K threads, each with
+its share of torch's threads). The results on file also time a third,
+``vmap``, the slowest at every point and since removed. One learner step is what `dimd train --sync sma` does per
 step without the data loading: forward, backward, the learner update.
 
     python bench/sma_learners.py                      # writes bench/results/sma_learners.json
@@ -47,7 +47,7 @@ def images_per_second(model: str, size: int, k: int, batch: int, compute: str, t
         group.sgd_step(0.01, 0.9, None, keep_pre=True)
 
     for _ in range(2):
-        step()                                   # warm-up: allocations, vmap's first trace
+        step()                                   # warm-up: allocations
     runs = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default="lenet,resnet20")
     parser.add_argument("--learners", default="1,2,4")
     parser.add_argument("--batches", default="4,8,16")
-    parser.add_argument("--computes", default="vmap,loop,threads")
+    parser.add_argument("--computes", default="loop,threads")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the rank [default: all cores]")
     parser.add_argument("--steps", type=int, default=20, help="learner steps per timing")
     parser.add_argument("--repeats", type=int, default=3)

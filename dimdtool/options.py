@@ -300,6 +300,36 @@ def _flags(callback: Callable[..., Any] | None) -> dict[str, str]:
     return {}
 
 
+# ---------------------------------------------------------------------------- options several commands share
+#: The help of the options that ``dimd train``, ``plan-batch step-time`` and ``plan-batch convergence``
+#: share, written once, as each default is (in the commands' config dataclasses).
+SHARED_HELP = {
+    "model": "Model name (`dimd train --list-models`).",
+    "device": "auto: one GPU per rank when CUDA is available, else CPU.",
+    "threads": "Torch compute threads per rank [default: cores / ranks on the node].",
+    "decode_workers": "Decoding worker processes of each rank's loader [default: the rank's cores but one].",
+    "crop_scale": ("Smallest share of the image area a random-resized training crop keeps (0.08 as for "
+                   "ImageNet; 0.35 or more suits small images)."),
+}
+
+
+def shared_option(config_cls: type, name: str, *param_decls: str, when: str | None = None,
+                  default_from: type | None = None, **kwargs: Any) -> Callable[[F], F]:
+    """:func:`config_option` with the help :data:`SHARED_HELP` declares for ``name``.
+
+    ``when``: the condition the option applies under (``"With --data"``), put
+    first. ``default_from``: the config (``dimd train``'s) whose default a
+    None here stands for; the help shows it.
+    """
+    text = SHARED_HELP[name]
+    if when:
+        text = f"{when}: {text[0].lower()}{text[1:]}"
+    inherited = field_default(default_from, name) if default_from is not None else None
+    if inherited is not None and field_default(config_cls, name) is None:
+        text += f" [default: dimd train's, {inherited}]"
+    return config_option(config_cls, name, *param_decls, help=text, **kwargs)
+
+
 # ---------------------------------------------------------------------------- shared options
 def json_option(what: str = "the figures") -> Callable[[F], F]:
     """``--json PATH``: every measuring command writes one result envelope (``dimd.report``)."""

@@ -702,7 +702,7 @@ def small_bn_model(classes: int = 5) -> Any:
 
 
 @case
-def sma_distribution(learners_per_rank: str, compute: str = "vmap", algorithm: str = "ring") -> None:
+def sma_distribution(learners_per_rank: str, compute: str = "loop", algorithm: str = "ring") -> None:
     """P ranks x K learners against one process with P*K learners fed the same batches.
 
     Rank 0 prints how far the distributed z (and, relatively, its averaged batch-norm
@@ -825,7 +825,7 @@ def noise_scale_matches_offline_estimator(data: str) -> None:
     from dimd.train.buckets import GradientBuckets
     from dimd.train.config import TrainConfig
     from dimd.train.engine import train
-    from dimd.train.plan.noise import NoiseScale, noise_estimates_from_gradients
+    from dimd.train.noise import NoiseScale, noise_estimates_from_gradients
 
     comm = world("funneled")
     seen: list[Any] = []

@@ -95,7 +95,7 @@ def test_train_refuses_non_finite_and_nonsense_options_before_any_work(packed_sa
     from conftest import run_dimd
 
     for option, value, flag in (("--lr", "inf", "--lr"), ("--threads", "-1", "--threads"),
-                                ("--bucket-mb", "nan", "--bucket-mb"), ("--warmup-epochs", "inf", "--warmup-epochs")):
+                                ("--momentum", "nan", "--momentum"), ("--warmup-epochs", "inf", "--warmup-epochs")):
         proc = run_dimd("train", packed_sample, "--val", packed_sample, option, value, timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert f"Invalid value for '{flag}'" in proc.stderr and "Traceback" not in proc.stderr

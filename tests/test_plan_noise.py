@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dimd.errors import DimdError
-from dimd.train.plan.noise import NoiseScale, noise_estimates, noise_estimates_from_gradients
+from dimd.train.noise import NoiseScale, noise_estimates, noise_estimates_from_gradients
 
 
 def rank_gradients(rng, true_gradient, covariance_root, ranks, local_batch, trials):

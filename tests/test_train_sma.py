@@ -13,7 +13,7 @@ from conftest import invoke_dimd, mpi_run, run_dimd, run_mpi_dimd
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks, per_rank, compute", [(2, 2, "vmap"), (3, 1, "loop")])
+@pytest.mark.parametrize("ranks, per_rank, compute", [(2, 2, "threads"), (3, 1, "loop")])
 def test_p_ranks_of_k_learners_equal_one_process_of_p_times_k(ranks, per_rank, compute):
     """2 ranks x 2 learners against 1 x 4, and 3 x 1 against 1 x 3, fed the same batches."""
     proc = mpi_run("sma_distribution", ranks, per_rank, compute, check=True)

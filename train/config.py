@@ -21,7 +21,7 @@ DEVICES = ("auto", "cpu", "cuda")
 #: access (page cache allowed), or that file read cold (its cached pages dropped before each read).
 READ_FROM = ("memory", "files", "files-cold")
 SYNCS = ("ssgd", "sma")
-LEARNER_COMPUTES = ("auto", "vmap", "loop", "threads")
+LEARNER_COMPUTES = ("auto", "loop", "threads")
 #: Where images are decoded: the loader's CPU decoders, or nvJPEG on the rank's GPU (dimd.shuffle.gpu_decode).
 DECODES = ("cpu", "gpu")
 #: How the step computes, in Lightning's names (dimd.train.precision).

@@ -163,7 +163,7 @@ def overlap_choice(config: TrainConfig, device: torch.device, comm: Any) -> bool
 
 def learner_compute(choice: str) -> str:
     """``auto``: one replica after another, on CUDA each on its own stream (Crossbow's way); on a
-    CPU core measured faster than one vectorised vmap pass at 1-4 learners (docs/sma.md)."""
+    CPU core, where every core already runs a rank, threads gain nothing (docs/sma.md)."""
     return "loop" if choice == "auto" else choice
 
 
@@ -202,7 +202,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
                                decay_bn_and_bias=cfg.decay_bn_and_bias)
     noise = None
     if cfg.noise_scale:
-        from dimd.train.plan.noise import NoiseScale
+        from dimd.train.noise import NoiseScale
 
         noise = NoiseScale()
     return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),

@@ -5,22 +5,21 @@ small batches still use the hardware. Here every learner's weights are one
 row of ``W`` (K x N), its gradient one row of ``G`` and its momentum one row of
 ``V``, so the learner step and SMA's corrections are a handful of vectorised
 operations over all K learners at once, whatever computes the gradients.
-Batch-norm running statistics live in ``B``, one contiguous K x ... block per
-buffer (vmap updates a batched buffer in place only if the block is contiguous).
+Batch-norm running statistics live in ``B`` (floating point) and ``C``
+(counts), one row per learner too.
 
-Three ways to compute the K gradients (``compute``):
+Two ways to compute the K gradients (``compute``), each learner with
+:func:`dimd.train.steps.forward_backward`, the step every strategy shares:
 
-* ``vmap``: one vectorised forward/backward over the K stacked replicas
-  (``torch.func.functional_call`` under ``vmap``; a convolution with batched
-  weights becomes one grouped convolution). Fewer, larger kernels: it pays
-  where a small batch leaves the hardware idle between kernel launches.
 * ``loop``: one ordinary module per learner (parameters are views into ``W``,
   gradients into ``G``), run one after the other; on CUDA each learner issues
   its work on its own stream, so the GPU overlaps them (Crossbow's way).
 * ``threads``: the ``loop`` replicas run in K threads at once, each with an
   equal share of torch's threads.
 
-``bench/sma_learners.py`` measures them; see docs/sma.md for the choice.
+``bench/sma_learners.py`` measures them; see docs/sma.md for the choice (a
+third, one ``vmap`` pass over the stacked replicas, was the slowest at every
+point measured and is gone).
 """
 
 from __future__ import annotations
@@ -31,12 +30,11 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dimd.train.steps import forward_backward
 
-COMPUTES = ("vmap", "loop", "threads")
+COMPUTES = ("loop", "threads")
 
 
 @dataclass(frozen=True)
@@ -87,28 +85,6 @@ class Layout:
         set_buffers(model, {s.name: floats[s.offset: s.offset + s.numel].view(s.shape) for s in self.floats})
         set_buffers(model, {s.name: counts[s.offset: s.offset + s.numel].view(s.shape) for s in self.counts})
 
-    # -- K stacked models -----------------------------------------------------------------
-
-    def param_views(self, W: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``W`` (K x N) as a dict of K x shape views, one per parameter."""
-        k = W.shape[0]
-        return {s.name: W[:, s.offset: s.offset + s.numel].view(k, *s.shape) for s in self.params}
-
-    def block_views(self, flat: torch.Tensor, spec: list[Slot], k: int) -> dict[str, torch.Tensor]:
-        """A block-major flat buffer (K x numel per buffer, one after the other) as K x shape views."""
-        return {s.name: flat[s.offset * k: (s.offset + s.numel) * k].view(k, *s.shape) for s in spec}
-
-    def to_blocks(self, rows: torch.Tensor, spec: list[Slot]) -> torch.Tensor:
-        """K rows of concatenated buffers -> block-major layout."""
-        k = rows.shape[0]
-        parts = [rows[:, s.offset: s.offset + s.numel].reshape(-1) for s in spec]
-        return torch.cat(parts) if parts else rows.new_zeros(0).reshape(-1)[: 0 * k]
-
-    def from_blocks(self, flat: torch.Tensor, spec: list[Slot], k: int) -> torch.Tensor:
-        """Block-major layout -> K rows of concatenated buffers."""
-        parts = [v.reshape(k, -1) for v in self.block_views(flat, spec, k).values()]
-        return torch.cat(parts, dim=1) if parts else flat.new_zeros(k, 0)
-
 
 def set_buffers(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     for name, tensor in tensors.items():
@@ -153,48 +129,32 @@ class Learners:
         self.V = V.detach().clone().contiguous()
         self.G = torch.zeros_like(self.W)
         self.W_pre = torch.zeros_like(self.W)          # w~: the weights before the last learner step
-        self.B = self.layout.to_blocks(float_rows.detach().clone(), self.layout.floats).contiguous()
-        self.C = self.layout.to_blocks(count_rows.detach().clone(), self.layout.counts).contiguous()
+        self.B = float_rows.detach().clone().contiguous()
+        self.C = count_rows.detach().clone().contiguous()
         self.replicas: list[nn.Module] = []
         self.streams: list | None = None
         self._pool: ThreadPoolExecutor | None = None
-        if self.compute == "vmap":
-            from torch.func import functional_call, vmap
-
-            self.W.requires_grad_(True)
-            self.W.grad = self.G
-            template = self.template
-
-            def forward(params, buffers, x):
-                return functional_call(template, (params, buffers), (x,))
-
-            self._vmapped = vmap(forward, randomness="different")
-        else:
-            floats = self.layout.block_views(self.B, self.layout.floats, k)
-            counts = self.layout.block_views(self.C, self.layout.counts, k)
-            for j in range(k):
-                replica = copy.deepcopy(self.template)
-                for slot, p in zip(self.layout.params, replica.parameters()):
-                    p.data = self.W[j, slot.offset: slot.offset + slot.numel].view(slot.shape)
-                    p.grad = self.G[j, slot.offset: slot.offset + slot.numel].view(slot.shape)
-                set_buffers(replica, {n: v[j] for n, v in floats.items()})
-                set_buffers(replica, {n: v[j] for n, v in counts.items()})
-                self.replicas.append(replica)
-            if self.device.type == "cuda":
-                self.streams = [torch.cuda.Stream(device=self.device) for _ in range(k)]
-            if self.compute == "threads" and k > 1:
-                self._pool = ThreadPoolExecutor(k, thread_name_prefix="dimd-learner")
+        for j in range(k):
+            replica = copy.deepcopy(self.template)
+            self.layout.bind(replica, self.W[j], self.B[j], self.C[j])
+            for slot, p in zip(self.layout.params, replica.parameters()):
+                p.grad = self.G[j, slot.offset: slot.offset + slot.numel].view(slot.shape)
+            self.replicas.append(replica)
+        if self.device.type == "cuda":
+            self.streams = [torch.cuda.Stream(device=self.device) for _ in range(k)]
+        if self.compute == "threads" and k > 1:
+            self._pool = ThreadPoolExecutor(k, thread_name_prefix="dimd-learner")
 
     def float_rows(self) -> torch.Tensor:
         """K x M: each learner's floating-point buffers (batch-norm running statistics)."""
-        return self.layout.from_blocks(self.B, self.layout.floats, self.k)
+        return self.B
 
     def count_rows(self) -> torch.Tensor:
-        return self.layout.from_blocks(self.C, self.layout.counts, self.k)
+        return self.C
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"weights": self.W.detach().cpu().clone(), "momentum": self.V.cpu().clone(),
-                "buffers": self.float_rows().cpu(), "counts": self.count_rows().cpu()}
+                "buffers": self.B.cpu().clone(), "counts": self.C.cpu().clone()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         device = self.device
@@ -224,8 +184,6 @@ class Learners:
         if len(images) != self.k:
             raise ValueError(f"{self.k} learners need {self.k} batches, got {len(images)}")
         self.G.zero_()
-        if self.compute == "vmap":
-            return self._vmap_step(images, labels)
         if self.streams is not None:
             return self._stream_step(images, labels)
         if self._pool is not None:
@@ -238,20 +196,6 @@ class Learners:
             finally:
                 torch.set_num_threads(before)
         return torch.stack([self._one(j, images[j], labels[j]) for j in range(self.k)])
-
-    def _vmap_step(self, images: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> torch.Tensor:
-        k = self.k
-        x = self.normalize(torch.cat(list(images)))
-        x = x.view(k, -1, *x.shape[1:])
-        y = torch.stack(list(labels)).to(x.device, non_blocking=True)
-        self.template.train()
-        buffers = {**self.layout.block_views(self.B, self.layout.floats, k),
-                   **self.layout.block_views(self.C, self.layout.counts, k)}
-        logits = self._vmapped(self.layout.param_views(self.W), buffers, x)
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(k, -1)
-        losses.mean(dim=1).sum().backward()
-        with torch.no_grad():
-            return torch.stack([losses.detach().sum(dim=1), (logits.argmax(-1) == y).sum(dim=1).float()], dim=1)
 
     def _one(self, j: int, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return forward_backward(self.replicas[j], images, labels, self.normalize)

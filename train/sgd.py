@@ -18,7 +18,7 @@ from torch import nn
 
 from dimd.train.buckets import GradientBuckets
 from dimd.train.flatgrad import Reduce
-from dimd.train.plan.noise import NoiseScale
+from dimd.train.noise import NoiseScale
 from dimd.train.precision import Precision
 from dimd.train.steps import Batches, StepResult, StepTimes, forward_backward
 

@@ -20,7 +20,9 @@ import click
 
 from dimd.commands.mpi_job import mpi_command
 from dimd.commands.train import allreduce_algorithms
-from dimd.options import INT_LIST, SIZE, RegistryChoice, build_config, config_option, json_option, quiet_option
+from dimd.options import (INT_LIST, SIZE, RegistryChoice, build_config, config_option, json_option, quiet_option,
+                          shared_option)
+from dimd.train.config import DEVICES, TrainConfig
 from dimd.train.plan.config import (POWERS_OF_TWO_TO_1024, CommFitConfig, ConvergenceConfig, SolveConfig,
                                     StepTimeConfig)
 
@@ -78,7 +80,7 @@ def seconds(value: float | None) -> str:
 
 # ---------------------------------------------------------------------------- step-time
 @plan_batch.command("step-time")
-@config_option(StepTimeConfig, "model", "--model", required=True, help="Model name (`dimd train --list-models`).")
+@shared_option(StepTimeConfig, "model", required=True)
 @config_option(StepTimeConfig, "image_size", "--image-size", help="Square input size in pixels.")
 @config_option(StepTimeConfig, "batch_sizes", "--batch-sizes", type=INT_LIST,
                help="Per-rank batch sizes to time (at least 2).")
@@ -86,19 +88,15 @@ def seconds(value: float | None) -> str:
 @config_option(StepTimeConfig, "warmup", "--warmup", help="Untimed steps before them.")
 @config_option(StepTimeConfig, "classes", "--classes",
                help="Output classes [default: 1000 for ImageNet-style models, 10 for the others].")
-@config_option(StepTimeConfig, "device", "--device", type=click.Choice(["auto", "cpu", "cuda"]),
-               help="auto: CUDA when present (one GPU per rank), else CPU.")
-@config_option(StepTimeConfig, "threads", "--threads",
-               help="Torch threads per rank [default: cores / ranks on the node, as `dimd train`].")
+@shared_option(StepTimeConfig, "device", type=click.Choice(DEVICES))
+@shared_option(StepTimeConfig, "threads")
 @config_option(StepTimeConfig, "seed", "--seed")
 @config_option(StepTimeConfig, "data", "--data", type=click.Path(dir_okay=False),
                help="A packed training set (the stem dimd pack wrote): time steps on its batches from dimd "
                     "train's loader, its decoding workers running beside the step, and count the wait for each "
                     "batch; what training sees [default: synthetic inputs, compute only].")
-@config_option(StepTimeConfig, "decode_workers", "--decode-workers",
-               help="With --data: decoding worker processes of each rank's loader [default: dimd train's].")
-@config_option(StepTimeConfig, "crop_scale", "--crop-scale",
-               help="With --data: smallest area share of a training crop [default: dimd train's].")
+@shared_option(StepTimeConfig, "decode_workers", when="With --data", default_from=TrainConfig)
+@shared_option(StepTimeConfig, "crop_scale", when="With --data", default_from=TrainConfig)
 @json_option("gamma, M_T and the per-batch medians")
 @quiet_option()
 @mpi_command("funneled")   # only the main thread calls MPI (the loader decodes in worker processes)
@@ -252,7 +250,7 @@ def _print_comm(figures: dict[str, Any]) -> None:
 @plan_batch.command("convergence")
 @click.argument("train_set", metavar="TRAIN")
 @click.option("--val", "val_set", metavar="VAL", required=True, help="Packed validation set (`dimd pack`).")
-@config_option(ConvergenceConfig, "model", "--model", required=True, help="Model name (`dimd train --list-models`).")
+@shared_option(ConvergenceConfig, "model", required=True)
 @config_option(ConvergenceConfig, "target_top1", "--target-top1", required=True,
                help="The validation top-1 each run trains to, in (0, 1] (e.g. 0.95).")
 @config_option(ConvergenceConfig, "batch_sizes", "--batch-sizes", type=INT_LIST, required=True,
@@ -273,18 +271,14 @@ def _print_comm(figures: dict[str, Any]) -> None:
                     "groups of this many, each training its share of the runs at the same time.")
 @config_option(ConvergenceConfig, "image_size", "--image-size",
                help="Square input size in pixels [default: the size the model is designed for].")
-@config_option(ConvergenceConfig, "crop_scale", "--crop-scale",
-               help="Smallest area share of a training crop [default: dimd train's].")
+@shared_option(ConvergenceConfig, "crop_scale", default_from=TrainConfig)
 @config_option(ConvergenceConfig, "momentum", "--momentum", help="[default: dimd train's]")
 @config_option(ConvergenceConfig, "weight_decay", "--weight-decay", help="[default: dimd train's]")
 @config_option(ConvergenceConfig, "allreduce", "--allreduce", type=RegistryChoice(allreduce_algorithms, "ALGORITHM"),
                help="With --ranks-per-run 2 or more [default: the fastest measured at each run's start].")
-@config_option(ConvergenceConfig, "device", "--device", type=click.Choice(["auto", "cpu", "cuda"]),
-               help="auto: one GPU per rank when CUDA is available, else CPU [default: auto].")
-@config_option(ConvergenceConfig, "threads", "--threads",
-               help="Torch threads per rank [default: cores / ranks on the node, as dimd train].")
-@config_option(ConvergenceConfig, "decode_workers", "--decode-workers",
-               help="Decoding worker processes of each rank's loader [default: dimd train's].")
+@shared_option(ConvergenceConfig, "device", type=click.Choice(DEVICES), default_from=TrainConfig)
+@shared_option(ConvergenceConfig, "threads")
+@shared_option(ConvergenceConfig, "decode_workers", default_from=TrainConfig)
 @config_option(ConvergenceConfig, "eval_batch_size", "--eval-batch-size",
                help="Validation batch per rank [default: the training batch per rank, at least 128].")
 @json_option("N_inf, alpha, R², every batch's runs (reached or not) and each run's evaluations")

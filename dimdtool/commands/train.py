@@ -15,7 +15,7 @@ import click
 
 from dimd.console import progress
 from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
-                          config_option, defer_output_checks, json_option)
+                          config_option, defer_output_checks, json_option, shared_option)
 from dimd.train.config import DECODES, DEVICES, LEARNER_COMPUTES, PRECISIONS, READ_FROM, SYNCS, TrainConfig
 from dimd.train.schedule import SCHEDULES
 
@@ -114,9 +114,7 @@ def print_models() -> None:
                help="Linear warm-up from --lr to the scaled rate (Goyal et al.) [default: 5 if the "
                     "global batch exceeds 256, else 0].")
 @config_option(TrainConfig, "image_size", help="Training crop and validation centre crop (px).")
-@config_option(TrainConfig, "crop_scale",
-               help="Smallest share of the image area a random-resized training crop keeps "
-                    "(0.08 as for ImageNet; 0.35 or more suits small images).")
+@shared_option(TrainConfig, "crop_scale")
 @config_option(TrainConfig, "zero_init_residual",
                help="Zero the last batch-norm scale of each residual block (every ResNet).")
 @config_option(TrainConfig, "groups", help="Shuffle groups: each group of consecutive ranks holds the whole set.")
@@ -150,15 +148,14 @@ def print_models() -> None:
 @config_option(TrainConfig, "autotune_threshold",
                help="SMA --learners auto: the relative rise in throughput that adds a learner.")
 @config_option(TrainConfig, "learner_compute", type=click.Choice(LEARNER_COMPUTES),
-               help="SMA: how a rank computes its learners' gradients: vmap (one vectorised pass over "
-                    "the stacked replicas), loop (one after another; on CUDA one stream each) or "
-                    "threads; auto: loop (measured fastest on CPU cores; see docs/sma.md).")
+               help="SMA: how a rank computes its learners' gradients: loop (one after another; on CUDA "
+                    "one stream each) or threads (one each, sharing the rank's torch threads); auto: loop "
+                    "(see docs/sma.md).")
 @config_option(TrainConfig, "noise_scale",
                help="Log the gradient noise scale B_simple (McCandlish et al., appendix A) per epoch in "
                     "--metrics and --json: each rank's squared gradient norm rides the gradient allreduce, "
                     "compared with the averaged gradient's. S-SGD on 2 ranks or more (docs/plan-batch.md).")
-@config_option(TrainConfig, "device", type=click.Choice(DEVICES),
-               help="auto: one GPU per rank when CUDA is available, else CPU.")
+@shared_option(TrainConfig, "device", type=click.Choice(DEVICES))
 @config_option(TrainConfig, "decode", type=click.Choice(DECODES),
                help="Where images are decoded: cpu (the loader's decoders) or gpu (one nvJPEG call per batch, "
                     "then crop, resize and flip on the GPU; needs CUDA and torchvision, `pip install dimd[gpu]`).")
@@ -169,9 +166,8 @@ def print_models() -> None:
 @config_option(TrainConfig, "channels_last", "--channels-last/--no-channels-last", default=None,
                help="Channels-last (NHWC) activations and weights [default: on for convolutional models "
                     "on CUDA, off elsewhere].")
-@config_option(TrainConfig, "decode_workers",
-               help="Decoding worker processes of each rank's loader [default: the rank's cores but one].")
-@config_option(TrainConfig, "threads", help="Torch compute threads per rank [default: cores / ranks on the node].")
+@shared_option(TrainConfig, "decode_workers")
+@shared_option(TrainConfig, "threads")
 @config_option(TrainConfig, "seed")
 @config_option(TrainConfig, "eval_batch_size", help="Validation batch per rank [default: --batch-size].")
 @config_option(TrainConfig, "checkpoint_dir", type=click.Path(file_okay=False),

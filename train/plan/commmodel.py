@@ -120,11 +120,11 @@ def parameter_server_costs(n: float, ranks: int, **_: object) -> Costs:
 
 def ring_root_segments(n: float, segment_bytes: int | None = None) -> tuple[int, float]:
     """(segments, bytes per segment) as ``ring_root`` cuts an n-byte float32 buffer."""
-    from dimd.allreduce.buffers import auto_segment_bytes
+    from dimd.allreduce import ring_root_segment_bytes
 
     count = int(n) // ITEMSIZE
     if segment_bytes is None:
-        segment_bytes = auto_segment_bytes(count * ITEMSIZE, 16, low=256 << 10, high=4 << 20)
+        segment_bytes = ring_root_segment_bytes(count * ITEMSIZE)
     segment = max(1, segment_bytes // ITEMSIZE)
     segments = max(1, -(-count // segment))
     return segments, min(segment, max(count, 1)) * ITEMSIZE
@@ -160,16 +160,11 @@ class MulticolorPlan:
 def multicolor_plan(n: float, ranks: int, colors: int | None = None,
                     segment_bytes: int | None = None) -> MulticolorPlan:
     """How ``multicolor`` splits an n-byte float32 buffer (its own sizing rules)."""
-    from dimd.allreduce.api import DEFAULT_COLORS
-    from dimd.allreduce.buffers import auto_segment_bytes, block_bounds
+    from dimd.allreduce import DEFAULT_COLORS, multicolor_split
 
-    count = int(n) // ITEMSIZE
-    k = min(colors or DEFAULT_COLORS, ranks)
-    chunks = np.diff(block_bounds(count, k))
-    if segment_bytes is None:
-        segment_bytes = auto_segment_bytes(int(chunks[0]) * ITEMSIZE, 8, low=512 << 10)
-    segment = max(1, min(segment_bytes // ITEMSIZE, int(chunks[0])))
-    return MulticolorPlan(k, chunks, segment, np.maximum(1, -(-chunks // segment)))
+    bounds, segment = multicolor_split(int(n) // ITEMSIZE, ranks, colors or DEFAULT_COLORS, segment_bytes, ITEMSIZE)
+    chunks = np.diff(bounds)
+    return MulticolorPlan(len(chunks), chunks, segment, np.maximum(1, -(-chunks // segment)))
 
 
 def multicolor_costs(n: float, ranks: int, *, colors: int | None = None,
@@ -182,7 +177,7 @@ def multicolor_costs(n: float, ranks: int, *, colors: int | None = None,
     so the busiest rank's sum over colours sets the pace; the pipeline adds
     h-1 stages of one segment per tree level below the top (h: tree height).
     """
-    from dimd.allreduce.multicolor import color_trees
+    from dimd.allreduce import color_trees
 
     p = ranks
     plan = multicolor_plan(n, p, colors, segment_bytes)

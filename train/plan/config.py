@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dimd.checks import at_least, in_range, one_of, positive, require
-
-DEVICES = ("auto", "cpu", "cuda")
+from dimd.train.config import DEVICES
 #: Delta(P) is predicted for P = 1, 2, 4, ... up to this by default.
 DEFAULT_MAX_RANKS = 1024
 POWERS_OF_TWO_TO_1024 = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
