@@ -29,6 +29,13 @@ def batch_norm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]
     return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
 
 
+def _statistics(layer: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A tracking layer's running mean, running variance and batch count (never None for these layers)."""
+    mean, var, count = layer.running_mean, layer.running_var, layer.num_batches_tracked
+    assert mean is not None and var is not None and count is not None
+    return mean, var, count
+
+
 @torch.no_grad()
 def recompute_batch_norm(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
                          normalize: Callable[[torch.Tensor], torch.Tensor], reduce: Reduce,
@@ -41,7 +48,7 @@ def recompute_batch_norm(model: nn.Module, batches: Iterable[tuple[torch.Tensor,
     layers = batch_norm_layers(model)
     if not layers:
         return 0
-    saved = [(layer.momentum, layer.num_batches_tracked.clone()) for layer in layers]
+    saved = [(layer.momentum, _statistics(layer)[2].clone()) for layer in layers]
     was_training = model.training
     model.eval()
     for layer in layers:
@@ -56,21 +63,20 @@ def recompute_batch_norm(model: nn.Module, batches: Iterable[tuple[torch.Tensor,
     finally:
         for layer, (momentum, count) in zip(layers, saved):
             layer.momentum = momentum
-            layer.num_batches_tracked.copy_(count)
+            _statistics(layer)[2].copy_(count)
         model.train(was_training)
     if images == 0:
         raise ValueError("no batches to recompute the batch-norm statistics on")
-    means = [layer.running_mean for layer in layers]
-    squares = [layer.running_var + layer.running_mean ** 2 for layer in layers]
-    pooled = torch.cat([torch.cat([m, s]) for m, s in zip(means, squares)]).double().cpu().numpy()
+    stats = [_statistics(layer) for layer in layers]
+    pooled = torch.cat([torch.cat([m, v + m ** 2]) for m, v, _ in stats]).double().cpu().numpy()
     reduce(pooled)                                   # MPI: summed over the ranks
     pooled /= world_size
     offset = 0
-    for layer in layers:
-        n = layer.running_mean.numel()
+    for running_mean, running_var, _ in stats:
+        n = running_mean.numel()
         mean = torch.from_numpy(pooled[offset: offset + n])
         square = torch.from_numpy(pooled[offset + n: offset + 2 * n])
-        layer.running_mean.copy_(mean)
-        layer.running_var.copy_((square - mean * mean).clamp_min(0))
+        running_mean.copy_(mean)
+        running_var.copy_((square - mean * mean).clamp_min(0))
         offset += 2 * n
     return images

@@ -30,7 +30,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Iterator
+from typing import Any, Callable, Generator
 
 import numpy as np
 import torch
@@ -125,12 +125,12 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
 
 
 def calibration_source(config: TrainConfig, store: Any, device: torch.device,
-                       workers: int) -> Callable[[int], Iterator[Any]]:
+                       workers: int) -> Callable[[int], Generator[Any, None, None]]:
     """Training batches for SMA's batch-norm recompute (``round`` -> this rank's batches), from a
     loader of their own (seed + 1), so the training loader's position and batches stay as they are."""
     from dimd.shuffle import BatchLoader
 
-    def batches(round: int) -> Iterator[Any]:
+    def batches(round: int) -> Generator[Any, None, None]:
         with BatchLoader(store, config.eval_batch_size or config.batch_size, config.image_size, train=True,
                          workers=workers, seed=config.seed + 1, pin_memory=device.type == "cuda",
                          crop_scale=config.crop_scale) as loader:
@@ -178,7 +178,8 @@ def make_reducer(algorithm: str, comm) -> Callable[[np.ndarray], None]:
 
 def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[[np.ndarray], None],
                   world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False,
-                  calibration: Callable[[int], Iterator[Any]] | None = None, precision: Any = None) -> Strategy:
+                  calibration: Callable[[int], Generator[Any, None, None]] | None = None,
+                  precision: Any = None) -> Strategy:
     """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says;
     ``overlap``: S-SGD reduces gradient buckets during backward; ``calibration``: the training
     batches SMA recomputes z's batch-norm statistics on."""

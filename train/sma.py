@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Generator
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ CENTRAL_MOMENTUM = 0.0
 CALIBRATION_IMAGES = 256
 
 #: ``round`` -> this rank's training batches for the recompute (a fresh draw per round).
-Calibration = Callable[[int], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+Calibration = Callable[[int], Generator[tuple[torch.Tensor, torch.Tensor], None, None]]
 
 
 def decay_vector(model: nn.Module, weight_decay: float, *, decay_bn_and_bias: bool = False) -> torch.Tensor | None:
@@ -252,7 +252,7 @@ class SMA:
         self._calibrated_at = self.syncs
         return self.model
 
-    def _calibration_batches(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    def _calibration_batches(self) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
         """This rank's share of :data:`CALIBRATION_IMAGES`, a fresh draw after every synchronisation."""
         assert self.calibration is not None
         share = -(-self.calibration_images // self.world_size)
