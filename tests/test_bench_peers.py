@@ -131,7 +131,7 @@ def test_dimd_as_a_peer_packs_verifies_and_counts_the_images_it_delivers(bench, 
     # dimd drops the last short batch: 4 batches of 10 from 48 records, every epoch
     assert [(e["images"], e["batches"]) for e in loaded["epochs"]] == [(40, 4)] * 3
     assert all(e["seconds"] > 0 and e["cpu_seconds"] > 0 for e in loaded["epochs"])
-    assert loaded["versions"]["dimd"] and "threads" in loaded["how"]["workers"]
+    assert loaded["versions"]["dimd"] and "worker processes" in loaded["how"]["workers"]
 
 
 def test_the_setup_script_refuses_an_unknown_peer_before_installing_anything(tmp_path):

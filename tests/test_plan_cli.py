@@ -191,7 +191,7 @@ def test_solve_refuses_a_convergence_result_without_n_inf(tmp_path, chain):
                                                                        "batches": [{"batch": 8}]}))
     proc = invoke_dimd("plan-batch", "solve", "--step", chain["step"], "--comm", comm, "--convergence", broken,
                     *ANY_FIT)
-    one_line_error(proc, "no number 'n_inf' in its result (got None)")
+    one_line_error(proc, "`result.n_inf` must be a finite number >= 0, got null")
 
 
 def test_require_matplotlib_is_one_line(monkeypatch):
