@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from dimd.shuffle.shm import Segment
 MESSAGE_BYTES = 1 << 20
 #: Environment variables of the launcher's process-management interface: a worker is not an MPI process.
 MPI_ENVIRONMENT = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "I_MPI_", "SLURM_STEP_", "MPICH_")
+#: The signals that ask a run to stop: the rank handles them (a checkpoint, then the end) and its
+#: workers ignore them, ending when the rank closes their sockets.
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
 
 
 class WorkerDied(DimdError):
@@ -136,8 +140,11 @@ def serve(sock: socket.socket) -> None:
 
 
 def worker_main(argv: list[str]) -> None:
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    for number in STOP_SIGNALS:
         signal.signal(number, signal.SIG_IGN)   # the rank handles stop requests; we end when it closes
+    # Started with these blocked (see DecodeWorkers): one sent to the whole job while this
+    # interpreter was starting (SLURM's scancel, LSF's bkill) was held, and is now discarded.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     sock = socket.socket(fileno=int(argv[0]))
     import dimd.shuffle.decode  # noqa: F401  (Pillow and the decoder load before "ready": start-up counts them)
 
@@ -149,6 +156,20 @@ def worker_main(argv: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------- the rank's side
+def _spawn_shielded(command: list[str], **popen: Any) -> subprocess.Popen:
+    """Start a worker with the stop signals blocked, so that it never dies of one before it ignores them.
+
+    A blocked mask survives fork and exec: a TERM sent to every process of the job while the worker's
+    interpreter starts (a plain ``scancel``) stays pending in it until it has set SIG_IGN. In the
+    rank the same TERM is only held for the moment of the fork, then handled as usual.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return subprocess.Popen(command, **popen)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class DecodeWorkers:
     """``count`` worker processes and their sockets, shared by the loaders of one process.
 
@@ -178,7 +199,8 @@ class DecodeWorkers:
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 with theirs:
                     command = [sys.executable, "-m", "dimd.shuffle.decode_worker", str(theirs.fileno())]
-                    process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+                    process = _spawn_shielded(command, pass_fds=(theirs.fileno(),), env=env,
+                                              stdin=subprocess.DEVNULL)
                 self._sockets.append(ours)
                 self._processes.append(process)
             for w in range(count):

@@ -180,6 +180,22 @@ def test_workers_are_new_interpreters_without_mpi_that_ignore_stop_signals(store
         assert len(collect(loader, 1)) == loader.steps_per_epoch
 
 
+def test_a_stop_signal_sent_while_a_worker_starts_is_held_until_it_ignores_it():
+    """A plain scancel (or bkill) signals every process of the job, workers still starting included:
+    the worker is started with the stop signals blocked, so it cannot die of one before its SIG_IGN."""
+    from dimd.shuffle.workers import STOP_SIGNALS, _spawn_shielded
+
+    starting = ("import os, signal\n"
+                "os.kill(os.getpid(), signal.SIGTERM)   # arrives before the worker has set SIG_IGN\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})\n"
+                "print('alive')\n")
+    process = _spawn_shielded([sys.executable, "-c", starting], stdout=subprocess.PIPE, text=True)
+    assert process.communicate(timeout=60)[0] == "alive\n" and process.returncode == 0
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, set())   # the rank's mask is back
+    assert {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT} == STOP_SIGNALS
+
+
 @pytest.fixture(scope="module")
 def library_user(packed_sample):
     """``mpi_cases.py loader_as_a_library DATASET hold``, started as a user's own script (no launcher),
