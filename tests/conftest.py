@@ -103,6 +103,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _current_test = item
 
 
+def signal_at(job: subprocess.Popen, marker: str, send) -> tuple[str, str]:
+    """Read ``job``'s output until a line holding ``marker``, call ``send(job)``, then wait for the end:
+    (everything it printed, its stderr; "" when stderr goes to stdout). The job is killed on any way out."""
+    seen = []
+    try:
+        for line in job.stdout:
+            seen.append(line)
+            if marker in line:
+                send(job)
+                break
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    return "".join(seen) + out, err or ""
+
+
 def launcher(n: int) -> list[str]:
     """``$MPIEXEC -n N``, for the test now running, which must be marked ``@pytest.mark.mpi``."""
     if _current_test is not None and _current_test.get_closest_marker("mpi") is None:

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DIMD, launcher, mpiexec, run_mpi_dimd
+from conftest import DIMD, launcher, mpiexec, run_mpi_dimd, signal_at
 
 
 def launcher_is_open_mpi() -> bool:
@@ -37,18 +37,8 @@ def test_the_launchers_stop_signal_checkpoints_and_exits_0(packed_sample, tmp_pa
     sig = stop_signal()
     job = subprocess.Popen([*launcher(2), *DIMD, *train_args(packed_sample, tmp_path, "--epochs", "500")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        seen = []
-        for line in job.stdout:              # the run's header: training starts after it
-            seen.append(line)
-            if "thread(s) per rank" in line:
-                job.send_signal(sig)         # to the launcher, as `kill -s SIG <launcher pid>`
-                break
-        out, err = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    out = "".join(seen) + out
+    # after the run's header (training starts then), to the launcher, as `kill -s SIG <launcher pid>`
+    out, err = signal_at(job, "thread(s) per rank", lambda j: j.send_signal(sig))
     assert job.returncode == 0, out + err
     assert f"stopped by {sig.name}" in out
     result = json.loads((tmp_path / "train.json").read_text())["result"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DIMD, invoke_dimd, launcher, pack_tree_as_is, run_dimd, run_mpi_dimd
+from conftest import DIMD, invoke_dimd, launcher, pack_tree_as_is, run_dimd, run_mpi_dimd, signal_at
 
 EPOCHS = 4
 STEPS_PER_EPOCH = 3          # 48 records // (2 ranks x 8)
@@ -124,18 +124,8 @@ def test_sigusr1_finishes_the_step_checkpoints_and_exits_cleanly(packed_sample, 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     job = subprocess.Popen([*launcher(2), *DIMD, *map(str, args)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=env)
-    seen = []
-    try:
-        for line in job.stdout:              # wait until training runs, then warn like SLURM does
-            seen.append(line)
-            if line.startswith("epoch 1/"):
-                job.send_signal(signal.SIGUSR1)
-                break
-        rest, _ = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    output = "".join(seen) + rest
+    # wait until training runs, then warn like SLURM does
+    output, _ = signal_at(job, "epoch 1/", lambda j: j.send_signal(signal.SIGUSR1))
     assert job.returncode == 0, output
     assert "stopped by SIGUSR1" in output and "--resume" in output
     result = json.loads((tmp_path / "train.json").read_text())["result"]
