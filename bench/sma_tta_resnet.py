@@ -16,9 +16,9 @@ from sma_tta import draw, findings, measurer
 
 #: resnet20 on the demo set: P = 2, b = 8 per learner, S-SGD at b and 2b (the images per step of K = 2)
 #: with the better of two rates on the first seed, SMA at S-SGD b's rate. The target is one S-SGD at b
-#: reaches in about 6 of the 8 epochs (the demo's S-SGD passes 60% at epoch 5 of 24, b = 16).
+#: reaches in about 5 of the 8 epochs (seed 0 at lr 0.05, measured: 28/63/70/73/82/73/85/87%).
 FULL = {"datasets": ["demo"], "batches": [8], "learners": [1, 2], "ranks": 2, "seeds": [0, 1, 2], "epochs": 8,
-        "lr_grid": [0.05, 0.1], "target": 0.6, "sma_lr": None, "alpha_comparison": False}
+        "lr_grid": [0.05, 0.1], "target": 0.8, "sma_lr": None, "alpha_comparison": False}
 QUICK = {"learners": [2], "seeds": [0], "epochs": 2, "lr_grid": [0.05], "target": 0.3}
 
 REPRODUCTION = Reproduction(
