@@ -216,32 +216,26 @@ def measurer(full: dict[str, Any], quick: dict[str, Any]) -> Any:
     return measure
 
 
-#: K learners per rank must process at least this much more images/s than one to count as Crossbow's
-#: hardware effect (below it, the spread of the runs on a shared machine).
-HARDWARE_GAIN = 1.1
-
-
 def effects(c: dict[str, Any]) -> str:
-    """Which of Crossbow's two effects the figures show: more images/s with more learners per rank
-    (hardware), fewer epochs to the target for SMA than for the best S-SGD (statistical)."""
+    """What the figures say of Crossbow's two effects: images/s with more learners per rank (hardware;
+    the set-ups run one after another, so a changing load moves it) and epochs to the target of SMA
+    against the best S-SGD (statistical; the load does not move it)."""
     fixed = {int(n.split("-")[1]): v for n, v in c["hardware_efficiency"].items()
              if n.count("-") == 1 and n.startswith("sma-") and n.split("-")[1].isdigit()}
     most = max(fixed, default=1)
-    if most == 1:
-        hardware = "No SMA set-up with more than one learner per rank to measure the hardware effect."
-    else:
-        present = "shows" if fixed[most] >= HARDWARE_GAIN else "is missing"
-        hardware = (f"The hardware effect {present}: K = {most} learners per rank process {fixed[most]:.2f}x the "
-                    f"images/s of {c['hardware_efficiency_over']} (at least {HARDWARE_GAIN}x counts).")
+    hardware = ("" if most == 1 else
+                f"K = {most} learners per rank processed {fixed[most]:.2f}x the images/s of "
+                f"{c['hardware_efficiency_over']} (set-ups run one after another: a changing load moves this; "
+                f"bench/sma_learners.py times the learners alone). ")
     epochs = c["statistical_efficiency_epochs"]
     ssgd = epochs.get(c["best_ssgd"])
     sma = {n: e for n, e in epochs.items() if n.startswith("sma-") and e is not None}
     if ssgd is None or not sma:
-        return hardware + " The statistical effect cannot be read: a side did not reach the target in the median run."
+        return hardware + "The statistical effect cannot be read: a side did not reach the target in the median run."
     fewest = min(sma.items(), key=lambda item: item[1])
     present = "shows" if fewest[1] < ssgd else "is missing"
-    return hardware + (f" The statistical effect {present}: {fewest[0]} needs {fewest[1]:g} epochs to the target "
-                       f"against {ssgd:g} for {c['best_ssgd']}.")
+    return hardware + (f"The statistical effect {present}: the fewest epochs to the target for SMA are {fewest[1]:g} "
+                       f"({fewest[0]}) against {ssgd:g} for {c['best_ssgd']}.")
 
 
 def findings(envelope: dict[str, Any]) -> str:
