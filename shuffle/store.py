@@ -30,6 +30,7 @@ from dimd.errors import DimdError
 from dimd.format import PackedDataset, crc32
 from dimd.shuffle.exchange import (META_DTYPE, displacements, exchange_bytes, exchange_rows, gather_bytes,
                                    pack_down)
+from dimd.shuffle.memory import WORKER_PRIVATE_BYTES
 from dimd.shuffle.shm import Segment
 from dimd.host import available_memory
 from dimd.mpi import agree_or_raise, node_local_ranks
@@ -96,13 +97,16 @@ class DistributedStore:
 
     @classmethod
     def load(cls, path: str | os.PathLike, comm: Any, groups: int = 1, memory_limit: int | None = None,
-             *, advance: Callable[[int], None] | None = None) -> "DistributedStore":
+             *, decode_workers: int = 0, advance: Callable[[int], None] | None = None) -> "DistributedStore":
         """Collective over ``comm``: split into ``groups`` groups, load this rank's contiguous share.
 
-        Every rank checks, before reading, that its share (and the receive
-        buffer a shuffle needs) fits its part of the node's available memory
-        and ``memory_limit`` bytes; if any rank's does not, every rank raises
-        :class:`DimdError`. ``advance(n)`` is called with bytes read.
+        Every rank checks, before reading, that its share (with the send
+        buffer a shuffle needs, and the private memory of the
+        ``decode_workers`` processes that will decode it) fits its part of
+        the node's available memory and ``memory_limit`` bytes; if any rank's
+        does not, every rank raises :class:`DimdError`. The store itself is
+        counted once: the workers map the rank's segment.
+        ``advance(n)`` is called with bytes read.
         """
         start_time = time.perf_counter()
         group_comm = split_groups(comm, groups)             # MPI: the ranks that together hold the set
@@ -123,10 +127,11 @@ class DistributedStore:
         share = end - begin
         # A shuffle holds the records that leave the rank, packed, beside the store (at most the share again).
         need = share * (2 if size > 1 else 1) + len(rows) * META_DTYPE.itemsize * 4
+        need += decode_workers * WORKER_PRIVATE_BYTES      # each worker's own interpreter and buffers
         budget = available_memory() // node_local_ranks(comm)   # MPI: the node's memory, shared by its ranks
         # MPI: every rank refuses if one must
         agree_or_raise(comm, memory_problem(need, budget=budget, memory_limit=memory_limit,
-                                            rank=comm.Get_rank(), records=len(rows),
+                                            rank=comm.Get_rank(), records=len(rows), workers=decode_workers,
                                             group_size=size, path=str(dataset.data_path)))
 
         data, reads, problem = Segment(share, "dimd-store"), 0, None   # the decoding workers map it
@@ -165,7 +170,7 @@ class DistributedStore:
         return len(self._meta)
 
     def record(self, i: int) -> memoryview:
-        """The encoded bytes of local record ``i``, without copying."""
+        """The encoded bytes of local record ``i``, without copying (a view: a shuffle moves the bytes under it)."""
         start = int(self._starts[i])
         return self._data.data[start : start + int(self._meta["length"][i])]
 

@@ -334,20 +334,3 @@ class DecodeWorkers:
                 process.kill()
                 process.wait()
         self._processes = []
-
-    def private_memory(self) -> int:
-        """Bytes the workers hold that no other process shares (their anonymous resident memory)."""
-        return sum(_anonymous_resident(p.pid) for p in self._processes)
-
-
-def _anonymous_resident(pid: int) -> int:
-    """RssAnon of process ``pid`` in bytes (0 if it is gone): its memory that is not a shared file's."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-

@@ -50,6 +50,17 @@ def test_memory_limit_error_suggests_more_ranks_per_group(packed_sample, world):
         DistributedStore.load(packed_sample, world, memory_limit=1024)
 
 
+def test_the_memory_limit_counts_the_store_once_and_each_decoding_workers_own_memory(packed_sample, world):
+    from dimd.shuffle.memory import WORKER_PRIVATE_BYTES
+
+    packed = PackedDataset(packed_sample)
+    need = packed.data_path.stat().st_size + len(packed) * 24 * 4   # one rank: no shuffle buffer
+    limit = need + WORKER_PRIVATE_BYTES                              # room for one worker, not two
+    DistributedStore.load(packed_sample, world, memory_limit=limit, decode_workers=1)
+    with pytest.raises(DimdError, match=r"share \(48 records\) and its 2 decoding workers needs"):
+        DistributedStore.load(packed_sample, world, memory_limit=limit, decode_workers=2)
+
+
 def test_groups_must_divide_the_ranks(packed_sample, world):
     with pytest.raises(DimdError, match="`groups` 2 does not divide the 1 ranks"):
         DistributedStore.load(packed_sample, world, groups=2)
