@@ -15,9 +15,9 @@ from typing import Any, Iterable
 
 from dimd.units import format_bytes
 
-#: What one decoding worker holds on its own (interpreter, numpy, Pillow, decode buffers), as the
-#: ``--memory-limit`` check counts it before the workers exist: measured 22-24 MiB per worker
-#: (private pages after an epoch at 224 px, originals up to 1000+ px; docs/shuffle.md), with room.
+#: What one decoding worker costs its rank (interpreter, numpy, Pillow, decode buffers), as the
+#: ``--memory-limit`` check counts it before the workers exist: measured about 22 MiB private and
+#: 32-50 MiB PSS per worker after an epoch at 224 px (docs/shuffle.md, "Memory per rank").
 WORKER_PRIVATE_BYTES = 48 << 20
 
 _FIELDS = {"Rss:": "rss", "Pss:": "pss", "Private_Clean:": "private", "Private_Dirty:": "private"}
