@@ -13,12 +13,17 @@ Tests that need no separate process call the CLI in this one through :func:`invo
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
 import os
+import select
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -43,13 +48,81 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 
 
 def run_dimd(*args: str, check: bool = False, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``dimd ARGS`` as a user would, in a fresh process."""
-    proc = subprocess.run([*DIMD, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
+    """Run ``dimd ARGS`` as a user would, in a process of its own.
+
+    The process is forked from a warm interpreter that imported torch and dimd
+    once (:class:`WarmDimd`); ``DIMD_TESTS_FRESH_PROCESS=1`` starts a fresh
+    ``python -m dimd`` for each run instead. ``env`` is the one keyword
+    argument the warm path takes; any other goes to :func:`subprocess.run`.
+    """
+    command = ["dimd", *map(str, args)]
+    if set(kwargs) <= {"env"} and not os.environ.get("DIMD_TESTS_FRESH_PROCESS"):
+        proc = _warm.run(command, timeout=timeout, env=kwargs.get("env"))
+    else:
+        proc = subprocess.run([*DIMD, *map(str, args)], capture_output=True, text=True,
+                              timeout=timeout, **kwargs)
     if check and proc.returncode != 0:
         raise AssertionError(f"dimd {' '.join(map(str, args))} failed ({proc.returncode}):\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+class WarmDimd:
+    """This test process's warm interpreter (tests/warm_dimd.py), started on first use.
+
+    Each run is a child forked from it, so the ~3 CPU-seconds of starting
+    Python and importing torch are paid once per test process, not per run.
+    """
+
+    def __init__(self) -> None:
+        self.server: subprocess.Popen | None = None
+        self.pending = b""
+
+    def start(self) -> subprocess.Popen:
+        if self.server is None or self.server.poll() is not None:
+            self.server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("warm_dimd.py"))],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+            self.pending = b""
+            atexit.register(self.close)
+        return self.server
+
+    def reply(self, timeout: float | None) -> dict | None:
+        """The server's next answer, or None when ``timeout`` seconds pass first."""
+        server = self.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([server.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(server.stdout.fileno(), 65536)
+            if not chunk:
+                raise RuntimeError("the warm dimd interpreter ended")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, command: list[str], *, timeout: float, env: dict[str, str] | None) -> subprocess.CompletedProcess:
+        server = self.start()
+        with tempfile.TemporaryDirectory(prefix="dimd-run-") as folder:
+            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+            request = {"args": command[1:], "env": dict(os.environ if env is None else env), "cwd": os.getcwd(),
+                       "stdout": str(out), "stderr": str(err)}
+            server.stdin.write((json.dumps(request) + "\n").encode())
+            pid = self.reply(None)["pid"]
+            answer = self.reply(timeout)
+            if answer is None:
+                os.kill(pid, signal.SIGKILL)
+                self.reply(None)
+                raise subprocess.TimeoutExpired(command, timeout, out.read_text(), err.read_text())
+            return subprocess.CompletedProcess(command, answer["returncode"], out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            self.server.stdin.close()
+            self.server.wait(timeout=30)
+
+
+_warm = WarmDimd()
 
 
 @contextlib.contextmanager
