@@ -9,6 +9,7 @@ no traffic leaves the two namespaces (``multihost.py`` starts them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from multihost import MPI, on_hosts, ranks
+from multihost import MPI, hosts_sh, on_hosts, processes_on, ranks
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get("MULTIHOST_PREFIX"),
@@ -129,6 +130,50 @@ def test_a_checkpoint_folder_one_host_alone_sees_is_named_as_such(packed_sample,
     assert job.returncode != 0
     assert "checkpoint not found by rank 1 on h2" in job.stderr
     assert "must be visible on every node" in job.stderr
+
+
+@pytest.fixture
+def cut_h2():
+    """Cuts h2 off the network when called (its veth goes, as a dead node's link does); joins it back after."""
+    cut = []
+    yield lambda: (hosts_sh("hosts_cut"), cut.append(True))
+    if cut:
+        for host in ("h1", "h2"):      # whatever a failed test left running there
+            for process in processes_on(host):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(process.split()[0]), signal.SIGKILL)
+        hosts_sh("hosts_link")
+
+
+def test_a_host_cut_off_mid_training_ends_the_job_with_one_line(packed_sample, tmp_path, cut_h2):
+    """h2 leaves the network mid-training: no rank or launcher can learn it from MPI, which waits forever.
+    The stall watchdog of the rank on h1 names itself, its host and the wait, and every process ends,
+    the launcher on h1 and the proxy and rank on h2 too."""
+    job = on_hosts("h1,h2", "train", packed_sample, "--val", packed_sample, *TRAIN, "--epochs", "200",
+                   "--stall-timeout", "5", "--checkpoint-dir", tmp_path / "ckpt", popen=True)
+    seen = []
+    try:
+        for line in job.stdout:          # up to the run's header: training starts
+            seen.append(line)
+            if "thread(s) per rank" in line:
+                break
+        time.sleep(2)                    # a few steps in
+        cut_h2()
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0, "".join(seen) + out + err
+    print(err)                           # shown with -s
+    lines = [line for line in err.splitlines() if "no progress for" in line]
+    assert lines and lines[0].startswith("dimd: error: rank 0 on h1: no progress for "), err
+    assert "; a peer may be unreachable (--stall-timeout sets how long" in lines[0]
+    assert "Traceback" not in err
+    # rank 1's line is printed on h2, whose output can no longer reach the launcher; its processes end anyway
+    deadline = time.monotonic() + 30
+    while (processes_on("h1") or processes_on("h2")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_on("h1") == [] and processes_on("h2") == []
 
 
 @pytest.fixture
