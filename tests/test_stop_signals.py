@@ -8,6 +8,8 @@ this file under both (tests/openmpi/run.sh for Open MPI).
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -46,17 +48,32 @@ def test_the_launchers_stop_signal_checkpoints_and_exits_0(packed_sample, tmp_pa
 
 
 @pytest.mark.mpi
-def test_no_output_holds_a_nul_and_the_threads_are_recorded(packed_sample, tmp_path):
-    """Open MPI's version string ends in a NUL: in a log, grep would call the whole file binary."""
+def test_a_job_log_is_plain_lines_with_the_threads_recorded(packed_sample, tmp_path):
+    """A batch log: the job's stdout and stderr in one file, not a terminal.
+
+    Open MPI's version string ends in a NUL (grep would call the whole log binary), and the
+    progress line on stderr must end before the next line on stdout begins (not "eta 0sdone: ...").
+    """
     bench = run_mpi_dimd(2, "bench-allreduce", "--max-bytes", "1K", "--factor", "32", "--iters", "2",
                          "--json", tmp_path / "allreduce.json", check=True)
-    train = run_mpi_dimd(2, *train_args(packed_sample, tmp_path, "--epochs", "1"), check=True)
-    for text in (bench.stdout, bench.stderr, train.stdout, train.stderr,
+    # Unbuffered, as batch environments often run Python: each write reaches the launcher by itself, so
+    # a line written in two pieces (print's text, then its newline) lets stdout's next line in between.
+    train = subprocess.run([*launcher(2), *DIMD, *train_args(packed_sample, tmp_path, "--epochs", "1")],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log = train.stdout
+    assert train.returncode == 0, log
+    for text in (bench.stdout, bench.stderr, log,
                  (tmp_path / "allreduce.json").read_text(), (tmp_path / "train.json").read_text()):
         assert "\0" not in text
+    lines = log.splitlines()
+    progress = [line for line in lines if line.startswith("train: ")]
+    assert progress and progress[-1].endswith("eta 0s"), log          # the last progress line, whole
+    assert not [line for line in lines if re.search(r"eta \d+s.", line)], log
+    assert [line for line in lines if line.startswith("done: val top1")], log
     doc = json.loads((tmp_path / "train.json").read_text())
     threads = doc["result"]["threads"]
-    assert threads >= 1 and f"{threads} thread(s) per rank" in train.stdout
+    assert threads >= 1 and f"{threads} thread(s) per rank" in log
     assert doc["mpi"]["cores"] >= doc["mpi"]["rank_cores"] >= 1
 
 
