@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Callable, Iterator, TextIO
+from typing import Callable, Iterator, Sequence, TextIO
 
 Advance = Callable[[int], None]
 
@@ -94,3 +94,20 @@ def _plain_progress(total: int | None, description: str, unit: str, interval: fl
 
     yield advance
     write_line(stream, line())
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 0) -> None:
+    """A rich table on stdout (plain columns when stdout is not a terminal: logs, batch jobs);
+    the first ``left`` columns hold names and are left-justified, the others numbers."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=200, color_system=None)
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i < left else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

@@ -1,7 +1,8 @@
-"""Human-readable sizes: parse ``64K``/``16M`` and format byte counts."""
+"""Human-readable sizes and times: parse ``64K``/``16M``, format byte counts and seconds."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from dimd.errors import DimdError
@@ -31,3 +32,15 @@ def format_bytes(n: float) -> str:
         n /= 1024
     raise AssertionError("unreachable")
 
+
+
+def format_seconds(value: float | None) -> str:
+    """Seconds with a unit that keeps three significant figures (``-`` for none or not finite)."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f} s"
+    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(value) >= scale or unit == "us":
+            return f"{value / scale:.3g} {unit}"
+    raise AssertionError("unreachable")

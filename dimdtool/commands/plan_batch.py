@@ -12,7 +12,6 @@ A chain of steps that pass JSON files, each usable alone:
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,11 +19,13 @@ import click
 
 from dimd.commands.mpi_job import mpi_command
 from dimd.commands.train import allreduce_algorithms
-from dimd.options import (INT_LIST, SIZE, RegistryChoice, build_config, config_option, json_option, quiet_option,
-                          shared_option)
+from dimd.console import print_table
+from dimd.options import (INT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config, config_option, json_option,
+                          quiet_option, shared_option)
 from dimd.train.config import DEVICES, TrainConfig
 from dimd.train.plan.config import (POWERS_OF_TWO_TO_1024, CommFitConfig, ConvergenceConfig, SolveConfig,
                                     StepTimeConfig)
+from dimd.units import format_seconds as seconds
 
 
 @click.group("plan-batch")
@@ -38,44 +39,6 @@ def plan_batch() -> None:
     them into the best M for each P, and the cost of strong and weak scaling.
     See docs/plan-batch.md.
     """
-
-
-# ---------------------------------------------------------------------------- shared output
-def check_output(path: Path | None, flag: str) -> None:
-    """Refuse an output path whose folder does not exist, before any work."""
-    from dimd.errors import DimdError
-
-    if path is not None and not path.parent.is_dir():
-        raise DimdError(f"{flag} {path}: folder {path.parent} does not exist")
-
-
-def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 0) -> None:
-    """A rich table on stdout (plain columns when stdout is not a terminal: logs, batch jobs);
-    the first ``left`` columns hold names and are left-justified, the others numbers."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(highlight=False, soft_wrap=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, width=200, color_system=None)
-    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
-    for i, header in enumerate(headers):
-        table.add_column(header, justify="left" if i < left else "right", no_wrap=True)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-
-
-def seconds(value: float | None) -> str:
-    """Seconds with a unit that keeps three significant figures."""
-    if value is None or not math.isfinite(value):
-        return "-"
-    if abs(value) >= 1000:
-        return f"{value:,.0f} s"
-    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
-        if abs(value) >= scale or unit == "us":
-            return f"{value / scale:.3g} {unit}"
-    raise AssertionError("unreachable")
 
 
 # ---------------------------------------------------------------------------- step-time
@@ -117,21 +80,16 @@ def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: An
       mpirun -n 2 dimd plan-batch step-time --model resnet20 --image-size 32 \\
           --batch-sizes 1,2,4,8,16,32,64,128,256 --json step.json
     """
-    import numpy as np
-
     from dimd.console import progress
     from dimd.report import result_document, write_json
     from dimd.train.plan.measure import measure_step_times, step_time_figures
-    from dimd.train.plan.steptime import fit_step_time
 
     config = build_config(StepTimeConfig, **values)
-    check_output(json_path, "--json")
     root = comm.Get_rank() == 0
     total = len(config.batch_sizes) * (config.steps + config.warmup)
     with progress(total, f"timing {config.model} steps", unit="steps", enabled=root and not quiet) as advance:
         measured = measure_step_times(config, comm, advance)
-    fit = fit_step_time(measured.batches, [float(np.median(s)) for s in measured.step_seconds])
-    figures = step_time_figures(measured, fit)
+    figures = step_time_figures(measured)
     if not root:
         return
     click.echo(f"# {config.model} at {config.image_size} px, {measured.world_size} rank(s), "
@@ -143,9 +101,10 @@ def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: An
                   seconds(r["seconds"]["max"]), f"{r['images_per_s']:,.0f}", seconds(r["fit_s"]),
                   f"{100 * r['residual']:+.1f}%"] for r in figures["batches"]])
     knee = {"inside": "inside the measured range", "at-smallest": "at the smallest batch: no knee measured",
-            "at-largest": "at the largest batch: no linear part measured"}[fit.knee]
-    click.echo(f"Gamma(m) = gamma * max(m, M_T): gamma = {seconds(fit.gamma)} per image, "
-               f"M_T = {fit.m_t:.3g} images per rank ({knee}); rms residual {100 * fit.rms_residual:.1f}%")
+            "at-largest": "at the largest batch: no linear part measured"}[figures["knee"]]
+    click.echo(f"Gamma(m) = gamma * max(m, M_T): gamma = {seconds(figures['gamma'])} per image, "
+               f"M_T = {figures['m_t']:.3g} images per rank ({knee}); "
+               f"rms residual {100 * figures['rms_relative_residual']:.1f}%")
     if json_path is not None:
         write_json(json_path, result_document("plan-batch step-time", config, figures, mpi=mpi_setup.as_dict()))
 
@@ -189,6 +148,7 @@ def comm_fit(files: tuple[Path, ...], model: str | None, classes: int | None, nb
     from dimd.errors import DimdError
     from dimd.report import result_document, write_json
     from dimd.train.plan.commfit import fit_algorithms, read_bench_results
+    from dimd.train.plan.measure import gradient_size
 
     if model is not None and nbytes is not None:
         raise click.UsageError("give --model or --bytes, not both")
@@ -196,20 +156,14 @@ def comm_fit(files: tuple[Path, ...], model: str | None, classes: int | None, nb
         raise click.UsageError("--classes goes with --model")
     if values.get("algorithms") is not None:
         values["algorithms"] = tuple(a.strip() for a in values["algorithms"].split(",") if a.strip())
-    gradient_bytes, source = nbytes, "--bytes" if nbytes is not None else None
-    if model is not None:
-        from dimd.train.plan.measure import default_classes, model_gradient_bytes
-
-        try:
-            gradient_bytes = model_gradient_bytes(model, classes)
-        except DimdError as exc:
-            raise click.BadParameter(str(exc), param_hint="'--model'") from None
-        source = f"model {model}, {classes or default_classes(model)} classes"
+    try:
+        gradient_bytes, source = gradient_size(model, classes, nbytes)
+    except DimdError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--model'") from None
     config = build_config(CommFitConfig, files=tuple(str(f) for f in files), gradient_bytes=gradient_bytes,
                           **values)
-    check_output(json_path, "--json")
     figures = fit_algorithms(read_bench_results(config.files), config)
-    figures["gradient_source"] = source or "recorded by bench-allreduce --model"
+    figures["gradient_source"] = source
     _print_comm(figures)
     if json_path is not None:
         write_json(json_path, result_document("plan-batch comm", config, figures))
@@ -307,10 +261,9 @@ def convergence(train_set: str, val_set: str, json_path: Path | None, quiet: boo
           --image-size 28 --target-top1 0.95 --batch-sizes 8,16,32,64,128,256,512 --seeds 3 \\
           --lr 0.4 --max-epochs 30 --json conv.json
     """
-    from dimd.errors import DimdError
     from dimd.mpi import agree_or_raise
     from dimd.report import result_document, write_json
-    from dimd.train.plan.convergence import COMMAND, convergence_figures, unfitted_figures
+    from dimd.train.plan.convergence import COMMAND
     from dimd.train.plan.runs import run_convergence
 
     config = build_config(ConvergenceConfig, train=train_set, val=val_set, **values)
@@ -329,19 +282,7 @@ def convergence(train_set: str, val_set: str, json_path: Path | None, quiet: boo
     swept = run_convergence(config, comm, on_run=on_run)
     problem = None
     if root:
-        runs = swept.runs()
-        details = {"runs": swept.records, "eval_every_images": swept.eval_every_images,
-                   "training_images": swept.training_images, "ranks_per_run": swept.ranks_per_run,
-                   "groups": swept.groups, "group_seconds": swept.group_seconds, "threads": swept.threads,
-                   "device": swept.device, "classes": swept.records[0].classes if swept.records else None,
-                   "lr": {str(r.batch): r.lr for r in swept.records},
-                   "schedule": "linear scaling of --lr by M/256, warm-up as dimd train, then constant"}
-        try:
-            figures = convergence_figures(runs, config.target_top1)
-        except DimdError as exc:
-            problem = str(exc)
-            figures = unfitted_figures(runs, config.target_top1, problem)
-        figures.update(details)
+        figures, problem = swept.figures(config.target_top1)
         _print_convergence(figures, swept.records, config)
         if json_path is not None:
             write_json(json_path, result_document(COMMAND, config, figures, mpi=mpi_setup.as_dict()))
@@ -360,23 +301,16 @@ def _run_line(record: Any) -> str:
 
 
 def _print_convergence(figures: dict[str, Any], records: Sequence[Any], config: ConvergenceConfig) -> None:
-    seconds_by_batch: dict[int, list[float]] = {}
-    for r in records:
-        if r.train_seconds_to_target is not None:
-            seconds_by_batch.setdefault(r.batch, []).append(r.train_seconds_to_target)
-    lrs = {r.batch: r.lr for r in records}
     rows = []
     for row in figures["batches"]:
         spread_ = row["updates"]
         median = row["median_updates"]
-        times = sorted(seconds_by_batch.get(row["batch"], []))
-        rows.append([str(row["batch"]), f"{lrs.get(row['batch'], float('nan')):.4g}",
+        rows.append([str(row["batch"]), f"{row['lr']:.4g}" if row["lr"] is not None else "-",
                      f"{row['reached']}/{row['runs']}",
                      f"{median:,.0f}" if median is not None else "not reached",
                      f"{spread_['min']:,.0f}-{spread_['max']:,.0f}" if spread_["runs"] else "-",
                      f"{row['fitted_updates']:,.0f}" if "fitted_updates" in row else "-",
-                     "yes" if row["in_fit"] else "no",
-                     seconds(times[len(times) // 2]) if times else "-"])
+                     "yes" if row["in_fit"] else "no", seconds(row["train_seconds_median"])])
     click.echo(f"# updates to validation top-1 {config.target_top1:g} per global batch M, evaluated every "
                f"{figures['eval_every_images']:,} training images; a missed run counts as beyond its budget")
     print_table("convergence", ["M", "lr", "reached", "median updates", "range", "fit", "in fit",
@@ -416,7 +350,7 @@ def _print_convergence(figures: dict[str, Any], records: Sequence[Any], config: 
 @config_option(SolveConfig, "max_holdout_error", "--max-holdout-error",
                help="Without --algorithms: leave out the algorithms whose cost model missed the rank counts "
                     "held out of its fit by more than this (median relative error).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--plot", "plot_path", type=OUTPUT_FILE, default=None,
               help="Also draw T_C against P, N_update against M, Delta(P) and Gamma(m) to this PNG "
                    "(needs matplotlib).")
 @json_option("the plan: one row per P")
@@ -442,8 +376,6 @@ def solve(step_path: Path, comm_path: Path, conv_path: Path, plot_path: Path | N
     if values.get("algorithms") is not None:
         values["algorithms"] = tuple(a.strip() for a in values["algorithms"].split(",") if a.strip())
     config = build_config(SolveConfig, **values)
-    check_output(json_path, "--json")
-    check_output(plot_path, "--plot")
     if plot_path is not None:
         from dimd.train.plan.plot import require_matplotlib
 

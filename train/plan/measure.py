@@ -48,6 +48,16 @@ def model_gradient_bytes(model: str, classes: int | None = None) -> int:
         return gradient_bytes(build_model(model, classes if classes is not None else default_classes(model)))
 
 
+def gradient_size(model: str | None, classes: int | None, nbytes: int | None) -> tuple[int | None, str]:
+    """The bytes to predict one allreduce for, and where they come from: a model, a byte count, or (None)
+    the size the bench results recorded."""
+    if model is not None:
+        return model_gradient_bytes(model, classes), f"model {model}, {classes or default_classes(model)} classes"
+    if nbytes is not None:
+        return nbytes, "--bytes"
+    return None, "recorded by bench-allreduce --model"
+
+
 @dataclass(frozen=True)
 class StepTimes:
     """Per batch size: every timed step's seconds (slowest rank) and each rank's median."""
@@ -175,10 +185,13 @@ def endless(loader: Any) -> Iterator[tuple[Any, Any]]:
         epoch += 1
 
 
-def step_time_figures(measured: StepTimes, fit: Any) -> dict[str, Any]:
-    """The ``plan-batch step-time`` figures: the fit, then every batch's medians, spread and residual."""
+def step_time_figures(measured: StepTimes) -> dict[str, Any]:
+    """The ``plan-batch step-time`` figures: Gamma fitted to the per-batch medians, then every batch's
+    medians, spread and residual."""
     from dimd.report import spread
+    from dimd.train.plan.steptime import fit_step_time
 
+    fit = fit_step_time(measured.batches, [float(np.median(s)) for s in measured.step_seconds])
     rows = []
     fitted = dict(zip(fit.batches, zip(fit.fitted, fit.residuals)))
     for batch, steps, ranks in zip(measured.batches, measured.step_seconds, measured.rank_medians):

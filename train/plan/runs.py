@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from dimd.errors import DimdError
 from dimd.train.plan.config import ConvergenceConfig
-from dimd.train.plan.convergence import Run, first_reached
+from dimd.train.plan.convergence import Run, convergence_figures, first_reached, unfitted_figures
 
 #: The training set's share between evaluations by default (``eval_every_images`` None).
 DEFAULT_EVALUATIONS_PER_EPOCH = 10
@@ -100,6 +100,30 @@ class ConvergenceRuns:
 
     def runs(self) -> list[Run]:
         return [r.as_run() for r in self.records]
+
+    def figures(self, target: float) -> tuple[dict[str, Any], str | None]:
+        """The ``plan-batch convergence`` figures (rank 0), and why the inverse law could not be fitted, if so.
+
+        A sweep that cannot be fitted still reports every run, so nothing trained is lost.
+        """
+        problem = None
+        try:
+            figures = convergence_figures(self.runs(), target)
+        except DimdError as exc:
+            problem = str(exc)
+            figures = unfitted_figures(self.runs(), target, problem)
+        for row in figures["batches"]:
+            times = sorted(r.train_seconds_to_target for r in self.records
+                           if r.batch == row["batch"] and r.train_seconds_to_target is not None)
+            row["lr"] = next((r.lr for r in self.records if r.batch == row["batch"]), None)
+            row["train_seconds_median"] = times[len(times) // 2] if times else None
+        figures.update({"runs": self.records, "eval_every_images": self.eval_every_images,
+                        "training_images": self.training_images, "ranks_per_run": self.ranks_per_run,
+                        "groups": self.groups, "group_seconds": self.group_seconds, "threads": self.threads,
+                        "device": self.device, "classes": self.records[0].classes if self.records else None,
+                        "lr": {str(r.batch): r.lr for r in self.records},
+                        "schedule": "linear scaling of --lr by M/256, warm-up as dimd train, then constant"})
+        return figures, problem
 
 
 def run_order(config: ConvergenceConfig) -> list[RunSpec]:
