@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from multihost import MPI, hosts_sh, on_hosts, processes_on, ranks
+from multihost import MPI, OVER_THE_NETWORK, hosts_sh, on_hosts, processes_on, ranks
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get("MULTIHOST_PREFIX"),
@@ -149,8 +149,9 @@ def test_a_host_cut_off_mid_training_ends_the_job_with_one_line(packed_sample, t
     """h2 leaves the network mid-training: no rank or launcher can learn it from MPI, which waits forever.
     The stall watchdog of the rank on h1 names itself, its host and the wait, and every process ends,
     the launcher on h1 and the proxy and rank on h2 too."""
+    before = set(processes_on("h1") + processes_on("h2"))    # none, unless an earlier test left some
     job = on_hosts("h1,h2", "train", packed_sample, "--val", packed_sample, *TRAIN, "--epochs", "200",
-                   "--stall-timeout", "5", "--checkpoint-dir", tmp_path / "ckpt", popen=True)
+                   "--stall-timeout", "5", "--checkpoint-dir", tmp_path / "ckpt", env=OVER_THE_NETWORK, popen=True)
     seen = []
     try:
         for line in job.stdout:          # up to the run's header: training starts
@@ -170,10 +171,13 @@ def test_a_host_cut_off_mid_training_ends_the_job_with_one_line(packed_sample, t
     assert "; a peer may be unreachable (--stall-timeout sets how long" in lines[0]
     assert "Traceback" not in err
     # rank 1's line is printed on h2, whose output can no longer reach the launcher; its processes end anyway
+    def left():
+        return set(processes_on("h1") + processes_on("h2")) - before
+
     deadline = time.monotonic() + 30
-    while (processes_on("h1") or processes_on("h2")) and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert processes_on("h1") == [] and processes_on("h2") == []
+    assert not left()
 
 
 @pytest.fixture
