@@ -5,6 +5,9 @@ VENV        ?= .venv
 TORCH_SPEC  ?= torch==2.13.0
 DEMO_DIR    ?= demo
 NP          ?= 2
+# Test processes (pytest-xdist): one per core by default; each file's tests run in one of them, so a
+# file's shared set-ups (a training run several tests read) are made once.
+TEST_PROCESSES ?= auto
 # The demo's synchronisation: ssgd, or sma (Crossbow's model averaging, one learner per rank; docs/sma.md).
 SYNC        ?= ssgd
 
@@ -48,7 +51,7 @@ demo: setup
 
 # plots-setup: the tests of bench/'s plotting run too (matplotlib, installed without plain Pillow).
 test: setup plots-setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # ruff over the tree; mypy over the library, seen as the one `dimd` namespace it installs as:
 # mypy cannot follow setuptools' editable finder, so it reads a tree of links named as installed.

@@ -8,6 +8,7 @@ MPI libraries), so shares and messages above 2 GiB need no chunking here.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,6 +39,30 @@ def block_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return edges[bounds[1:]] - edges[bounds[:-1]]
 
 
+def _runs(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, length) of the runs of byte ranges that follow each other back to back."""
+    lengths = lengths.astype(np.int64, copy=False)
+    starts = starts.astype(np.int64, copy=False)
+    if len(lengths) == 0:
+        return starts, lengths
+    breaks = np.flatnonzero(starts[1:] != starts[:-1] + lengths[:-1]) + 1
+    first = np.concatenate(([0], breaks))
+    return starts[first], block_sums(lengths, np.diff(np.concatenate((first, [len(lengths)]))))
+
+
+def _move(target: np.ndarray, at: np.ndarray, source: np.ndarray, starts: np.ndarray,
+          lengths: np.ndarray) -> None:
+    """``target[at[i]:][:lengths[i]] = source[starts[i]:][:lengths[i]]`` for each i, memmove-safe.
+
+    One C ``memmove`` per range (overlapping ranges of the same buffer move
+    correctly, with no temporary copy); the caller has checked the bounds.
+    """
+    to, frm = target.ctypes.data, source.ctypes.data
+    for a, b, n in zip(at.tolist(), starts.tolist(), lengths.tolist()):
+        if n and (to + a != frm + b):
+            ctypes.memmove(to + a, frm + b, n)
+
+
 def gather_bytes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Copy the byte ranges ``[starts[i], starts[i] + lengths[i])`` of ``data`` back to back.
 
@@ -45,20 +70,28 @@ def gather_bytes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
     buffer still in load order is copied in one piece; otherwise one memcpy
     per record (records are tens of KiB, so the copy, not Python, dominates).
     """
-    lengths = lengths.astype(np.int64, copy=False)
-    starts = starts.astype(np.int64, copy=False)
-    out = np.empty(int(lengths.sum()), np.uint8)
-    if len(lengths) == 0:
-        return out
-    breaks = np.flatnonzero(starts[1:] != starts[:-1] + lengths[:-1]) + 1
-    run_first = np.concatenate(([0], breaks))
-    run_starts = starts[run_first]
-    run_lengths = block_sums(lengths, np.diff(np.concatenate((run_first, [len(lengths)]))))
-    run_out = displacements(run_lengths)
-    source, target = data.data, out.data   # the arrays' own buffers: slicing copies nothing
-    for begin, length, at in zip(run_starts.tolist(), run_lengths.tolist(), run_out.tolist()):
-        target[at : at + length] = source[begin : begin + length]
+    run_starts, run_lengths = _runs(starts, lengths)
+    out = np.empty(int(run_lengths.sum()), np.uint8)
+    if len(run_starts) and (run_starts.min() < 0 or (run_starts + run_lengths).max() > len(data)):
+        raise ValueError("a byte range lies outside the buffer")
+    _move(out, displacements(run_lengths), data, run_starts, run_lengths)
     return out
+
+
+def pack_down(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, int]:
+    """Move the byte ranges of ``data`` (given in increasing, disjoint order) to its front, back to back.
+
+    In place: each range moves towards the start, never over one not yet
+    moved. Returns each range's new start and where the packed bytes end.
+    """
+    lengths = lengths.astype(np.int64, copy=False)
+    new_starts = displacements(lengths)
+    run_starts, run_lengths = _runs(starts, lengths)
+    if len(run_starts) and ((run_starts[1:] < run_starts[:-1] + run_lengths[:-1]).any() or run_starts[0] < 0
+                            or run_starts[-1] + run_lengths[-1] > len(data)):
+        raise ValueError("the byte ranges to pack are not increasing, disjoint and inside the buffer")
+    _move(data, displacements(run_lengths), data, run_starts, run_lengths)
+    return new_starts, int(lengths.sum())
 
 
 @dataclass
@@ -72,6 +105,35 @@ class Received:
     bytes_from_others: int
 
 
+def exchange_rows(comm: Any, send_meta: np.ndarray, send_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Send the index rows of ``send_counts[d]`` consecutive records to rank ``d``: (rows, counts) received.
+
+    One ``Alltoall`` of counts, one ``Alltoallv`` of the rows; what arrives is
+    grouped by source rank. The rows say how many bytes will follow.
+    """
+    from mpi4py import MPI
+
+    send_counts = np.ascontiguousarray(send_counts, np.int64)
+    recv_counts = np.empty_like(send_counts)
+    comm.Alltoall(send_counts, recv_counts)
+    row = META_DTYPE.itemsize
+    recv_meta = np.empty(int(recv_counts.sum()), META_DTYPE)
+    comm.Alltoallv([send_meta.view(np.uint8), (send_counts * row, displacements(send_counts) * row), MPI.BYTE],
+                   [recv_meta.view(np.uint8), (recv_counts * row, displacements(recv_counts) * row), MPI.BYTE])
+    return recv_meta, recv_counts
+
+
+def exchange_bytes(comm: Any, sendbuf: np.ndarray, send_meta: np.ndarray, send_counts: np.ndarray,
+                   recv_meta: np.ndarray, recv_counts: np.ndarray, recvbuf: np.ndarray) -> None:
+    """The records' bytes after :func:`exchange_rows`: one ``Alltoallv`` into ``recvbuf``, grouped by source."""
+    from mpi4py import MPI
+
+    send_bytes = block_sums(send_meta["length"], send_counts)
+    recv_bytes = block_sums(recv_meta["length"], recv_counts)
+    comm.Alltoallv([sendbuf, (send_bytes, displacements(send_bytes)), MPI.BYTE],
+                   [recvbuf, (recv_bytes, displacements(recv_bytes)), MPI.BYTE])
+
+
 def alltoallv_records(comm: Any, sendbuf: np.ndarray, send_meta: np.ndarray, send_counts: np.ndarray,
                       allocate: Callable[[int], np.ndarray] | None = None) -> Received:
     """Send ``send_counts[d]`` consecutive records (rows and bytes) to rank ``d`` of ``comm``.
@@ -80,25 +142,13 @@ def alltoallv_records(comm: Any, sendbuf: np.ndarray, send_meta: np.ndarray, sen
     by destination. Returns the received records grouped by source rank, their
     bytes received straight into ``allocate(nbytes)`` (default: a new array).
     """
-    from mpi4py import MPI
-
     rank = comm.Get_rank()
-    send_counts = np.ascontiguousarray(send_counts, np.int64)
-    recv_counts = np.empty_like(send_counts)
-    comm.Alltoall(send_counts, recv_counts)
-
-    row = META_DTYPE.itemsize
-    recv_meta = np.empty(int(recv_counts.sum()), META_DTYPE)
-    comm.Alltoallv([send_meta.view(np.uint8), (send_counts * row, displacements(send_counts) * row), MPI.BYTE],
-                   [recv_meta.view(np.uint8), (recv_counts * row, displacements(recv_counts) * row), MPI.BYTE])
-
-    send_bytes = block_sums(send_meta["length"], send_counts)
+    recv_meta, recv_counts = exchange_rows(comm, send_meta, send_counts)
     recv_lengths = recv_meta["length"].astype(np.int64)
     recv_bytes = block_sums(recv_lengths, recv_counts)
     total = int(recv_bytes.sum())
     recvbuf = allocate(total) if allocate is not None else np.empty(total, np.uint8)
-    comm.Alltoallv([sendbuf, (send_bytes, displacements(send_bytes)), MPI.BYTE],
-                   [recvbuf, (recv_bytes, displacements(recv_bytes)), MPI.BYTE])
+    exchange_bytes(comm, sendbuf, send_meta, send_counts, recv_meta, recv_counts, recvbuf)
     return Received(data=recvbuf, meta=recv_meta, starts=displacements(recv_lengths),
                     records_from_others=int(recv_counts.sum() - recv_counts[rank]),
                     bytes_from_others=int(recv_bytes.sum() - recv_bytes[rank]))

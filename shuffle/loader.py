@@ -182,15 +182,28 @@ class BatchLoader:
             self._pool.attach(self._ring)
         if self._paths is None:
             segment = self.store.segment
-            if segment.key != self._store_key:   # the first batch, or the store was shuffled
+            if segment.key != self._store_key:   # the first batch, or a shuffle grew the store's segment
                 self._let_go_of_store()
                 self._pool.attach(segment)
                 self._store_key = segment.key
-                if self._let_go_of_store not in self.store.on_release:
-                    self.store.on_release.append(self._let_go_of_store)
+                if self._finish_reading_store not in self.store.on_change:
+                    self.store.on_change.append(self._finish_reading_store)
 
-    def _let_go_of_store(self, *_: object) -> None:
-        """Unmap the store's segment in the workers (after the tasks sent before): a shuffle replaces it."""
+    def _finish_reading_store(self, *_: object) -> None:
+        """Wait until the workers have done every task sent so far: a shuffle moves the store's bytes.
+
+        The batches in flight keep their images (decoded from the records
+        held before the shuffle); the next ones read the records it brings.
+        """
+        if self._pool is None or self._pool.closed:
+            return
+        for worker, ticket in self._abandoned:
+            self._pool.discard(worker, ticket)
+        self._abandoned = []
+        self._pool.finish_tasks()
+
+    def _let_go_of_store(self) -> None:
+        """Unmap the store's segment in the workers (after the tasks sent before): it grew, or we close."""
         if self._pool is None or self._pool.closed or self._store_key is None:
             return
         for worker, ticket in self._abandoned:
@@ -251,8 +264,8 @@ class BatchLoader:
     def close(self) -> None:
         """Let go of the workers (the last loader using them ends them) and of the batch slots."""
         pool = self._pool
-        if self._let_go_of_store in self.store.on_release:
-            self.store.on_release.remove(self._let_go_of_store)
+        if self._finish_reading_store in self.store.on_change:
+            self.store.on_change.remove(self._finish_reading_store)
         if pool is None:
             return
         try:

@@ -27,14 +27,15 @@ def split_groups(comm: Any, groups: int) -> Any:
 
 
 def memory_problem(need: int, *, budget: int, memory_limit: int | None, rank: int,
-                   records: int, group_size: int, path: str) -> str | None:
+                   records: int, group_size: int, path: str, workers: int = 0) -> str | None:
     """The error text when ``need`` bytes do not fit this rank's budget, else None."""
     limits = [(budget, "available memory per rank on this node")]
     if memory_limit is not None:
         limits.append((memory_limit, "`memory_limit`"))
     for limit, what in limits:
         if need > limit:
-            return (f"{path}: rank {rank}'s share ({records} records) needs {format_bytes(need)} "
+            decoders = f" and its {workers} decoding worker{'s' * (workers != 1)}" if workers else ""
+            return (f"{path}: rank {rank}'s share ({records} records){decoders} needs {format_bytes(need)} "
                     f"but the {what} is {format_bytes(limit)}; use more ranks per group "
                     f"(fewer `groups`; a group now has {group_size} ranks) or more ranks")
     return None

@@ -28,6 +28,20 @@ def _anonymous_file(name: str) -> int:
         return os.dup(f.fileno())
 
 
+def _map(fd: int, size: int) -> mmap.mmap:
+    """Map ``size`` bytes of ``fd`` shared, asking for huge pages (4 KiB shared-memory page faults are costly).
+
+    The kernel grants them only where ``/sys/kernel/mm/transparent_hugepage/shmem_enabled``
+    allows ``advise``; elsewhere the request is a no-op.
+    """
+    mapped = mmap.mmap(fd, size)
+    try:
+        mapped.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):   # no transparent huge pages in this kernel
+        pass
+    return mapped
+
+
 class Segment:
     """``size`` bytes of shared memory as a numpy uint8 array (``array``), identified by ``key``.
 
@@ -41,12 +55,31 @@ class Segment:
         self.fd = _anonymous_file(name) if fd is None else fd
         if fd is None:
             os.ftruncate(self.fd, max(self.size, 1))
-        self._map = mmap.mmap(self.fd, max(self.size, 1))
+        self._map = _map(self.fd, max(self.size, 1))
         self.array = np.frombuffer(self._map, np.uint8, self.size)
 
     @classmethod
     def attach(cls, fd: int, size: int, key: int) -> "Segment":
         return cls(size, fd=fd, key=key)
+
+    def grow(self, size: int) -> None:
+        """Make room for ``size`` bytes, keeping the bytes held; a grown segment gets a new ``key``.
+
+        The mapping is extended where it lies (``mremap``), so the pages
+        already touched stay mapped: only the new tail is faulted in. Views
+        of the old mapping that are still alive force a second mapping
+        instead. Processes that map the segment must attach it again.
+        """
+        if size <= self.size:
+            return
+        self.array = np.empty(0, np.uint8)   # our own view would block the resize
+        try:
+            self._map.resize(size)             # ftruncate and mremap
+        except BufferError:                    # a view of the old mapping is alive: map the file again
+            os.ftruncate(self.fd, size)
+            self._map = _map(self.fd, size)
+        self.size, self.key = int(size), next(_keys)
+        self.array = np.frombuffer(self._map, np.uint8, self.size)
 
     def close(self) -> None:
         """Drop the descriptor and, unless numpy views of it are still alive, the mapping."""

@@ -28,7 +28,9 @@ import numpy as np
 
 from dimd.errors import DimdError
 from dimd.format import PackedDataset, crc32
-from dimd.shuffle.exchange import META_DTYPE, alltoallv_records, gather_bytes
+from dimd.shuffle.exchange import (META_DTYPE, displacements, exchange_bytes, exchange_rows, gather_bytes,
+                                   pack_down)
+from dimd.shuffle.memory import WORKER_PRIVATE_BYTES
 from dimd.shuffle.shm import Segment
 from dimd.host import available_memory
 from dimd.mpi import agree_or_raise, node_local_ranks
@@ -86,21 +88,25 @@ class DistributedStore:
         self.classes = classes
         self.load_stats = load_stats
         self.round: int | None = None  # the last shuffle's round; None: still in load order
-        #: Called before a shuffle lets go of :attr:`segment` (a loader's workers unmap it then).
-        self.on_release: list[Callable[[Segment], None]] = []
+        #: Called before a shuffle moves the bytes of :attr:`segment` in place: each must return only
+        #: when no process reads the segment any more (a loader waits for its workers' tasks).
+        self.on_change: list[Callable[[Segment], None]] = []
         self._set(data, starts, meta)
 
     # -- construction -------------------------------------------------------------------
 
     @classmethod
     def load(cls, path: str | os.PathLike, comm: Any, groups: int = 1, memory_limit: int | None = None,
-             *, advance: Callable[[int], None] | None = None) -> "DistributedStore":
+             *, decode_workers: int = 0, advance: Callable[[int], None] | None = None) -> "DistributedStore":
         """Collective over ``comm``: split into ``groups`` groups, load this rank's contiguous share.
 
-        Every rank checks, before reading, that its share (and the receive
-        buffer a shuffle needs) fits its part of the node's available memory
-        and ``memory_limit`` bytes; if any rank's does not, every rank raises
-        :class:`DimdError`. ``advance(n)`` is called with bytes read.
+        Every rank checks, before reading, that its share (with the send
+        buffer a shuffle needs, and the private memory of the
+        ``decode_workers`` processes that will decode it) fits its part of
+        the node's available memory and ``memory_limit`` bytes; if any rank's
+        does not, every rank raises :class:`DimdError`. The store itself is
+        counted once: the workers map the rank's segment.
+        ``advance(n)`` is called with bytes read.
         """
         start_time = time.perf_counter()
         group_comm = split_groups(comm, groups)             # MPI: the ranks that together hold the set
@@ -119,12 +125,13 @@ class DistributedStore:
         begin, end = dataset.byte_range(first, stop)
         rows = dataset.records[first:stop]
         share = end - begin
-        # A shuffle holds the packed send buffer and the received one at once.
+        # A shuffle holds the records that leave the rank, packed, beside the store (at most the share again).
         need = share * (2 if size > 1 else 1) + len(rows) * META_DTYPE.itemsize * 4
+        need += decode_workers * WORKER_PRIVATE_BYTES      # each worker's own interpreter and buffers
         budget = available_memory() // node_local_ranks(comm)   # MPI: the node's memory, shared by its ranks
         # MPI: every rank refuses if one must
         agree_or_raise(comm, memory_problem(need, budget=budget, memory_limit=memory_limit,
-                                            rank=comm.Get_rank(), records=len(rows),
+                                            rank=comm.Get_rank(), records=len(rows), workers=decode_workers,
                                             group_size=size, path=str(dataset.data_path)))
 
         data, reads, problem = Segment(share, "dimd-store"), 0, None   # the decoding workers map it
@@ -163,7 +170,7 @@ class DistributedStore:
         return len(self._meta)
 
     def record(self, i: int) -> memoryview:
-        """The encoded bytes of local record ``i``, without copying."""
+        """The encoded bytes of local record ``i``, without copying (a view: a shuffle moves the bytes under it)."""
         start = int(self._starts[i])
         return self._data.data[start : start + int(self._meta["length"][i])]
 
@@ -204,9 +211,14 @@ class DistributedStore:
     def shuffle(self, seed: int, round: int) -> ShuffleStats:
         """Collective within the group: move records so each rank holds a fresh random share.
 
-        One ``Alltoallv`` of the bytes (after an ``Alltoall`` of counts and an
-        ``Alltoallv`` of the index rows). In a group of one rank it is a new
-        local order and moves no bytes.
+        The index rows of the records that change rank go first (an
+        ``Alltoall`` of counts, an ``Alltoallv`` of rows), so every rank checks
+        that it will fill its slots before any byte moves. Then one
+        ``Alltoallv`` of their bytes, received in place into the store's own
+        segment: the records that stay are packed to its front and the
+        arriving ones land behind them, so no page of a new segment is
+        faulted in and nothing is reassembled afterwards. In a group of one
+        rank it is a new local order and moves no bytes.
         """
         start_time = time.perf_counter()
         comm = self.group_comm
@@ -216,44 +228,41 @@ class DistributedStore:
         sent_records = sent_bytes = received_records = received_bytes = 0
         if size == 1:
             order = np.argsort(slot_of[self._meta["index"]])
-            data, starts, meta = self.segment, self._starts[order], self._meta[order]
+            starts, meta = self._starts[order], self._meta[order]
         else:
             dest = np.searchsorted(bounds, slot_of[self._meta["index"]], side="right") - 1
-            order = np.argsort(dest, kind="stable")
-            send_meta = self._meta[order]
-            sendbuf = gather_bytes(self._data, self._starts[order], send_meta["length"])
-            counts = np.bincount(dest, minlength=size)
-            staying = order[dest[order] == rank]
-            sent_records = len(order) - len(staying)
-            sent_bytes = len(sendbuf) - int(self._meta["length"][staying].sum(dtype=np.int64))
-            # free the old share (here and in the decoding workers) before the receive buffer exists
-            for release in self.on_release:
-                release(self.segment)
-            self._data, self.segment = np.empty(0, np.uint8), Segment(0, "dimd-store")
-            segments: list[Segment] = []
-
-            def into_new_segment(nbytes: int) -> np.ndarray:   # the bytes land where the workers will read them
-                segments.append(Segment(nbytes, "dimd-store"))
-                return segments[0].array
-
-            # MPI: the records change ranks
-            received = alltoallv_records(comm, sendbuf, send_meta, counts, allocate=into_new_segment)
-            del sendbuf
-            position = slot_of[received.meta["index"]] - bounds[rank]
+            leaving = np.flatnonzero(dest != rank)
+            leaving = leaving[np.argsort(dest[leaving], kind="stable")]
+            staying = np.flatnonzero(dest == rank)
+            staying = staying[np.argsort(self._starts[staying], kind="stable")]   # in byte order
+            send_meta, send_counts = self._meta[leaving], np.bincount(dest[leaving], minlength=size)
+            # MPI: the index rows of the records that change ranks
+            recv_meta, recv_counts = exchange_rows(comm, send_meta, send_counts)
+            meta = np.concatenate((self._meta[staying], recv_meta))
+            position = slot_of[meta["index"]] - bounds[rank]
             problem = None
             if len(position) != bounds[rank + 1] - bounds[rank] or (
                     len(position) and np.bincount(position, minlength=len(position)).max() != 1):
                 problem = (f"shuffle round {round}: rank {comm.Get_rank()} of group {self.group} "
-                           f"received {len(position)} records that do not fill its "
+                           f"would receive {len(position)} records that do not fill its "
                            f"{bounds[rank + 1] - bounds[rank]} slots (a record was lost or duplicated)")
-            agree_or_raise(comm, problem)                   # MPI: a lost record fails every rank
-            meta = np.empty_like(received.meta)
-            meta[position] = received.meta
-            starts = np.empty_like(received.starts)
-            starts[position] = received.starts
-            data = segments[0]
-            received_records, received_bytes = received.records_from_others, received.bytes_from_others
-        self._set(data, starts, meta)
+            agree_or_raise(comm, problem)                   # MPI: a lost record fails every rank, before a byte moves
+
+            for finish in self.on_change:   # nobody reads the segment while its bytes move
+                finish(self.segment)
+            segment, self._data = self.segment, np.empty(0, np.uint8)
+            sendbuf = gather_bytes(segment.array, self._starts[leaving], send_meta["length"])
+            kept_starts, kept = pack_down(segment.array, self._starts[staying], self._meta["length"][staying])
+            arriving = recv_meta["length"].astype(np.int64)
+            segment.grow(kept + int(arriving.sum()))   # extends the mapping: the pages in use stay mapped
+            # MPI: the records' bytes change ranks
+            exchange_bytes(comm, sendbuf, send_meta, send_counts, recv_meta, recv_counts,
+                           segment.array[kept : kept + int(arriving.sum())])
+            starts = np.concatenate((kept_starts, kept + displacements(arriving)))
+            meta[position], starts[position] = meta.copy(), starts.copy()
+            sent_records, sent_bytes = len(leaving), len(sendbuf)
+            received_records, received_bytes = len(recv_meta), int(arriving.sum())
+        self._set(self.segment, starts, meta)
         self.round = round
         return ShuffleStats(round=round, seconds=time.perf_counter() - start_time, group_size=size,
                             records_sent=sent_records, bytes_sent=sent_bytes,

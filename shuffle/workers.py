@@ -190,6 +190,7 @@ class DecodeWorkers:
         self._sockets: list[socket.socket] = []
         self._processes: list[subprocess.Popen] = []
         self._replies: dict[int, tuple[str, str | None]] = {}
+        self._in_flight: list[set[int]] = []   # per worker: tickets sent, not yet answered
         self._attached: dict[int, int] = {}   # segment key -> loaders using it
         self._tickets = 0
         env = {k: v for k, v in os.environ.items() if not k.startswith(MPI_ENVIRONMENT)}
@@ -203,6 +204,7 @@ class DecodeWorkers:
                                               stdin=subprocess.DEVNULL)
                 self._sockets.append(ours)
                 self._processes.append(process)
+                self._in_flight.append(set())
             for w in range(count):
                 self._receive(w)   # "ready": the interpreter is up and has imported the decoder
         except BaseException:
@@ -260,7 +262,14 @@ class DecodeWorkers:
     def submit(self, worker: int, task: Task) -> int:
         self._tickets += 1
         self._send(worker, pickle.dumps(("decode", self._tickets, task)))
+        self._in_flight[worker].add(self._tickets)
         return self._tickets
+
+    def finish_tasks(self) -> None:
+        """Until every worker has answered every task sent so far (the answers are kept for :meth:`wait`)."""
+        for worker, tickets in enumerate(self._in_flight):
+            while tickets:
+                self._receive(worker)
 
     def wait(self, worker: int, ticket: int) -> None:
         """Until ``ticket`` is done; a decode error raises it as :class:`DecodeError`."""
@@ -296,6 +305,7 @@ class DecodeWorkers:
         kind, ticket, text = pickle.loads(message)
         if kind != "ready":
             self._replies[ticket] = (kind, text)
+            self._in_flight[worker].discard(ticket)
 
     def _died(self, worker: int) -> None:
         process = self._processes[worker]
@@ -316,7 +326,7 @@ class DecodeWorkers:
         """Close the sockets (each worker then ends) and reap the processes."""
         for sock in self._sockets:
             sock.close()
-        self._sockets = []
+        self._sockets, self._in_flight = [], []
         for process in self._processes:
             try:
                 process.wait(timeout=10)
@@ -324,20 +334,3 @@ class DecodeWorkers:
                 process.kill()
                 process.wait()
         self._processes = []
-
-    def private_memory(self) -> int:
-        """Bytes the workers hold that no other process shares (their anonymous resident memory)."""
-        return sum(_anonymous_resident(p.pid) for p in self._processes)
-
-
-def _anonymous_resident(pid: int) -> int:
-    """RssAnon of process ``pid`` in bytes (0 if it is gone): its memory that is not a shared file's."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-

@@ -225,7 +225,11 @@ def loader_batches(dataset: str, groups: str) -> None:
     for _ in train.epoch(0):
         pass
     workers = train.worker_pids
+    in_flight = train.epoch(1)
+    next(in_flight)                  # batches of epoch 1 still decoding while the bytes move
     store.shuffle(seed=4, round=0)   # the workers move to the received share at this round boundary
+    in_flight.close()
+    train.seek(1)
     seen = sum(len(labels) for _, labels in train.epoch(1))
     restarted = bool(comm.allreduce(int(train.worker_pids != workers)))
     evaluation = BatchLoader(store, batch_size=5, image_size=32, train=False, workers=2)

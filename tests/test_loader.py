@@ -56,6 +56,18 @@ def test_batches_do_not_depend_on_the_number_of_workers_or_their_timing(store):
     assert not torch.equal(one[0][0], other_seed[0][0])
 
 
+def test_a_ranks_memory_adds_its_workers_proportional_share_not_their_whole_resident_set(store):
+    from dimd.shuffle.memory import process_memory, rank_memory
+
+    with BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=4) as loader:
+        collect(loader, 0)   # the workers have read the whole store
+        memory = rank_memory(loader.worker_pids)
+        worker_rss = sum(process_memory(pid).rss for pid in loader.worker_pids)
+    assert memory.workers == 2 and memory.total == memory.rank_pss + memory.workers_pss
+    assert 0 < memory.workers_private < memory.workers_pss < worker_rss   # the store and libraries are shared
+    assert memory.rank_pss <= memory.rank_rss
+
+
 def test_raising_prefetch_after_the_first_epoch_keeps_every_batch_intact(store):
     """SMA's engine asks for 2K batches ahead once it knows K: the ring of batch slots must follow,
     or a batch is overwritten by one drawn later before it is read."""

@@ -50,6 +50,17 @@ def test_memory_limit_error_suggests_more_ranks_per_group(packed_sample, world):
         DistributedStore.load(packed_sample, world, memory_limit=1024)
 
 
+def test_the_memory_limit_counts_the_store_once_and_each_decoding_workers_own_memory(packed_sample, world):
+    from dimd.shuffle.memory import WORKER_PRIVATE_BYTES
+
+    packed = PackedDataset(packed_sample)
+    need = packed.data_path.stat().st_size + len(packed) * 24 * 4   # one rank: no shuffle buffer
+    limit = need + WORKER_PRIVATE_BYTES                              # room for one worker, not two
+    DistributedStore.load(packed_sample, world, memory_limit=limit, decode_workers=1)
+    with pytest.raises(DimdError, match=r"share \(48 records\) and its 2 decoding workers needs"):
+        DistributedStore.load(packed_sample, world, memory_limit=limit, decode_workers=2)
+
+
 def test_groups_must_divide_the_ranks(packed_sample, world):
     with pytest.raises(DimdError, match="`groups` 2 does not divide the 1 ranks"):
         DistributedStore.load(packed_sample, world, groups=2)
@@ -91,6 +102,32 @@ def test_gather_bytes_copies_ranges_back_to_back():
     assert gather_bytes(data, np.zeros(0, np.int64), np.zeros(0, np.int64)).size == 0
     assert block_sums(lengths, np.array([2, 0, 3])).tolist() == [5, 0, 8]
     assert displacements(np.array([5, 0, 8])).tolist() == [0, 5, 5]
+
+
+def test_pack_down_moves_kept_records_to_the_front_in_place():
+    from dimd.shuffle.exchange import pack_down
+
+    data = np.arange(20, dtype=np.uint8)
+    # records at 0 (in place already), 3, 6 (moving onto part of itself) and 16
+    starts, end = pack_down(data, np.array([0, 3, 6, 16]), np.array([2, 2, 4, 4]))
+    assert starts.tolist() == [0, 2, 4, 8] and end == 12
+    assert data[:12].tolist() == [0, 1, 3, 4, 6, 7, 8, 9, 16, 17, 18, 19]
+    with pytest.raises(ValueError):
+        pack_down(data, np.array([6, 0]), np.array([2, 2]))   # not in byte order
+
+
+def test_a_grown_segment_keeps_its_bytes_and_gets_a_new_key():
+    from dimd.shuffle.shm import Segment
+
+    segment = Segment(3, "dimd-test")
+    segment.array[:] = [1, 2, 3]
+    key = segment.key
+    segment.grow(5000)
+    assert segment.size == 5000 and segment.key != key and segment.array[:3].tolist() == [1, 2, 3]
+    held = segment.array[:3]          # a live view: the next growth maps the file a second time
+    segment.grow(9000)
+    assert segment.array[:3].tolist() == [1, 2, 3] and held.tolist() == [1, 2, 3]
+    segment.close()
 
 
 def test_verification_names_missing_doubled_and_changed_records(packed_sample):

@@ -24,6 +24,8 @@ def test_evaluations_every_n_images_besides_epoch_ends(packed_sample, world, syn
     assert [round(e.epoch, 3) for e in result.evaluations][-1] == 2.0
     assert all(0 <= e.top1 <= 1 and e.elapsed > 0 for e in result.evaluations)
     assert result.stopped_by is None and len(result.epochs) == 2
+    memory = result.figures()["memory_per_rank"][0]   # the rank and its one decoding worker, the store once
+    assert memory["workers"] == 1 and memory["total"] == memory["rank_pss"] + memory["workers_pss"] > 0
 
 
 def test_a_target_accuracy_ends_the_run_at_the_first_evaluation_reaching_it(packed_sample, world):

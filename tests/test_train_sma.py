@@ -202,20 +202,19 @@ def test_checkpoints_of_the_other_sync_or_mid_epoch_on_another_layout_are_refuse
     ssgd, fresh = tmp_path / "ssgd", tmp_path / "fresh"
     ssgd.mkdir()
     fresh.mkdir()   # --json's folder must exist (checked at start-up); nothing may be written in it
-    run_mpi_dimd(2, *ssgd_args(packed_sample, ssgd, "--epochs", "1", "--model", "lenet"), timeout=120, check=True)
-    cases = [
+    run_dimd(*ssgd_args(packed_sample, ssgd, "--epochs", "1", "--model", "lenet"), timeout=120, check=True)
+    cases = [   # refused before anything loads, so one process (this one) shows each
         (ssgd_args(packed_sample, fresh, "--resume-from", checkpoints(out)[-1]),
          "a checkpoint of a --sync sma run, this run is --sync ssgd; resume it with --sync sma"),
         (sma_args(packed_sample, fresh, "--resume-from", checkpoints(ssgd)[-1], "--model", "lenet"),
          "a checkpoint of a --sync ssgd run, this run is --sync sma; resume it with --sync ssgd"),
-        (sma_args(packed_sample, fresh, "--batch-size", "3", "--resume-from",
-                  out / "checkpoints" / "checkpoint-e0001-s00000004.pt"),
+        (sma_args(packed_sample, fresh, "--resume-from", out / "checkpoints" / "checkpoint-e0001-s00000004.pt"),
          "written mid-epoch (epoch 2, step 4) with 2 ranks, 2 learners per rank, groups 1, batch 4, shuffle "
-         "every 5; this run has 2 ranks, 2 learners per rank, groups 1, batch 3, shuffle every 5: resume it "
+         "every 5; this run has 1 ranks, 2 learners per rank, groups 1, batch 4, shuffle every 5: resume it "
          "with that layout, or resume from "),
     ]
     for args, message in cases:
-        proc = run_mpi_dimd(2, *args, timeout=120)
+        proc = invoke_dimd(*args)
         assert proc.returncode == 1, (args, proc.stderr)
         assert message in proc.stderr and proc.stderr.count("dimd: error:") == 1, proc.stderr
         assert list(fresh.iterdir()) == []
@@ -228,10 +227,11 @@ def test_a_diverged_run_exits_non_zero_and_keeps_the_last_good_checkpoint(sma_ru
     shutil.copytree(out / "checkpoints", tmp_path / "checkpoints")
     before = {p.name: p.read_bytes() for p in checkpoints(tmp_path)}
     start = tmp_path / "checkpoints" / "checkpoint-e0002-s00000006.pt"
-    for args in (sma_args(packed_sample, tmp_path, "--resume-from", start, "--lr", "1e12", "--keep-checkpoints", "1"),
-                 ssgd_args(packed_sample, tmp_path, "--lr", "1e12", "--keep-checkpoints", "1",
-                           "--checkpoint-dir", tmp_path / "ssgd")):
-        proc = run_mpi_dimd(2, *args, timeout=120)
+    sma = run_mpi_dimd(2, *sma_args(packed_sample, tmp_path, "--resume-from", start, "--lr", "1e12",
+                                    "--keep-checkpoints", "1"), timeout=120)
+    ssgd = run_dimd(*ssgd_args(packed_sample, tmp_path, "--lr", "1e12", "--keep-checkpoints", "1",
+                               "--checkpoint-dir", tmp_path / "ssgd"), timeout=120)   # one rank: S-SGD's check
+    for proc in (sma, ssgd):
         assert proc.returncode == 1, proc.stderr
         assert proc.stderr.count("dimd: error:") == 1 and "training diverged at step" in proc.stderr, proc.stderr
         assert "lower --lr" in proc.stderr

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from dimd.errors import DimdError
+from dimd.shuffle.memory import describe_ranks, gather_rank_memory
 from dimd.stall import StallWatchdog, job_ender
 from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
 from dimd.train.config import TrainConfig
@@ -234,6 +235,7 @@ class Trainer:
         from dimd.train.sgd import Normalize, broadcast_state
 
         self.started = time.perf_counter()
+        self.memory: list[dict[str, int]] = []   # each rank's memory at the last epoch's end (dimd.shuffle.memory)
         self.config = cfg = config
         self.comm, self.rank, self.world = comm, comm.Get_rank(), comm.Get_size()
         check_before_loading(cfg, self.world)
@@ -253,12 +255,13 @@ class Trainer:
 
         # -- data: each rank's share in memory, and the loaders over it
         t0 = time.perf_counter()
-        self.store = DistributedStore.load(cfg.train, comm, groups=cfg.groups, memory_limit=cfg.memory_limit)
+        workers = cfg.decode_workers or default_decode_workers(comm)   # MPI: the node's cores, shared by its ranks
+        self.store = DistributedStore.load(cfg.train, comm, groups=cfg.groups, memory_limit=cfg.memory_limit,
+                                           decode_workers=workers)
         self.val_store = DistributedStore.load(cfg.val, comm, groups=1, memory_limit=cfg.memory_limit)
         self.val_label_map = val_label_map(self.store.classes, self.val_store.classes, cfg.val, cfg.train)
         self.hooks.on_event(f"loaded {self.store.total} training and {self.val_store.total} validation records "
                             f"into memory in {time.perf_counter() - t0:.1f}s")
-        workers = cfg.decode_workers or default_decode_workers(comm)   # MPI: the node's cores, shared by its ranks
         self.loader, self.val_loader = make_loaders(cfg, self.store, self.val_store, self.device, workers)
         #: Batches of ``batch_size`` per rank per epoch; the schedule counts these, so its
         #: position is the same whatever the learners per rank.
@@ -397,6 +400,10 @@ class Trainer:
         state.history.append(self.epoch_metrics(evaluation))
         self.record_evaluation(evaluation)
         state.tally = EpochTally()
+        first = not self.memory
+        self.memory = gather_rank_memory(self.comm, self.loader.worker_pids)   # MPI: each rank's, the store once
+        if first:
+            self.hooks.on_event(describe_ranks(self.memory))
         self.save()
         self.hooks.on_epoch(state.history[-1])
 
@@ -530,7 +537,7 @@ class Trainer:
             sync=self.strategy.name, strategy={k: v for k, v in figures.items() if k != "learners_per_rank"},
             epochs=self.state.history, evaluations=self.state.evaluations, resumed_from=self.resumed_from,
             stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads,
-            run_id=self.state.run_id)
+            run_id=self.state.run_id, memory=self.memory)
         result.replicas_identical = self.strategy.identical(self.comm)   # MPI: the ranks' models agree
         result.seconds = time.perf_counter() - self.started
         return result

@@ -95,7 +95,7 @@ def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224,
     """
     from dimd.shuffle import BatchLoader, DistributedStore
 
-    store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit)
+    store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit, decode_workers=workers)
     if train:   # MPI: round 0, as dimd train: in load order a rank's share is a few classes of a class-sorted pack
         store.shuffle(seed, 0)
     extra: dict[str, Any] = {} if crop_scale is None else {"crop_scale": crop_scale}

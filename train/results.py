@@ -130,6 +130,7 @@ class TrainResult:
     seconds: float = 0.0
     threads: int = 0                    # torch compute threads per rank
     run_id: str | None = None           # the run's id, as its checkpoints record it
+    memory: list[dict[str, int]] = field(default_factory=list)   # per rank, at the last epoch's end
 
     @property
     def final(self) -> EpochMetrics | None:
@@ -153,6 +154,7 @@ class TrainResult:
             "stopped_by": self.stopped_by,
             "checkpoint": self.checkpoint, "replicas_identical": self.replicas_identical,
             "seconds": self.seconds, "threads": self.threads, "run_id": self.run_id, "epochs_run": len(run),
+            "memory_per_rank": self.memory,
             "images_per_s": images / train_s if train_s > 0 else 0.0,
             "time_split": split,
             "final": final.as_dict() if final else None,
