@@ -35,6 +35,7 @@ MODULES = (
     "comm_vs_ranks",         # FireCaffe fig. 4, eqs. 3-4
     "train_vs_ddp",          # dimd train against PyTorch DDP
     "sma_tta",               # Crossbow: time to accuracy, S-SGD against SMA
+    "sma_tta_resnet",        # opt-in: the same on resnet20 and the demo set (batch norm)
     "plan_batch_plan",       # Perrone et al.: T_C against P (three regimes), the inverse law
     "plan_batch_check",      # Perrone et al.: the plan against real runs to the target; B_simple vs alpha/N_inf
     "allreduce_vs_mpich",    # opt-in: dimd's algorithms against MPICH's, forced

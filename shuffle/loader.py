@@ -96,32 +96,37 @@ class BatchLoader:
 
     # -- iteration ------------------------------------------------------------------------
 
-    def epoch(self, epoch: int) -> Generator[tuple[Any, Any], None, None]:
+    def epoch(self, epoch: int, stop: int | None = None) -> Generator[tuple[Any, Any], None, None]:
         """Yield ``(images, labels)`` for ``epoch``.
 
         The loader has a position (epoch, batches consumed): asking for the
         epoch it is in continues from there (after a ``break``, a shuffle of
         the store, or :meth:`load_state_dict`); any other epoch starts at its
         first batch. A finished epoch moves the position to the next one.
+        ``stop``: only the batches before batch ``stop``, and none decoded past
+        it (a ``break`` wastes the batches already prefetched); the position
+        then stays in the epoch.
         """
         if epoch < 0:
             raise DimdError(f"epoch must be non-negative (got {epoch})")
         first = self._step if epoch == self._epoch else 0
         self._epoch, self._step = epoch, first
         batches = self.epoch_indices(epoch)
+        end = len(batches) if stop is None else min(stop, len(batches))
         self._prepare()
         pending: collections.deque[_Batch] = collections.deque()
         next_step = first
         try:
-            for step in range(first, len(batches)):
+            for step in range(first, end):
                 # the ring's slots bound the batches in flight (prefetch may grow during an epoch)
-                while next_step < len(batches) and next_step < step + self._slots:
+                while next_step < end and next_step < step + self._slots:
                     pending.append(self._submit(epoch, next_step, batches[next_step]))
                     next_step += 1
                 images, labels = self._collect(pending.popleft())
                 self._epoch, self._step = epoch, step + 1
                 yield images, labels
-            self._epoch, self._step = epoch + 1, 0
+            if end == len(batches):
+                self._epoch, self._step = epoch + 1, 0
         finally:
             for batch in pending:
                 self._abandoned.extend(batch.tickets)

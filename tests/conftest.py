@@ -32,6 +32,16 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 PEERS = BENCH / "peers"
 
 
+#: `make test` runs a test process per core (pytest-xdist), so MPI jobs of different tests share the
+#: cores: their ranks yield when idle, as dimd makes them do when its own ranks outnumber the cores
+#: (docs/mpi.md), instead of spinning in a wait against the other job's work.
+SHARED_CORES = {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1", "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "1",
+                "OMPI_MCA_mpi_yield_when_idle": "1"}
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    for key, value in SHARED_CORES.items():
+        os.environ.setdefault(key, value)
+
+
 def run_dimd(*args: str, check: bool = False, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
     """Run ``dimd ARGS`` as a user would, in a fresh process."""
     proc = subprocess.run([*DIMD, *map(str, args)], capture_output=True, text=True,

@@ -91,9 +91,8 @@ def test_gradients_equal_one_flat_allreduce_for_every_bucket_size(ranks):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_overlap_on_and_off_give_the_same_weights(ranks):
-    proc = mpi_run("overlap_on_and_off_train_alike", ranks, "ring", timeout=180, check=True)
+def test_overlap_on_and_off_give_the_same_weights():
+    proc = mpi_run("overlap_on_and_off_train_alike", 3, "ring", timeout=180, check=True)
     assert "identical True replicas True" in proc.stdout
     assert float(proc.stdout.split("moved ")[1].split()[0]) > 0.01   # the steps did train
 

@@ -101,7 +101,7 @@ def test_an_epoch_in_bf16_mixed_on_the_cpu_records_its_precision(packed_sample, 
     from conftest import run_dimd
 
     out = tmp_path / "bf16"
-    run_dimd("train", packed_sample, "--val", packed_sample, "--model", "resnet20", "--image-size", "32",
+    run_dimd("train", packed_sample, "--val", packed_sample, "--model", "lenet", "--image-size", "32",
              "--epochs", "1", "--batch-size", "8", "--lr", "0.01", "--no-lr-scaling", "--decode-workers", "1",
              "--threads", "1", "--precision", "bf16-mixed", "--device", "cpu", "--checkpoint-dir", out,
              "--json", tmp_path / "train.json", check=True, timeout=240)

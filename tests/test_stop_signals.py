@@ -35,46 +35,41 @@ def train_args(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.mpi
-def test_the_launchers_stop_signal_checkpoints_and_exits_0(packed_sample, tmp_path):
+def test_the_launchers_stop_signal_checkpoints_and_exits_0_and_the_log_holds_no_nul(packed_sample, tmp_path):
+    """A batch log: the job's stdout and stderr in one file, not a terminal.
+
+    Open MPI's version string ends in a NUL (grep would call the whole log binary), and the
+    progress line on stderr must end before the next line on stdout begins (not "eta 17sstopped by").
+    Unbuffered, as batch environments often run Python: each write reaches the launcher by itself, so
+    a line written in two pieces (print's text, then its newline) lets stdout's next line in between.
+    """
     sig = stop_signal()
     job = subprocess.Popen([*launcher(2), *DIMD, *train_args(packed_sample, tmp_path, "--epochs", "500")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     # after the run's header (training starts then), to the launcher, as `kill -s SIG <launcher pid>`
     out, err = signal_at(job, "thread(s) per rank", lambda j: j.send_signal(sig))
     assert job.returncode == 0, out + err
     assert f"stopped by {sig.name}" in out
-    result = json.loads((tmp_path / "train.json").read_text())["result"]
+    document = (tmp_path / "train.json").read_text()
+    result = json.loads(document)["result"]
     assert result["stopped_by"] == sig.name and Path(result["checkpoint"]).is_file()
+    assert all("\0" not in text for text in (out, err, document))
+    threads = result["threads"]
+    assert threads >= 1 and f"{threads} thread(s) per rank" in out
+    assert json.loads(document)["mpi"]["cores"] >= json.loads(document)["mpi"]["rank_cores"] >= 1
+    lines = out.splitlines()
+    assert [line for line in lines if line.startswith("train: ")], out      # the progress line at the stop
+    assert not [line for line in lines if re.search(r"eta \d+s.", line)], out
+    assert [line for line in lines if line.startswith(f"stopped by {sig.name} after step")], out
 
 
 @pytest.mark.mpi
-def test_a_job_log_is_plain_lines_with_the_threads_recorded(packed_sample, tmp_path):
-    """A batch log: the job's stdout and stderr in one file, not a terminal.
-
-    Open MPI's version string ends in a NUL (grep would call the whole log binary), and the
-    progress line on stderr must end before the next line on stdout begins (not "eta 0sdone: ...").
-    """
+def test_bench_allreduce_output_holds_no_nul(tmp_path):
     bench = run_mpi_dimd(2, "bench-allreduce", "--max-bytes", "1K", "--factor", "32", "--iters", "2",
                          "--json", tmp_path / "allreduce.json", check=True)
-    # Unbuffered, as batch environments often run Python: each write reaches the launcher by itself, so
-    # a line written in two pieces (print's text, then its newline) lets stdout's next line in between.
-    train = subprocess.run([*launcher(2), *DIMD, *train_args(packed_sample, tmp_path, "--epochs", "1")],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    log = train.stdout
-    assert train.returncode == 0, log
-    for text in (bench.stdout, bench.stderr, log,
-                 (tmp_path / "allreduce.json").read_text(), (tmp_path / "train.json").read_text()):
+    for text in (bench.stdout, bench.stderr, (tmp_path / "allreduce.json").read_text()):
         assert "\0" not in text
-    lines = log.splitlines()
-    progress = [line for line in lines if line.startswith("train: ")]
-    assert progress and progress[-1].endswith("eta 0s"), log          # the last progress line, whole
-    assert not [line for line in lines if re.search(r"eta \d+s.", line)], log
-    assert [line for line in lines if line.startswith("done: val top1")], log
-    doc = json.loads((tmp_path / "train.json").read_text())
-    threads = doc["result"]["threads"]
-    assert threads >= 1 and f"{threads} thread(s) per rank" in log
-    assert doc["mpi"]["cores"] >= doc["mpi"]["rank_cores"] >= 1
 
 
 @pytest.mark.mpi

@@ -1,6 +1,8 @@
 """SMA on one process: the update against a hand computation, the mean property, restarts,
 the learners' gradient computations against plain modules, and the auto-tuner's decisions."""
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -226,13 +228,41 @@ def test_recomputed_batch_norm_statistics_are_those_of_every_ranks_batches():
     assert (layer.running_var > torch.stack([v for _, v in per_rank]).max(dim=0).values).all()   # the spread counts
 
 
+def test_calibration_batches_come_from_the_training_loaders_workers_and_leave_its_batches_as_they_were(store):
+    """z's recompute draws through a loader of its own seed that shares the training loader's decoding
+    workers: mid-epoch, the training batches go on as a loader that never lent them, and a draw is
+    the same whenever it is made (a resumed run recomputes the same statistics)."""
+    from dimd.shuffle import BatchLoader
+    from dimd.train.batchnorm import CalibrationBatches
+
+    def crcs(batches):
+        return [(zlib.crc32(images.numpy().tobytes()), labels.tolist()) for images, labels in batches]
+
+    training = BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=0)
+    epoch = training.epoch(0)
+    got = crcs(next(epoch) for _ in range(3))
+    with BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=0) as alone:
+        expected = crcs(alone.epoch(0))
+    with BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=1) as other_seed:
+        drawn = crcs(other_seed.epoch(5))[:3]
+    calibration = CalibrationBatches(BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=1))
+    assert crcs(calibration(5, 10)) == drawn                    # the first 3 batches of draw 5
+    assert calibration.loader.worker_pids == training.worker_pids and calibration.loader.position == (5, 3)
+    got += crcs(next(epoch) for _ in range(3))
+    assert crcs(calibration(5, 12)) == drawn
+    got += crcs(epoch)
+    assert got == expected and training.position == (1, 0)
+    calibration.close()
+    training.close()
+
+
 def test_the_central_model_is_evaluated_with_statistics_recomputed_once_per_synchronisation():
     drawn = []
 
-    def calibration(round):
-        drawn.append(round)
+    def calibration(round, images):
+        drawn.append((round, images))
         g = torch.Generator().manual_seed(round)
-        while True:
+        for _ in range(-(-images // 4)):
             yield (torch.randint(0, 255, (4, 3, 16, 16), dtype=torch.uint8, generator=g),
                    torch.zeros(4, dtype=torch.int64))
 
@@ -242,9 +272,9 @@ def test_the_central_model_is_evaluated_with_statistics_recomputed_once_per_sync
     before = sma.model[1].running_var.clone()
     sma.eval_model()
     sma.eval_model()                                   # z has not moved: nothing is recomputed
-    assert drawn == [0] and not torch.equal(before, sma.model[1].running_var)
+    assert drawn == [(0, 12)] and not torch.equal(before, sma.model[1].running_var)
     assert sma.learner_group.float_rows()[0].abs().sum() > 0      # the learners' own are untouched
     batch = [(torch.randint(0, 255, (4, 3, 16, 16), dtype=torch.uint8), torch.zeros(4, dtype=torch.int64))] * 2
     sma.step(batch, 0.05, sync=True)
     sma.eval_model()
-    assert drawn == [0, 1]
+    assert drawn == [(0, 12), (1, 12)]

@@ -16,13 +16,39 @@ behind the choice.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Generator, Iterable
 
 import numpy as np
 import torch
 from torch import nn
 
 Reduce = Callable[[np.ndarray], None]
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class CalibrationBatches:
+    """Training batches for a recompute, ``(round, images)`` -> this rank's first batches of the
+    draw ``round`` that hold at least ``images`` images, from one loader kept for the whole run.
+
+    ``loader`` is a training :class:`~dimd.shuffle.BatchLoader` of its own seed
+    (so the training loader's position and batches are untouched, and a resumed
+    run draws the same calibration batches: they depend on seed, rank, round
+    and step); it shares the training loader's decoding workers (one pool per
+    process) and keeps its batch slots between recomputes, and it decodes only
+    the batches taken. :meth:`close` lets go of them with the run.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __call__(self, round: int, images: int) -> Generator[Batch, None, None]:
+        loader = self.loader
+        batches = max(1, -(-images // loader.batch_size))
+        loader.seek(round, 0)
+        yield from loader.epoch(round, stop=batches)
+
+    def close(self) -> None:
+        self.loader.close()
 
 
 def batch_norm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:

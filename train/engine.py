@@ -30,7 +30,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
 import torch
@@ -126,19 +126,16 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
     return device_feed(loader, device, config.decode), device_feed(val_loader, device, config.decode)
 
 
-def calibration_source(config: TrainConfig, store: Any, device: torch.device,
-                       workers: int) -> Callable[[int], Generator[Any, None, None]]:
-    """Training batches for SMA's batch-norm recompute (``round`` -> this rank's batches), from a
-    loader of their own (seed + 1), so the training loader's position and batches stay as they are."""
+def calibration_source(config: TrainConfig, store: Any, device: torch.device, workers: int) -> Any:
+    """Training batches for SMA's batch-norm recompute, from a loader of their own (seed + 1) that
+    shares the training loader's workers, so the training loader's position and batches stay as they are."""
     from dimd.shuffle import BatchLoader
+    from dimd.train.batchnorm import CalibrationBatches
 
-    def batches(round: int) -> Generator[Any, None, None]:
-        with BatchLoader(store, config.eval_batch_size or config.batch_size, config.image_size, train=True,
-                         workers=workers, seed=config.seed + 1, pin_memory=device.type == "cuda",
-                         crop_scale=config.crop_scale) as loader:
-            yield from loader.epoch(round)
-
-    return batches
+    batch = min(config.eval_batch_size or config.batch_size, store.total // store.comm.Get_size())
+    return CalibrationBatches(BatchLoader(store, batch, config.image_size,
+                                          train=True, workers=workers, seed=config.seed + 1,
+                                          pin_memory=device.type == "cuda", crop_scale=config.crop_scale))
 
 
 def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[str, Any]]:
@@ -180,7 +177,7 @@ def make_reducer(algorithm: str, comm) -> Callable[[np.ndarray], None]:
 
 def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[[np.ndarray], None],
                   world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False,
-                  calibration: Callable[[int], Generator[Any, None, None]] | None = None,
+                  calibration: Callable[[int, int], Iterator[Any]] | None = None,
                   precision: Any = None) -> Strategy:
     """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says;
     ``overlap``: S-SGD reduces gradient buckets during backward; ``calibration``: the training
@@ -288,10 +285,10 @@ class Trainer:
         self.algorithm, self.algorithm_choice = choose_allreduce(cfg, nbytes, comm)
         self.overlap = overlap_choice(cfg, self.device, comm)
         self.algorithm_choice["overlap"] = self.overlap
+        self.calibration = calibration_source(cfg, self.store, self.device, workers) if cfg.sync == "sma" else None
         self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
                                                 self.normalize, self.batches_per_epoch, self.overlap,
-                                                calibration_source(cfg, self.store, self.device, workers),
-                                                self.precision)
+                                                self.calibration, self.precision)
 
         # -- schedule
         #: The batch ``--lr`` is scaled by (linear scaling, lr x batch / 256): S-SGD's global batch
@@ -334,6 +331,8 @@ class Trainer:
         finally:
             self.loader.close()
             self.val_loader.close()
+            if self.calibration is not None:
+                self.calibration.close()
             self.strategy.close()
         return self.result()
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -51,8 +51,9 @@ CENTRAL_MOMENTUM = 0.0
 #: evaluated or saved: enough for stable estimates, a fraction of an epoch's forward passes.
 CALIBRATION_IMAGES = 256
 
-#: ``round`` -> this rank's training batches for the recompute (a fresh draw per round).
-Calibration = Callable[[int], Generator[tuple[torch.Tensor, torch.Tensor], None, None]]
+#: ``(round, images)`` -> this rank's training batches for the recompute, at least ``images`` images
+#: (a fresh draw per round; :class:`~dimd.train.batchnorm.CalibrationBatches`).
+Calibration = Callable[[int, int], Iterator[tuple[torch.Tensor, torch.Tensor]]]
 
 
 def decay_vector(model: nn.Module, weight_decay: float, *, decay_bn_and_bias: bool = False) -> torch.Tensor | None:
@@ -252,20 +253,10 @@ class SMA:
         self._calibrated_at = self.syncs
         return self.model
 
-    def _calibration_batches(self) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
+    def _calibration_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's share of :data:`CALIBRATION_IMAGES`, a fresh draw after every synchronisation."""
         assert self.calibration is not None
-        share = -(-self.calibration_images // self.world_size)
-        batches = self.calibration(self.syncs)
-        try:
-            taken = 0
-            for images, labels in batches:
-                yield images, labels
-                taken += int(labels.numel())
-                if taken >= share:
-                    break
-        finally:
-            batches.close()
+        return self.calibration(self.syncs, -(-self.calibration_images // self.world_size))
 
     def global_state(self) -> dict[str, Any]:
         return {"delta_prev": self.delta_prev.cpu().clone(), "alpha": self.alpha,
