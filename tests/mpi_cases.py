@@ -171,6 +171,35 @@ def assert_fails_on_one_rank(failing_rank: str) -> None:
     say(f"done {comm.rank}")
 
 
+@case
+def a_peer_stops_answering(timeout: str) -> None:
+    """Rank 1 stops calling collectives before step 3 (as a rank behind a dead link looks to the others).
+
+    Rank 0 waits in step 3's allreduce; its stall watchdog ends the whole job after TIMEOUT seconds::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py a_peer_stops_answering 1
+        -> stderr: dimd: error: rank 0 on HOST: no progress for 1 s in the allreduce of step 3; a peer may
+           be unreachable (...)
+    """
+    import time
+
+    import numpy as np
+    from mpi4py import MPI
+
+    from dimd.stall import StallWatchdog, job_ender
+
+    comm = world("serialized")
+    gradients = np.ones(1000)
+    with StallWatchdog(float(timeout), job_ender(comm)) as watchdog:
+        for step in (1, 2, 3):
+            if comm.rank == 1 and step == 3:
+                time.sleep(300)                        # gone: never reaches the allreduce
+            with watchdog.waiting(f"the allreduce of step {step}"):
+                comm.Allreduce(MPI.IN_PLACE, gradients)
+            say(f"rank {comm.rank} step {step}")
+    say(f"done {comm.rank}")
+
+
 # -- shuffle and loader ----------------------------------------------------------------
 
 @case

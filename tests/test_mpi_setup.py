@@ -64,6 +64,18 @@ def test_an_error_on_one_rank_ends_the_job(packed_sample, collective, rank, mess
 
 
 @pytest.mark.mpi
+def test_a_rank_left_waiting_for_a_silent_peer_ends_the_job_with_one_line():
+    """The stall watchdog: rank 1 stops answering, rank 0 names itself, its host and the wait, and the job ends."""
+    proc = mpi_run("a_peer_stops_answering", 2, 1, timeout=60)
+    assert proc.returncode != 0
+    assert "rank 0 step 2" in proc.stdout and "done" not in proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if "no progress" in line]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("dimd: error: rank 0 on ")
+    assert "in the allreduce of step 3; a peer may be unreachable" in lines[0]
+
+
+@pytest.mark.mpi
 def test_a_failed_assert_on_one_rank_ends_the_test_job_at_once():
     """The harness itself: ``python -m mpi4py`` aborts every rank, with the assertion on stderr.
 

@@ -8,6 +8,8 @@ this file under both (tests/openmpi/run.sh for Open MPI).
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -34,10 +36,17 @@ def train_args(data: Path, out: Path, *extra: str) -> list[str]:
 
 @pytest.mark.mpi
 def test_the_launchers_stop_signal_checkpoints_and_exits_0_and_the_log_holds_no_nul(packed_sample, tmp_path):
-    """Open MPI's version string ends in a NUL: in a log, grep would call the whole file binary."""
+    """A batch log: the job's stdout and stderr in one file, not a terminal.
+
+    Open MPI's version string ends in a NUL (grep would call the whole log binary), and the
+    progress line on stderr must end before the next line on stdout begins (not "eta 17sstopped by").
+    Unbuffered, as batch environments often run Python: each write reaches the launcher by itself, so
+    a line written in two pieces (print's text, then its newline) lets stdout's next line in between.
+    """
     sig = stop_signal()
     job = subprocess.Popen([*launcher(2), *DIMD, *train_args(packed_sample, tmp_path, "--epochs", "500")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     # after the run's header (training starts then), to the launcher, as `kill -s SIG <launcher pid>`
     out, err = signal_at(job, "thread(s) per rank", lambda j: j.send_signal(sig))
     assert job.returncode == 0, out + err
@@ -49,6 +58,10 @@ def test_the_launchers_stop_signal_checkpoints_and_exits_0_and_the_log_holds_no_
     threads = result["threads"]
     assert threads >= 1 and f"{threads} thread(s) per rank" in out
     assert json.loads(document)["mpi"]["cores"] >= json.loads(document)["mpi"]["rank_cores"] >= 1
+    lines = out.splitlines()
+    assert [line for line in lines if line.startswith("train: ")], out      # the progress line at the stop
+    assert not [line for line in lines if re.search(r"eta \d+s.", line)], out
+    assert [line for line in lines if line.startswith(f"stopped by {sig.name} after step")], out
 
 
 @pytest.mark.mpi

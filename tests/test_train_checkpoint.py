@@ -2,6 +2,7 @@
 
 import errno
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,3 +102,39 @@ def test_checkpoints_are_listed_in_the_order_they_were_written(tmp_path):
     new.write_bytes(b"after --resume-from the boundary")
     os.utime(stale, ns=(1_000_000_000, 1_000_000_000))
     assert list_checkpoints(tmp_path) == [stale, new] and latest_checkpoint(tmp_path) == new
+
+
+def test_a_requeued_job_that_always_passes_resume_is_not_stuck_after_a_layout_change(packed_sample, world,
+                                                                                     tmp_path):
+    """The whole story: a job stops mid-epoch on one layout, is requeued on another (refused, with advice),
+    resumed from the boundary the advice names, then requeued again with plain ``resume``: it continues
+    from its newest checkpoint, not from the old layout's stale mid-epoch one (which has the higher step)."""
+    from dimd.train.config import TrainConfig
+    from dimd.train.engine import Hooks, Trainer
+    from dimd.train.signals import StopRequest
+
+    def run(batch_size, epochs, stop_after=None, **options):
+        config = TrainConfig(train=str(packed_sample), val=str(packed_sample), model="lenet", image_size=32,
+                             batch_size=batch_size, epochs=epochs, lr=0.01, lr_scaling=False, schedule="constant",
+                             decode_workers=1, threads=1, checkpoint_dir=str(tmp_path), **options)
+        stop, taken = StopRequest(), []
+
+        def on_step(n):   # the scheduler's time-limit warning, after `stop_after` steps of this run
+            taken.append(n)
+            if len(taken) == stop_after:
+                stop.received = "SIGUSR1"
+
+        return Trainer(config, world, stop=stop, hooks=Hooks(on_step=on_step)).run()
+
+    # 48 records: 12 steps per epoch at batch 4, 3 at batch 16
+    boundary = run(4, 1).checkpoint                                   # step 12, an epoch's end
+    stale = run(4, 2, stop_after=7, resume=True)                      # warned mid-epoch 2: stops after step 20
+    assert stale.stopped_by == "SIGUSR1" and stale.checkpoint.endswith("-s00000020.pt")
+    with pytest.raises(DimdError, match=f"written mid-epoch .* resume from {boundary} \\(an epoch boundary\\)"):
+        run(16, 3, resume=True)                                       # requeued on another layout
+    advised = run(16, 3, resume_from=boundary)                        # the advice: steps 13-18, epochs 2 and 3
+    assert advised.resumed_from == boundary and advised.checkpoint.endswith("e0003-s00000018.pt")
+    requeued = run(16, 4, resume=True)                                # the job's own line again: plain resume
+    assert requeued.resumed_from == advised.checkpoint
+    assert requeued.epochs[-1].epoch == 4 and requeued.checkpoint.endswith("e0004-s00000021.pt")
+    assert latest_checkpoint(tmp_path) == Path(requeued.checkpoint)

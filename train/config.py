@@ -67,6 +67,7 @@ class TrainConfig:
     resume_from: str | None = None        # continue from this checkpoint file
     force: bool = False                   # a fresh run deletes an earlier run's checkpoints in checkpoint_dir
     memory_limit: int | None = None       # bytes per rank
+    stall_timeout: float = 600.0          # seconds a rank waits in a collective before it ends the job; 0: forever
     read_from: str = "memory"             # "files"/"files-cold": read each image from its original file
     files_root: str | None = None         # the folder the set was packed from (default: the index's source)
     # Synchronisation: S-SGD, or Crossbow's synchronous model averaging (docs/sma.md).
@@ -100,6 +101,8 @@ class TrainConfig:
         at_least(self, "shuffle_every", 0, optional=True)
         positive(self, "power")
         positive(self, "memory_limit", optional=True)
+        at_least(self, "stall_timeout", 0)
+        finite(self, "stall_timeout")
         one_of(self, "schedule", SCHEDULES)
         one_of(self, "device", DEVICES)
         one_of(self, "read_from", READ_FROM)

@@ -37,6 +37,7 @@ import torch
 
 from dimd.errors import DimdError
 from dimd.shuffle.memory import describe_ranks, gather_rank_memory
+from dimd.stall import StallWatchdog, job_ender
 from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
 from dimd.train.config import TrainConfig
 from dimd.train.evaluate import EvalResult, local_counts, summarize
@@ -239,6 +240,8 @@ class Trainer:
         self._own_stop = stop is None
         self.hooks = hooks or Hooks()
         self.eval_every_images, self.target_top1 = eval_every_images, target_top1
+        # MPI: a wait for the other ranks that outlasts `stall_timeout` (a peer's host is gone) ends the job
+        self.watchdog = StallWatchdog(cfg.stall_timeout if self.world > 1 else 0, job_ender(comm))
 
         # -- hardware: threads and device
         self.threads, binding = set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks
@@ -315,7 +318,7 @@ class Trainer:
     def run(self) -> TrainResult:
         cfg = self.config
         try:
-            with stop_request() if self._own_stop else contextlib.nullcontext(self.stop) as stop:
+            with stop_request() if self._own_stop else contextlib.nullcontext(self.stop) as stop, self.watchdog:
                 self.stop = stop
                 self.resume()
                 self.hooks.on_start(self)
@@ -359,8 +362,9 @@ class Trainer:
                 self.maybe_restart(position)
                 last = self.batches_per_epoch - done - k < k
                 sync = last or state.since_sync + 1 >= cfg.sync_every
-                result = self.strategy.step(mine, lr, sync=sync, stop=bool(self.stop),
-                                            times=StepTimes(data=waited))
+                with self.watchdog.waiting(f"the allreduce of step {state.step + 1}"):
+                    result = self.strategy.step(mine, lr, sync=sync, stop=bool(self.stop),
+                                                times=StepTimes(data=waited))
                 state.step += 1
                 state.since_sync = 0 if result.synced else state.since_sync + 1
                 seconds = time.perf_counter() - t0
@@ -406,7 +410,8 @@ class Trainer:
 
     def save(self) -> str | None:
         """Collective: rank 0 writes a checkpoint (if the run has a folder); every rank learns its path."""
-        path = save_run(self, self.state, last_good=self.last_checkpoint)
+        with self.watchdog.waiting(f"the checkpoint after step {self.state.step}"):
+            path = save_run(self, self.state, last_good=self.last_checkpoint)
         if path is not None:
             self.last_checkpoint = path
         return path
@@ -440,7 +445,8 @@ class Trainer:
     def reshuffle(self) -> float:
         t0 = time.perf_counter()
         self.loader.close()  # no decoder may read the store while records move
-        self.store.shuffle(self.config.seed, self.shuffle_round())  # MPI: records move between ranks
+        with self.watchdog.waiting(f"the shuffle of round {self.shuffle_round()}"):
+            self.store.shuffle(self.config.seed, self.shuffle_round())  # MPI: records move between ranks
         return time.perf_counter() - t0
 
     def maybe_restart(self, position: int) -> None:
@@ -465,7 +471,8 @@ class Trainer:
         model = self.strategy.eval_model()
         with self.precision.autocast():
             counts = local_counts(model, self.val_loader.epoch(0), self.normalize, label_map=self.val_label_map)
-        self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)   # MPI: every rank scored its share
+        with self.watchdog.waiting(f"the evaluation's allreduce after step {self.state.step}"):
+            self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)   # MPI: every rank scored its share
         result = summarize(counts, time.perf_counter() - t0)
         if not math.isfinite(result.loss):                        # the same sums on every rank
             raise self.diverged(f"validation loss {result.loss:.4g}")

@@ -69,10 +69,10 @@ def init(*, device: str = "auto", threads: int | None = None,
 def _abort_job_hook(comm: Any) -> Any:
     def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
         if issubclass(kind, DimdError):
-            print(f"dimd: error: rank {comm.Get_rank()}: {error}", file=sys.stderr, flush=True)
+            sys.stderr.write(f"dimd: error: rank {comm.Get_rank()}: {error}\n")   # one write, a whole line
         else:
-            print(f"rank {comm.Get_rank()}: " + "".join(traceback.format_exception(kind, error, trace)),
-                  file=sys.stderr, end="", flush=True)
+            sys.stderr.write(f"rank {comm.Get_rank()}: " + "".join(traceback.format_exception(kind, error, trace)))
+        sys.stderr.flush()
         time.sleep(_FORWARD_GRACE_S)   # the launcher forwards the line before the abort tears it down
         comm.Abort(1)   # MPI: end every rank, none left waiting in a collective
     return hook

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import click
 
+from dimd.console import write_line
 from dimd.errors import DimdError
 from dimd.mpi import LaunchMismatch, ThreadLevel, agree_or_raise, init_mpi
 from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, output_problems
@@ -107,7 +108,7 @@ def start_mpi(thread_level: ThreadLevel):
         if not exc.first_task:
             time.sleep(_NONZERO_RANK_GRACE_S)  # the first task says it; let it, then go
         else:
-            print(f"dimd: error: {exc}", file=sys.stderr, flush=True)
+            write_line(sys.stderr, f"dimd: error: {exc}")
         sys.exit(1)
 
 
@@ -117,7 +118,7 @@ def abort_job(comm: Any, message: str, code: int) -> None:
     if rank != 0:
         time.sleep(_NONZERO_RANK_GRACE_S)
     prefix = "dimd: error: " if size == 1 else f"dimd: error: rank {rank}: "
-    print(prefix + message, file=sys.stderr, flush=True)
+    write_line(sys.stderr, prefix + message)   # one write: under -u, print's two may be split by stdout
     sys.stdout.flush()
     if size == 1:
         sys.exit(code)

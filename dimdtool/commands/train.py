@@ -179,6 +179,10 @@ def print_models() -> None:
 @config_option(TrainConfig, "force",
                help="A fresh run (no --resume) into a --checkpoint-dir that holds an earlier run's "
                     "checkpoints deletes them first (without it such a start is refused).")
+@config_option(TrainConfig, "stall_timeout", metavar="SECONDS",
+               help="A rank that waits this long for the others in a step's allreduce, the shuffle, an "
+                    "evaluation or a checkpoint ends the job with a line naming it (a peer's host may be "
+                    "gone; docs/mpi.md); 0: wait forever.")
 @config_option(TrainConfig, "memory_limit", type=SIZE, metavar="SIZE",
                help="Refuse to load more than this per rank (e.g. 8G).")
 @config_option(TrainConfig, "read_from", type=click.Choice(READ_FROM),

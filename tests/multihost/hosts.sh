@@ -20,7 +20,7 @@ hosts_file() {   # hosts_file HOST: that host's /etc/hosts
 }
 
 hosts_up() {
-    local h i=1
+    local h
     hosts_down
     for h in "${MULTIHOST_HOSTS[@]}"; do
         ip netns add "$MULTIHOST_PREFIX$h"
@@ -28,6 +28,11 @@ hosts_up() {
         hosts_file "$h" >"/etc/netns/$MULTIHOST_PREFIX$h/hosts"
         ip -n "$MULTIHOST_PREFIX$h" link set lo up
     done
+    hosts_link
+}
+
+hosts_link() {   # the veth pair between the hosts (again, after a test cut it: hosts_cut)
+    local h i=1
     ip link add "${MULTIHOST_PREFIX}v1" type veth peer name "${MULTIHOST_PREFIX}v2"
     for h in "${MULTIHOST_HOSTS[@]}"; do
         ip link set "${MULTIHOST_PREFIX}v$i" netns "$MULTIHOST_PREFIX$h"
@@ -35,6 +40,10 @@ hosts_up() {
         ip -n "$MULTIHOST_PREFIX$h" link set "${MULTIHOST_PREFIX}v$i" up
         i=$((i + 1))
     done
+}
+
+hosts_cut() {   # h2 leaves the network, as a dead node does: its end of the veth pair (and so the pair) goes
+    ip -n "${MULTIHOST_PREFIX}h2" link del "${MULTIHOST_PREFIX}v2"
 }
 
 hosts_down() {   # idempotent: removes whatever of ours is there

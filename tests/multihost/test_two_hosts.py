@@ -9,6 +9,7 @@ no traffic leaves the two namespaces (``multihost.py`` starts them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,13 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from multihost import MPI, on_hosts, ranks
+from dimd.allreduce import ALGORITHMS
+from multihost import MPI, hosts_sh, on_hosts, processes_on, ranks
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get("MULTIHOST_PREFIX"),
     reason="needs the namespace hosts: run tests/multihost/run.sh as root")
 
 LAYOUTS = ["h1,h2", "h1:2,h2:1"]
+#: Every algorithm but ps: over TCP its MPI_ANY_SOURCE receives hang at times (see the allreduce test).
+OVER_TCP_ALGORITHMS = ",".join(name for name in ALGORITHMS if name not in ("ps", "torch"))
 TRAIN = ("--model", "lenet", "--image-size", "32", "--batch-size", "4", "--lr", "0.05", "--no-lr-scaling",
          "--allreduce", "ring", "--decode-workers", "1", "--device", "cpu")
 
@@ -38,8 +42,11 @@ def test_shuffle_verifies_across_hosts(packed_sample, hosts):
 @pytest.mark.parametrize("hosts", LAYOUTS)
 def test_allreduce_sums_right_across_hosts(hosts, tmp_path):
     out = tmp_path / "allreduce.json"
+    # every algorithm but ps: over TCP on h1:2,h2:1 its 32 KiB message never arrives. Rank 0's
+    # MPI_ANY_SOURCE receive, one sender on shared memory and one on UCX's TCP: a plain mpi4py loop of
+    # Send / Recv(ANY_SOURCE) hangs the same way at 32 KiB (MPICH 5.0.2's UCX netmod, not dimd)
     job = on_hosts(hosts, "bench-allreduce", "--check", "--max-bytes", "64K", "--factor", "16",
-                   "--iters", "2", "--json", out)
+                   "--iters", "2", "-a", OVER_TCP_ALGORITHMS, "--json", out)
     assert job.returncode == 0, job.stderr
     doc = json.loads(out.read_text())
     assert doc["result"]["world_size"] == ranks(hosts)
@@ -132,6 +139,56 @@ def test_a_checkpoint_folder_one_host_alone_sees_is_named_as_such(packed_sample,
 
 
 @pytest.fixture
+def cut_h2():
+    """Cuts h2 off the network when called (its veth goes, as a dead node's link does); joins it back after."""
+    cut = []
+    yield lambda: (hosts_sh("hosts_cut"), cut.append(True))
+    if cut:
+        for host in ("h1", "h2"):      # whatever a failed test left running there
+            for process in processes_on(host):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(process.split()[0]), signal.SIGKILL)
+        hosts_sh("hosts_link")
+
+
+@pytest.mark.skipif(MPI == "openmpi", reason="not solved under Open MPI: after the watchdog's line and MPI_Abort, "
+                    "mpirun (PRRTE) still waited for the cut-off host's daemon 120 s later (docs/mpi.md)")
+def test_a_host_cut_off_mid_training_ends_the_job_with_one_line(packed_sample, tmp_path, cut_h2):
+    """h2 leaves the network mid-training: no rank or launcher can learn it from MPI, which waits forever.
+    The stall watchdog of the rank on h1 names itself, its host and the wait, and every process ends,
+    the launcher on h1 and the proxy and rank on h2 too."""
+    before = set(processes_on("h1") + processes_on("h2"))    # none, unless an earlier test left some
+    job = on_hosts("h1,h2", "train", packed_sample, "--val", packed_sample, *TRAIN, "--epochs", "200",
+                   "--stall-timeout", "5", "--checkpoint-dir", tmp_path / "ckpt", popen=True)
+    seen = []
+    try:
+        for line in job.stdout:          # up to the run's header: training starts
+            seen.append(line)
+            if "thread(s) per rank" in line:
+                break
+        time.sleep(2)                    # a few steps in
+        cut_h2()
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0, "".join(seen) + out + err
+    print(err)                           # shown with -s
+    lines = [line for line in err.splitlines() if "no progress for" in line]
+    assert lines and lines[0].startswith("dimd: error: rank 0 on h1: no progress for "), err
+    assert "; a peer may be unreachable (--stall-timeout sets how long" in lines[0]
+    assert "Traceback" not in err
+    # rank 1's line is printed on h2, whose output can no longer reach the launcher; its processes end anyway
+    def left():
+        return set(processes_on("h1") + processes_on("h2")) - before
+
+    deadline = time.monotonic() + 30
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left()
+
+
+@pytest.fixture
 def debian_hosts_file():
     """h1's /etc/hosts as Debian's installer writes it: its own name on 127.0.1.1 first."""
     path = Path(f"/etc/netns/{os.environ['MULTIHOST_PREFIX']}h1/hosts")
@@ -142,7 +199,8 @@ def debian_hosts_file():
 
 
 def test_gloo_refuses_a_loopback_address_across_hosts_and_takes_master_addr(debian_hosts_file):
-    args = ("bench-allreduce", "--peer", "gloo", "--max-bytes", "4K", "--factor", "16", "--iters", "2")
+    args = ("bench-allreduce", "--peer", "gloo", "--max-bytes", "4K", "--factor", "16", "--iters", "2",
+            "-a", OVER_TCP_ALGORITHMS)
     refused = on_hosts("h1,h2", *args, timeout=120)
     assert refused.returncode != 0
     assert "resolves to the loopback address 127.0.1.1" in refused.stderr and "MASTER_ADDR" in refused.stderr

@@ -1,0 +1,129 @@
+"""The stall watchdog: a job whose peer is gone ends with one line instead of waiting forever.
+
+A rank in a collective (a step's allreduce, the shuffle's Alltoallv, the
+evaluation's sums) waits for every other rank. When a peer's node dies or its
+network goes, nothing times that wait out: the ranks and MPICH's Hydra wait on
+TCP sockets with no deadline. The main thread cannot notice (it is inside the
+MPI call), so a thread of its own does: the main thread marks each wait
+(:meth:`StallWatchdog.waiting`), and when one lasts longer than the timeout the
+watchdog reports it (:func:`end_job`: one line naming the rank, its host and the
+wait, then the whole job ends).
+
+How :func:`end_job` ends every process was found on two network-namespace
+hosts, one cut off mid-training (docs/mpi.md#a-host-that-dies-mid-job):
+``os._exit`` alone leaves ``mpiexec`` on the surviving host waiting for the
+cut-off host's proxy forever; ``MPI_Abort`` reaches the rank's own launcher
+process, so on the launcher's side ``mpiexec`` ends what it can reach and exits,
+but on the cut-off side it never returns (the abort waits for a launcher it
+cannot reach). So :func:`end_job` calls ``MPI_Abort`` and a timer ends the
+process with ``os._exit`` shortly after, whichever side of the cut it is on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+#: Between the line and MPI_Abort: the launcher forwards the line before the abort tears the job down.
+_FORWARD_GRACE_S = 0.5
+#: After MPI_Abort: a rank whose abort cannot reach its launcher (the host is cut off) ends by itself.
+_EXIT_AFTER_ABORT_S = 3.0
+
+
+class StallWatchdog:
+    """A thread that calls ``on_stall(message)`` once when a marked wait outlasts ``timeout`` seconds.
+
+    ``timeout`` 0 turns it off (no thread). ``clock`` is for tests. Use it as
+    a context manager around the run, and :meth:`waiting` around each wait::
+
+        with StallWatchdog(600, job_ender(comm)) as watchdog:
+            with watchdog.waiting("the allreduce of step 12"):
+                allreduce(gradients, comm)
+    """
+
+    def __init__(self, timeout: float, on_stall: Callable[[str], None], *,
+                 clock: Callable[[], float] = time.monotonic, poll: float | None = None) -> None:
+        self.timeout = timeout
+        self._on_stall = on_stall
+        self._clock = clock
+        self._poll = poll if poll is not None else min(5.0, max(timeout / 10, 0.01))
+        self._what: str | None = None
+        self._since = 0.0
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        """Mark a wait for the other ranks (``what`` names it in the line: "the allreduce of step 12")."""
+        self._since = self._clock()   # first the start, then the name: the watchdog reads them the other way
+        self._what = what
+        try:
+            yield
+        finally:
+            self._what = None
+
+    def stalled(self) -> str | None:
+        """The line to report if the wait in progress has outlasted the timeout, else None."""
+        what, since = self._what, self._since
+        if what is None or not self.timeout:
+            return None
+        waited = self._clock() - since
+        if waited < self.timeout:
+            return None
+        return f"no progress for {waited:.0f} s in {what}; a peer may be unreachable"
+
+    def _watch(self) -> None:
+        while not self._closing.wait(self._poll):
+            message = self.stalled()
+            if message is not None:
+                self._on_stall(message)
+                return
+
+    def __enter__(self) -> "StallWatchdog":
+        if self.timeout:
+            self._thread = threading.Thread(target=self._watch, name="dimd-stall-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def job_ender(comm: Any, code: int = 1) -> Callable[[str], None]:
+    """``on_stall`` for a job on ``comm``: :func:`end_job` with a hint on the timeout's setting.
+
+    Call it in the main thread: the hint names the running command's flag (the
+    click context is the main thread's), or the config field for a library caller.
+    """
+    from dimd.options import cli_message
+
+    hint = cli_message("`stall_timeout` sets how long a rank waits for the others; 0 waits forever")
+    return lambda message: end_job(comm, f"{message} ({hint})", code)
+
+
+def end_job(comm: Any, message: str, code: int = 1) -> None:
+    """From the watchdog's thread: print ``message`` with this rank and host, then end every process of the job.
+
+    MPI_Abort from a thread other than the one inside the collective breaks
+    THREAD_SERIALIZED's promise (one thread in MPI at a time), and the MPI
+    standard leaves that undefined; MPICH's abort takes no lock at that level and
+    goes straight to its launcher. The os._exit timer ends the rank either way:
+    where the abort cannot reach the launcher, or where an MPI would not return.
+    """
+    where = f"rank {comm.Get_rank()} on {socket.gethostname()}"
+    sys.stderr.write(f"dimd: error: {where}: {message}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    timer = threading.Timer(_FORWARD_GRACE_S + _EXIT_AFTER_ABORT_S, os._exit, args=(code,))
+    timer.daemon = True
+    timer.start()
+    time.sleep(_FORWARD_GRACE_S)
+    comm.Abort(code)

@@ -1,0 +1,72 @@
+"""The stall watchdog notices a wait for the other ranks that outlasts its timeout (dimd.stall).
+
+The whole job it ends is tested on real ranks (test_mpi_setup.py) and across two hosts, one of them
+cut off (tests/multihost/); here its clock is a counter the test moves by hand.
+"""
+
+import threading
+
+import pytest
+
+from dimd.errors import DimdError
+from dimd.stall import StallWatchdog
+from dimd.train.config import TrainConfig
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_wait_longer_than_the_timeout_is_reported_with_what_it_waited_for():
+    clock = Clock()
+    watchdog = StallWatchdog(30, lambda line: None, clock=clock)
+    with watchdog.waiting("the allreduce of step 7"):
+        clock.now += 29
+        assert watchdog.stalled() is None
+        clock.now += 2
+        assert watchdog.stalled() == "no progress for 31 s in the allreduce of step 7; a peer may be unreachable"
+
+
+def test_time_between_waits_is_not_a_stall():
+    clock = Clock()
+    watchdog = StallWatchdog(30, lambda line: None, clock=clock)
+    with watchdog.waiting("the allreduce of step 1"):
+        clock.now += 10
+    clock.now += 1000                       # a slow decode, a long local evaluation: no peer is awaited
+    assert watchdog.stalled() is None
+    with watchdog.waiting("the allreduce of step 2"):
+        clock.now += 10                     # each wait is timed from its own start
+        assert watchdog.stalled() is None
+
+
+def test_a_timeout_of_zero_never_reports_and_starts_no_thread():
+    clock = Clock()
+    watchdog = StallWatchdog(0, lambda line: None, clock=clock)
+    with watchdog, watchdog.waiting("the shuffle of round 3"):
+        clock.now += 10**6
+        assert watchdog.stalled() is None
+        assert watchdog._thread is None
+
+
+def test_the_watchdog_thread_calls_on_stall_once():
+    lines: list[str] = []
+    fired = threading.Event()
+
+    def on_stall(line: str) -> None:
+        lines.append(line)
+        fired.set()
+
+    clock = Clock()
+    with StallWatchdog(5, on_stall, clock=clock, poll=0.01) as watchdog, watchdog.waiting("the evaluation's allreduce"):
+        clock.now += 6
+        assert fired.wait(30)
+    assert lines == ["no progress for 6 s in the evaluation's allreduce; a peer may be unreachable"]
+
+
+def test_a_negative_stall_timeout_is_refused():
+    with pytest.raises(DimdError, match="stall_timeout"):
+        TrainConfig(train="t", val="v", stall_timeout=-1)
