@@ -89,11 +89,10 @@ def test_a_huge_max_ranks_is_refused_not_run(tmp_path):
     assert proc.returncode == 2 and "the planner predicts for at most 1,048,576" in proc.stderr
 
 
-@pytest.mark.mpi
 def test_an_image_size_beyond_memory_is_one_line_before_any_allocation():
-    from conftest import run_mpi_dimd
+    from conftest import run_dimd
 
-    proc = run_mpi_dimd(1, "plan-batch", "step-time", "--model", "lenet", "--image-size", "200000",
+    proc = run_dimd("plan-batch", "step-time", "--model", "lenet", "--image-size", "200000",
                         "--batch-sizes", "1,2", "--steps", "1", "--warmup", "0", "--device", "cpu", timeout=120)
     assert proc.returncode == 1
     assert "`image_size`" not in proc.stderr and "--image-size 200000 at 2 images per rank needs" in proc.stderr
