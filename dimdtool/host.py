@@ -48,9 +48,9 @@ def available_memory() -> int:
     return int(pages) * int(os.sysconf("SC_PAGE_SIZE")) if pages else 1 << 62
 
 
-def resident_memory() -> int:
-    """This process's resident set size in bytes (VmRSS), 0 where unknown."""
-    return _proc_field("/proc/self/status", "VmRSS:") or 0
+def resident_memory(pid: int | str = "self") -> int:
+    """Process ``pid``'s resident set size in bytes (VmRSS), 0 where unknown or gone."""
+    return _proc_field(f"/proc/{pid}/status", "VmRSS:") or 0
 
 
 def _proc_field(path: str, key: str) -> int | None:

@@ -31,6 +31,9 @@ _THROTTLE = {
 }
 #: Open MPI: a rank with nothing to do yields its core (ignored by other MPIs).
 _YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+#: Between an error line and MPI_Abort: the abort tears the job down at once, and the launcher
+#: (Hydra, srun, mpirun) may not yet have forwarded the line, so the user would see no reason.
+FORWARD_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)

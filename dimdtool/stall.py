@@ -29,8 +29,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-#: Between the line and MPI_Abort: the launcher forwards the line before the abort tears the job down.
-_FORWARD_GRACE_S = 0.5
+from dimd.mpi import FORWARD_GRACE_S
+
 #: After MPI_Abort: a rank whose abort cannot reach its launcher (the host is cut off) ends by itself.
 _EXIT_AFTER_ABORT_S = 3.0
 
@@ -122,8 +122,8 @@ def end_job(comm: Any, message: str, code: int = 1) -> None:
     sys.stderr.write(f"dimd: error: {where}: {message}\n")
     sys.stderr.flush()
     sys.stdout.flush()
-    timer = threading.Timer(_FORWARD_GRACE_S + _EXIT_AFTER_ABORT_S, os._exit, args=(code,))
+    timer = threading.Timer(FORWARD_GRACE_S + _EXIT_AFTER_ABORT_S, os._exit, args=(code,))
     timer.daemon = True
     timer.start()
-    time.sleep(_FORWARD_GRACE_S)
+    time.sleep(FORWARD_GRACE_S)
     comm.Abort(code)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
+from dimd.host import resident_memory
 from dimd.units import format_bytes
 
 #: What one decoding worker costs its rank (interpreter, numpy, Pillow, decode buffers), as the
@@ -42,22 +43,11 @@ def process_memory(pid: int | str = "self") -> ProcessMemory:
                 if key is not None:
                     figures[key] += int(line.split()[1]) * 1024
     except FileNotFoundError:
-        rss = _vm_rss(pid)
+        rss = resident_memory(pid)
         return ProcessMemory(rss, rss, rss)
     except OSError:   # the process is gone, or not ours to read
         pass
     return ProcessMemory(**figures)
-
-
-def _vm_rss(pid: int | str) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 @dataclass(frozen=True)

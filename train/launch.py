@@ -22,11 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from dimd.errors import DimdError
-from dimd.mpi import LaunchMismatch, ThreadLevel, init_mpi
-
-
-#: MPI_Abort ends the job at once; the launcher may not yet have forwarded the error line.
-_FORWARD_GRACE_S = 0.5
+from dimd.mpi import FORWARD_GRACE_S, LaunchMismatch, ThreadLevel, init_mpi
 
 
 class Job(NamedTuple):
@@ -73,7 +69,7 @@ def _abort_job_hook(comm: Any) -> Any:
         else:
             sys.stderr.write(f"rank {comm.Get_rank()}: " + "".join(traceback.format_exception(kind, error, trace)))
         sys.stderr.flush()
-        time.sleep(_FORWARD_GRACE_S)   # the launcher forwards the line before the abort tears it down
+        time.sleep(FORWARD_GRACE_S)   # the launcher forwards the line before the abort tears it down
         comm.Abort(1)   # MPI: end every rank, none left waiting in a collective
     return hook
 

@@ -23,15 +23,12 @@ import click
 
 from dimd.console import write_line
 from dimd.errors import DimdError
-from dimd.mpi import LaunchMismatch, ThreadLevel, agree_or_raise, init_mpi
+from dimd.mpi import FORWARD_GRACE_S, LaunchMismatch, ThreadLevel, agree_or_raise, init_mpi
 from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, output_problems
 
 #: Ranks other than 0 wait this long before reporting, so that an error every
 #: rank hits (a bad option) is printed once, by rank 0, whose abort ends them.
 _NONZERO_RANK_GRACE_S = 1.0
-#: MPI_Abort tears the job down at once; the launcher (Hydra, srun) may not yet
-#: have forwarded the line just written, and the user would see no reason.
-_FORWARD_GRACE_S = 0.5
 
 
 def mpi_command(thread_level: ThreadLevel = "single", *,
@@ -122,5 +119,5 @@ def abort_job(comm: Any, message: str, code: int) -> None:
     sys.stdout.flush()
     if size == 1:
         sys.exit(code)
-    time.sleep(_FORWARD_GRACE_S)
+    time.sleep(FORWARD_GRACE_S)
     comm.Abort(code)
