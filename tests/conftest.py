@@ -125,6 +125,49 @@ class WarmDimd:
 _warm = WarmDimd()
 
 
+class WarmRanks:
+    """This test process's warm server for MPI ranks (``tests/warm_dimd.py --ranks``), started on first use.
+
+    With it, a rank that would be ``python ARGS`` is ``python -S tests/warm_rank.py ARGS``,
+    a stub that borrows a child forked from the warm interpreter: the launcher, the
+    PMI wire-up, the streams and the signals stay the launcher's. Used with the venv's
+    MPICH only (its ranks find the launcher through the ``PMI_FD`` they inherit).
+    """
+
+    def __init__(self) -> None:
+        self.server: subprocess.Popen | None = None
+        self.folder: tempfile.TemporaryDirectory | None = None
+        self.path = ""
+
+    def start(self) -> str:
+        if self.server is None or self.server.poll() is not None:
+            self.folder = tempfile.TemporaryDirectory(prefix="dimd-ranks-")
+            self.path = os.path.join(self.folder.name, "socket")
+            self.server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("warm_dimd.py")),
+                                            "--ranks", self.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self.server.stdout.readline()   # listening
+            atexit.register(self.close)
+        return self.path
+
+    def command(self, args: list[str], env: dict[str, str]) -> list[str]:
+        """``args`` as a stub of a warm rank, when they run Python and warm ranks serve this launcher."""
+        python = len(args) > 1 and args[0] == sys.executable and (args[1] == "-m" or args[1].endswith(".py"))
+        if not python or os.environ.get("MPIEXEC") or env.get("DIMD_TESTS_FRESH_PROCESS"):
+            return args
+        env["DIMD_TESTS_WARM_RANKS"] = self.start()
+        return [sys.executable, "-S", str(Path(__file__).with_name("warm_rank.py")), *args[1:]]
+
+    def close(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            self.server.stdin.close()
+            self.server.wait(timeout=30)
+        if self.folder is not None:
+            self.folder.cleanup()
+
+
+_warm_ranks = WarmRanks()
+
+
 @contextlib.contextmanager
 def process_state_kept() -> Iterator[None]:
     """Put back what a command run in this process may change for the whole process.
@@ -218,7 +261,7 @@ def run_mpi(n: int, *args: str, timeout: float = 240, check: bool = False,
     A job that hangs fails the test through ``timeout`` instead of blocking it.
     """
     full_env = {**os.environ, **(env or {})}
-    command = [*launcher(n), *map(str, args)]
+    command = [*launcher(n), *_warm_ranks.command(list(map(str, args)), full_env)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{shlex.join(command)} failed ({proc.returncode}):\n"
