@@ -168,6 +168,24 @@ class WarmRanks:
 _warm_ranks = WarmRanks()
 
 
+def dimd_on_path(folder: Path) -> dict[str, str]:
+    """Environment for a job script that runs ``dimd`` from PATH: ``{"PATH": ...}`` with ``folder`` first.
+
+    ``folder/dimd`` borrows the warm interpreter as an MPI rank does
+    (tests/warm_rank.py: the same streams, signals and exit status), unless
+    ``DIMD_TESTS_FRESH_PROCESS=1``, where the venv's own ``dimd`` is found.
+    """
+    env = {"PATH": f"{folder}:{BIN}:{os.environ['PATH']}"}
+    if not os.environ.get("DIMD_TESTS_FRESH_PROCESS") and not os.environ.get("MPIEXEC"):
+        folder.mkdir(parents=True, exist_ok=True)
+        stub = folder / "dimd"
+        stub.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "{Path(__file__).with_name("warm_rank.py")}" '
+                        '-m dimd "$@"\n')
+        stub.chmod(0o755)
+        env["DIMD_TESTS_WARM_RANKS"] = _warm_ranks.start()
+    return env
+
+
 @contextlib.contextmanager
 def process_state_kept() -> Iterator[None]:
     """Put back what a command run in this process may change for the whole process.

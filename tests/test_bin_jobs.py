@@ -9,11 +9,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import dimd_on_path
 
 BIN = Path(__file__).resolve().parents[1] / "bin"
 SCRIPT = BIN / "slurm" / "train.sbatch"
@@ -39,7 +39,7 @@ def start_job(tmp: Path, data: Path) -> subprocess.Popen:
     for name, text in (("srun", FAKE_SRUN), ("scancel", FAKE_SCANCEL), ("scontrol", FAKE_SCONTROL)):
         (fake / name).write_text(text)
         (fake / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+    env = {**os.environ, **dimd_on_path(fake),
            "SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "test", "SLURM_CPUS_PER_TASK": "1",
            "SLURM_NTASKS": "1", "RUN_DIR": str(tmp / "run"), "SCONTROL_LOG": str(tmp / "scontrol.log"),
            "SRUN_PID": str(tmp / "srun.pid"), "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500",
@@ -100,7 +100,7 @@ def start_lsf_job(tmp: Path, data: Path) -> subprocess.Popen:
     fake.mkdir(exist_ok=True)
     (fake / "mpirun").write_text(FAKE_MPIRUN)
     (fake / "mpirun").chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+    env = {**os.environ, **dimd_on_path(fake),
            "LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "1", "OUT": str(data), "RUN_DIR": str(tmp / "run"),
            "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8",
            "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-workers 1"}
@@ -161,7 +161,7 @@ def test_lsf_job_under_open_mpi_turns_a_term_into_usr2_for_mpirun(packed_sample,
     fake.mkdir()
     (fake / "mpirun").write_text(FAKE_OPENMPI_MPIRUN)
     (fake / "mpirun").chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+    env = {**os.environ, **dimd_on_path(fake),
            "LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "1", "OUT": str(data), "RUN_DIR": str(tmp_path / "run"),
            "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8",
            "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-workers 1"}
@@ -188,8 +188,7 @@ def test_jobs_say_when_dimd_is_not_on_path(script, tmp_path):
 
 
 def run_pack_job(src: Path, out: Path, **env: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "SLURM_CPUS_PER_TASK": "1", **env}
+    env = {**os.environ, **dimd_on_path(out.parent / "fakebin"), "SLURM_CPUS_PER_TASK": "1", **env}
     return subprocess.run(["bash", str(BIN / "slurm" / "pack.sbatch"), str(src), str(out), "--short-side", "32"],
                           env=env, capture_output=True, text=True, timeout=300)
 
