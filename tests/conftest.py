@@ -239,6 +239,32 @@ def mpiexec() -> list[str]:
 
 
 _current_test: pytest.Item | None = None
+_session_started = time.time()
+
+
+def leftover_mpich_segments(since: float) -> list[Path]:
+    """MPICH's shared-memory files made since ``since`` that no process maps any more.
+
+    MPICH unlinks its segment once every local rank has attached; a job whose
+    ranks are killed or aborted before that (as the tests that end jobs do)
+    leaves it in /dev/shm, a few MB of memory each, until the machine restarts.
+    """
+    candidates = [path for path in Path("/dev/shm").glob("mpich_shm_*")
+                  if path.stat().st_mtime >= since - 1]
+    if not candidates:
+        return []
+    mapped = ""
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            mapped += maps.read_text()
+    return [path for path in candidates if str(path) not in mapped]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Remove what killed MPI jobs of this run left in /dev/shm (once, in the controlling process)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        for path in leftover_mpich_segments(_session_started):
+            path.unlink(missing_ok=True)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

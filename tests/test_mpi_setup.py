@@ -1,10 +1,11 @@
 """MPI start-up (the throttle decision, the thread level), ending a job on any rank's error, and the test harness."""
 
+import mmap
 import os
 import time
 
 import pytest
-from conftest import launcher, mpi_run, mpiexec
+from conftest import launcher, leftover_mpich_segments, mpi_run, mpiexec
 
 from dimd.host import launcher_cores
 from dimd.mpi import NodeCores, prepare_environment
@@ -104,3 +105,18 @@ def test_a_test_that_starts_ranks_must_be_marked_mpi():
     """This test is not marked, so it may not start ranks: ``pytest -m "not mpi"`` must mean it."""
     with pytest.raises(pytest.fail.Exception, match="mark it @pytest.mark.mpi"):
         launcher(2)
+
+
+def test_the_harness_finds_the_mpich_segments_killed_jobs_left_but_not_those_in_use():
+    started = time.time()
+    left, used = (f"/dev/shm/mpich_shm_dimdtest_{os.getpid()}_{name}" for name in ("left", "used"))
+    try:
+        for path in (left, used):
+            with open(path, "wb") as f:
+                f.write(b"\0" * 4096)
+        with open(used, "r+b") as f, mmap.mmap(f.fileno(), 4096):
+            found = {str(path) for path in leftover_mpich_segments(started)}
+            assert left in found and used not in found
+    finally:
+        for path in (left, used):
+            os.unlink(path)
