@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
-import select
 import shlex
 import signal
 import subprocess
@@ -50,88 +48,33 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 def run_dimd(*args: str, check: bool = False, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
     """Run ``dimd ARGS`` as a user would, in a process of its own.
 
-    The process is forked from a warm interpreter that imported torch and dimd
-    once (:class:`WarmDimd`); ``DIMD_TESTS_FRESH_PROCESS=1`` starts a fresh
-    ``python -m dimd`` for each run instead. ``env`` is the one keyword
-    argument the warm path takes; any other goes to :func:`subprocess.run`.
+    The process is forked from the warm interpreter (:class:`WarmInterpreter`),
+    standard input at /dev/null; ``DIMD_TESTS_FRESH_PROCESS=1`` starts a fresh
+    ``python -m dimd`` for each run instead. ``env`` (the whole environment, as
+    :func:`subprocess.run` takes it) is the one keyword argument the warm path
+    takes; any other goes to :func:`subprocess.run` with a fresh process.
     """
-    command = ["dimd", *map(str, args)]
-    if set(kwargs) <= {"env"} and not os.environ.get("DIMD_TESTS_FRESH_PROCESS"):
-        proc = _warm.run(command, timeout=timeout, env=kwargs.get("env"))
-    else:
-        proc = subprocess.run([*DIMD, *map(str, args)], capture_output=True, text=True,
-                              timeout=timeout, **kwargs)
+    command = [*DIMD, *map(str, args)]
+    if set(kwargs) <= {"env"}:
+        env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
+        command, kwargs = _warm.command(command, env), {"env": env, "stdin": subprocess.DEVNULL}
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
     if check and proc.returncode != 0:
         raise AssertionError(f"dimd {' '.join(map(str, args))} failed ({proc.returncode}):\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
 
 
-class WarmDimd:
-    """This test process's warm interpreter (tests/warm_dimd.py), started on first use.
+class WarmInterpreter:
+    """This test process's warm interpreter (``tests/warm_dimd.py``), started on first use.
 
-    Each run is a child forked from it, so the ~3 CPU-seconds of starting
-    Python and importing torch are paid once per test process, not per run.
-    """
-
-    def __init__(self) -> None:
-        self.server: subprocess.Popen | None = None
-        self.pending = b""
-
-    def start(self) -> subprocess.Popen:
-        if self.server is None or self.server.poll() is not None:
-            self.server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("warm_dimd.py"))],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-            self.pending = b""
-            atexit.register(self.close)
-        return self.server
-
-    def reply(self, timeout: float | None) -> dict | None:
-        """The server's next answer, or None when ``timeout`` seconds pass first."""
-        server = self.start()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self.pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([server.stdout], [], [], left)[0]:
-                return None
-            chunk = os.read(server.stdout.fileno(), 65536)
-            if not chunk:
-                raise RuntimeError("the warm dimd interpreter ended")
-            self.pending += chunk
-        line, self.pending = self.pending.split(b"\n", 1)
-        return json.loads(line)
-
-    def run(self, command: list[str], *, timeout: float, env: dict[str, str] | None) -> subprocess.CompletedProcess:
-        server = self.start()
-        with tempfile.TemporaryDirectory(prefix="dimd-run-") as folder:
-            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
-            request = {"args": command[1:], "env": dict(os.environ if env is None else env), "cwd": os.getcwd(),
-                       "stdout": str(out), "stderr": str(err)}
-            server.stdin.write((json.dumps(request) + "\n").encode())
-            pid = self.reply(None)["pid"]
-            answer = self.reply(timeout)
-            if answer is None:
-                os.kill(pid, signal.SIGKILL)
-                self.reply(None)
-                raise subprocess.TimeoutExpired(command, timeout, out.read_text(), err.read_text())
-            return subprocess.CompletedProcess(command, answer["returncode"], out.read_text(), err.read_text())
-
-    def close(self) -> None:
-        if self.server is not None and self.server.poll() is None:
-            self.server.stdin.close()
-            self.server.wait(timeout=30)
-
-
-_warm = WarmDimd()
-
-
-class WarmRanks:
-    """This test process's warm server for MPI ranks (``tests/warm_dimd.py --ranks``), started on first use.
-
-    With it, a rank that would be ``python ARGS`` is ``python -S tests/warm_rank.py ARGS``,
-    a stub that borrows a child forked from the warm interpreter: the launcher, the
-    PMI wire-up, the streams and the signals stay the launcher's. Used with the venv's
-    MPICH only (its ranks find the launcher through the ``PMI_FD`` they inherit).
+    It imported torch and dimd once; a process that would be ``python ARGS`` (a
+    ``dimd`` run, an MPI rank, a job script's ``dimd``) is instead
+    ``python -S tests/warm_rank.py ARGS``, a stub that borrows a child forked
+    from it: the caller's streams, signals, exit status and (for a rank) the
+    launcher's PMI wire-up stay as they were, without the ~3 CPU-seconds of a
+    fresh start. Ranks use it with the venv's MPICH only (they find the
+    launcher through the ``PMI_FD`` they inherit).
     """
 
     def __init__(self) -> None:
@@ -141,20 +84,20 @@ class WarmRanks:
 
     def start(self) -> str:
         if self.server is None or self.server.poll() is not None:
-            self.folder = tempfile.TemporaryDirectory(prefix="dimd-ranks-")
+            self.folder = tempfile.TemporaryDirectory(prefix="dimd-warm-")
             self.path = os.path.join(self.folder.name, "socket")
             self.server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("warm_dimd.py")),
-                                            "--ranks", self.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                            self.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self.server.stdout.readline()   # listening
             atexit.register(self.close)
         return self.path
 
     def command(self, args: list[str], env: dict[str, str]) -> list[str]:
-        """``args`` as a stub of a warm rank, when they run Python and warm ranks serve this launcher."""
+        """``args`` (``python -m ...`` or ``python SCRIPT.py ...``) as a stub of the warm interpreter."""
         python = len(args) > 1 and args[0] == sys.executable and (args[1] == "-m" or args[1].endswith(".py"))
-        if not python or os.environ.get("MPIEXEC") or env.get("DIMD_TESTS_FRESH_PROCESS"):
+        if not python or env.get("DIMD_TESTS_FRESH_PROCESS"):
             return args
-        env["DIMD_TESTS_WARM_RANKS"] = self.start()
+        env["DIMD_TESTS_WARM"] = self.start()
         return [sys.executable, "-S", str(Path(__file__).with_name("warm_rank.py")), *args[1:]]
 
     def close(self) -> None:
@@ -165,7 +108,7 @@ class WarmRanks:
             self.folder.cleanup()
 
 
-_warm_ranks = WarmRanks()
+_warm = WarmInterpreter()
 
 
 def dimd_on_path(folder: Path) -> dict[str, str]:
@@ -182,7 +125,7 @@ def dimd_on_path(folder: Path) -> dict[str, str]:
         stub.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "{Path(__file__).with_name("warm_rank.py")}" '
                         '-m dimd "$@"\n')
         stub.chmod(0o755)
-        env["DIMD_TESTS_WARM_RANKS"] = _warm_ranks.start()
+        env["DIMD_TESTS_WARM"] = _warm.start()
     return env
 
 
@@ -305,7 +248,8 @@ def run_mpi(n: int, *args: str, timeout: float = 240, check: bool = False,
     A job that hangs fails the test through ``timeout`` instead of blocking it.
     """
     full_env = {**os.environ, **(env or {})}
-    command = [*launcher(n), *_warm_ranks.command(list(map(str, args)), full_env)]
+    args = list(map(str, args))
+    command = [*launcher(n), *(args if os.environ.get("MPIEXEC") else _warm.command(args, full_env))]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{shlex.join(command)} failed ({proc.returncode}):\n"

@@ -1,24 +1,18 @@
-"""A warm interpreter for the tests' ``dimd`` runs: it imports torch and dimd once, then forks a child per run.
+"""The tests' warm interpreter: it imports torch and dimd once, then forks a child per process asked for.
 
 Starting Python and importing torch costs about 3 CPU-seconds per process,
-most of the suite's time. :func:`conftest.run_dimd` sends each run here as
-one JSON line (argv, environment, folder, output files); the server forks,
-the child runs ``dimd ARGS`` as ``python -m dimd`` would (its own process,
-MPI world, signal handlers, stdin at /dev/null, standard output and error to
-the files, ``atexit`` handlers run at the end), and the server answers with
-the child's exit status. Nothing here starts MPI or a thread before the fork.
-
-``warm_dimd.py --ranks SOCKET`` serves MPI ranks the same way: the launcher
-starts ``tests/warm_rank.py`` as each rank, which connects to SOCKET and
-passes its standard streams, the launcher's ``PMI_FD``, its environment and
-its Python arguments (``-m MODULE ...`` or ``SCRIPT ...``). A keeper process
-forked per rank forks the rank itself, reports its pid and exit status, and
-kills it if the stub goes away (as a rank dies with its launcher).
+most of the suite's time. ``warm_dimd.py SOCKET`` listens on SOCKET; each
+``tests/warm_rank.py`` stub (a ``dimd`` run of a test, an MPI rank, a job
+script's ``dimd``) connects and passes its standard streams, a rank's
+``PMI_FD`` socket from the launcher, its environment, folder and Python
+arguments (``-m MODULE ...`` or ``SCRIPT ...``). A keeper process forked per
+stub forks the child that runs them, reports its pid and exit status, and
+kills it if the stub goes away (as a rank dies with its launcher). Nothing
+here starts MPI or a thread before the fork.
 """
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import fcntl
 import gc
@@ -29,59 +23,15 @@ import select
 import signal
 import socket
 import sys
-import threading
-import traceback
 
-import dimd.cli
 # the commands' heavy imports (torch above all), paid once here
+import dimd.cli
 import dimd.commands.pack
 import dimd.commands.plan_batch
 import dimd.commands.train
-import dimd.train.engine
+import dimd.train.engine  # noqa: F401
 
 gc.freeze()   # what was imported stays out of the children's collections: their pages stay shared, not copied
-
-
-def run_child(request: dict) -> None:
-    """In the forked child: ``dimd ARGS`` with the request's folder, environment and output files."""
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-    sys.argv = ["dimd", *request["args"]]
-    code: object = 0
-    try:
-        dimd.cli.main(request["args"], prog_name="dimd")
-    except SystemExit as exc:
-        code = exc.code
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    threading._shutdown()   # as the interpreter ends: wait for non-daemon threads, then run atexit
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
-
-
-def serve() -> None:
-    """One run at a time: a request line in, ``{"pid": ...}`` when started, ``{"returncode": ...}`` when done."""
-    for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            run_child(request)
-        print(json.dumps({"pid": pid}), flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
 def run_python(args: list[str]) -> None:
@@ -97,7 +47,7 @@ def run_python(args: list[str]) -> None:
 
 
 def become_rank(request: dict, fds: list[int]) -> None:
-    """In the rank: the stub's streams and PMI socket at their numbers, its environment and folder."""
+    """In the child: the stub's streams (and PMI socket) at their numbers, its environment and folder."""
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG: die with the keeper
     spare = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1000) for fd in fds]   # above every number they go to
     for fd in fds:
@@ -113,7 +63,7 @@ def become_rank(request: dict, fds: list[int]) -> None:
 def keep(conn: socket.socket) -> dict:
     """In a keeper: fork the rank, tell the stub its pid, then its exit status; kill it if the stub goes.
 
-    Returns only in the rank: its request, with its streams in place.
+    Returns only in the child: its request, with its streams in place.
     """
     message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 8)
     request = json.loads(message)
@@ -140,10 +90,10 @@ def keep(conn: socket.socket) -> dict:
         os._exit(0)
 
 
-def serve_ranks(path: str) -> dict | None:
-    """Accept ranks on ``path`` until standard input closes (the test process ended).
+def serve(path: str) -> dict | None:
+    """Accept stubs on ``path`` until standard input closes (the test process ended).
 
-    Returns in a rank (its request), so that its program runs at the top of the
+    Returns in a child (its request), so that its program runs at the top of the
     stack and the interpreter ends it as it ends any program: uncaught exceptions
     through ``sys.excepthook``, then atexit, mpi4py's finalize or abort, C's exit.
     """
@@ -166,10 +116,6 @@ def serve_ranks(path: str) -> dict | None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--ranks"]:
-        rank = serve_ranks(sys.argv[2])
-        if rank is not None:
-            del rank["env"]
-            run_python(rank["args"])
-    else:
-        serve()
+    child = serve(sys.argv[1])
+    if child is not None:
+        run_python(child["args"])

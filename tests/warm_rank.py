@@ -1,10 +1,11 @@
-"""An MPI rank of a test job that borrows a warm interpreter: ``python -S warm_rank.py PYTHON-ARGS``.
+"""A process that borrows the tests' warm interpreter: ``python -S warm_rank.py PYTHON-ARGS``.
 
-The launcher starts this (a Python without site, torch or dimd: a few
-milliseconds) as the rank. It hands its standard streams, the launcher's
-``PMI_FD`` socket, its environment, folder and arguments to the test
-process's warm server (``tests/warm_dimd.py --ranks``), which forks a child
-that runs ``python PYTHON-ARGS`` as this rank would have. Here it forwards the
+A test's ``dimd`` run, an MPI rank (the launcher starts this in its place) or
+a job script's ``dimd`` runs this: a Python without site, torch or dimd (a
+few milliseconds). It hands its standard streams, a rank's
+``PMI_FD`` socket from the launcher, its environment, folder and arguments to the test
+process's warm server (``tests/warm_dimd.py``), which forks a child that
+runs ``python PYTHON-ARGS`` as this process would have. Here it forwards the
 stop signals to that child and ends as the child ends: the same exit status,
 or the same signal. When this stub is killed, the server kills the child.
 """
@@ -30,7 +31,7 @@ def receive_line(sock: socket.socket) -> dict:
 
 def main() -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(os.environ["DIMD_TESTS_WARM_RANKS"])
+    sock.connect(os.environ["DIMD_TESTS_WARM"])
     fds = [0, 1, 2]
     if os.environ.get("PMI_FD"):
         fds.append(int(os.environ["PMI_FD"]))
