@@ -6,7 +6,8 @@ copy of the rank's memory; the "spawn" start method done directly) and one
 Unix socket to its rank. Over the socket come the shared segments' file
 descriptors (the store's records, the loader's ring of batch slots) and the
 tasks: decode batch ``step``'s images ``lo:hi`` into a slot. Back comes
-``done`` or ``error`` with one line naming the data file and record.
+``done`` or ``error`` with one line naming the data file and record. A
+worker ends on ``exit`` or when its socket closes.
 
 Workers never initialise MPI (the Python they run imports neither mpi4py
 nor torch) and ignore SIGINT, SIGTERM and SIGUSR1: a stop request is the
@@ -16,6 +17,7 @@ closes, which is also what happens when the rank dies, however it dies.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -121,6 +123,8 @@ def serve(sock: socket.socket) -> None:
         if not message:
             return
         kind, ticket, payload = pickle.loads(message)
+        if kind == "exit":
+            return
         if kind == "attach":
             key, size = payload
             segments[key] = Segment.attach(fds[0], size, key)
@@ -322,15 +326,26 @@ class DecodeWorkers:
             how = f"exited with status {code}" if code is not None else "closed its socket"
         raise WorkerDied(f"decoding worker {worker} (pid {process.pid}) {how}; the run cannot continue")
 
-    def close(self) -> None:
-        """Close the sockets (each worker then ends) and reap the processes."""
+    def close(self) -> list[int]:
+        """Tell each worker to end, close the sockets and reap the processes: their exit codes
+        (0 for one that ended as asked; -9 for one killed after 10 s).
+
+        The closed socket alone would not do: a process forked from the rank
+        after the workers started (a torch DataLoader's worker, say) holds a
+        copy of it, and the worker would wait for that one too.
+        """
+        goodbye = pickle.dumps(("exit", 0, None))
         for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.send(goodbye)
             sock.close()
         self._sockets, self._in_flight = [], []
+        codes = []
         for process in self._processes:
             try:
-                process.wait(timeout=10)
+                codes.append(process.wait(timeout=10))
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait()
+                codes.append(process.wait())
         self._processes = []
+        return codes

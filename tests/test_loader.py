@@ -192,6 +192,23 @@ def test_workers_are_new_interpreters_without_mpi_that_ignore_stop_signals(store
         assert len(collect(loader, 1)) == loader.steps_per_epoch
 
 
+def test_closing_ends_the_workers_even_if_a_process_forked_from_the_rank_holds_their_sockets():
+    """A torch DataLoader worker forked from the rank holds copies of the workers' sockets: closing
+    them is not enough, so the workers are told to end, and do at once rather than being killed later."""
+    from dimd.shuffle.workers import DecodeWorkers
+
+    workers = DecodeWorkers(2)
+    forked = os.fork()
+    if forked == 0:
+        time.sleep(60)
+        os._exit(0)
+    try:
+        assert workers.close() == [0, 0]
+    finally:
+        os.kill(forked, signal.SIGKILL)
+        os.waitpid(forked, 0)
+
+
 def test_a_stop_signal_sent_while_a_worker_starts_is_held_until_it_ignores_it():
     """A plain scancel (or bkill) signals every process of the job, workers still starting included:
     the worker is started with the stop signals blocked, so it cannot die of one before its SIG_IGN."""
