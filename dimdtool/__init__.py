@@ -14,12 +14,8 @@ loaded on first use::
     grads = dimd.DistributedGradients(model, optimizer=optimizer)
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("dimd")  # declared once, in pyproject.toml
-except PackageNotFoundError:  # pragma: no cover - running from a tree that was never installed
-    __version__ = "0+unknown"
+#: The installed version (a str), looked up on first use: see _version.
+__version__: str
 
 #: The public library, by name -> the module that defines it (imported on first use, PEP 562).
 _LIBRARY = {
@@ -33,7 +29,21 @@ _LIBRARY = {
 __all__ = ["__version__", *_LIBRARY]
 
 
+def _version() -> str:
+    """The installed version, declared once in pyproject.toml. Looked up on first use: importing
+    importlib.metadata costs ~60 ms, paid by every dimd process and decoding worker otherwise."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dimd")
+    except PackageNotFoundError:  # pragma: no cover - running from a tree that was never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> object:
+    if name == "__version__":
+        globals()["__version__"] = found = _version()
+        return found
     if name in _LIBRARY:
         import importlib
 

@@ -12,7 +12,6 @@ import sys
 
 import click
 
-from dimd import __version__
 from dimd.errors import DimdError
 
 #: name -> "module:attribute", in pipeline order; explicit, never discovered by walking packages.
@@ -75,7 +74,7 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],
                                               "max_content_width": 100})
-@click.version_option(__version__, prog_name="dimd")
+@click.version_option(package_name="dimd", prog_name="dimd")
 def main() -> None:
     """dimd: feed and synchronise data-parallel training on HPC clusters.
 

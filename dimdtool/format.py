@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dimd import __version__
+import dimd
 from dimd.errors import DimdError
 from dimd.fsutil import (check_output, disk_errors, make_folders,
                          remove_stale_temporaries, temporary_sibling)
@@ -156,7 +156,7 @@ class PackWriter:
             self._file.close()
         attrs = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "count": len(self._names),
                  "data_bytes": self._offset, "short_side": short_side, "quality": quality,
-                 "source": escape_name(source), "dimd_version": __version__, **(extra_attrs or {})}
+                 "source": escape_name(source), "dimd_version": dimd.__version__, **(extra_attrs or {})}
         if attrs["source"] != source:
             attrs["source_escaped"] = True  # not UTF-8: PackedDataset.source restores the original
         rows = self._rows[: len(self._names)]

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from dimd import __version__
+import dimd
 from dimd.errors import DimdError
 from dimd.fsutil import atomic_write_text
 
@@ -38,7 +38,7 @@ ENVELOPE_KEYS = ("command", "parameters", "versions", "mpi", "commit", "date", "
 
 def library_versions() -> dict[str, str]:
     """Versions of what shaped the figures; heavy modules only if already loaded."""
-    versions = {"dimd": __version__, "python": platform.python_version(), "numpy": np.__version__}
+    versions = {"dimd": dimd.__version__, "python": platform.python_version(), "numpy": np.__version__}
     for module in ("torch", "PIL", "h5py", "mpi4py"):
         if module in sys.modules:
             versions[module] = getattr(sys.modules[module], "__version__", "?")
