@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import pytest
 
@@ -45,24 +45,29 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         os.environ.setdefault(key, value)
 
 
-def run_dimd(*args: str, check: bool = False, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``dimd ARGS`` as a user would, in a process of its own.
+def run_python(*args: object, check: bool = False, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``python ARGS`` (``SCRIPT.py ...`` or ``-m MODULE ...``) in a process of its own, output captured.
 
     The process is forked from the warm interpreter (:class:`WarmInterpreter`),
     standard input at /dev/null; ``DIMD_TESTS_FRESH_PROCESS=1`` starts a fresh
-    ``python -m dimd`` for each run instead. ``env`` (the whole environment, as
+    ``python`` for each run instead. ``env`` (the whole environment, as
     :func:`subprocess.run` takes it) is the one keyword argument the warm path
     takes; any other goes to :func:`subprocess.run` with a fresh process.
     """
-    command = [*DIMD, *map(str, args)]
+    command = [sys.executable, *map(str, args)]
     if set(kwargs) <= {"env"}:
         env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
         command, kwargs = _warm.command(command, env), {"env": env, "stdin": subprocess.DEVNULL}
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
     if check and proc.returncode != 0:
-        raise AssertionError(f"dimd {' '.join(map(str, args))} failed ({proc.returncode}):\n"
+        raise AssertionError(f"python {' '.join(map(str, args))} failed ({proc.returncode}):\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def run_dimd(*args: object, check: bool = False, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``dimd ARGS`` as a user would, in a process of its own (as :func:`run_python` runs Python)."""
+    return run_python(*DIMD[1:], *args, check=check, timeout=timeout, **kwargs)
 
 
 class WarmInterpreter:
@@ -241,6 +246,14 @@ def launcher(n: int) -> list[str]:
     return [*mpiexec(), "-n", str(n)]
 
 
+def mpi_command(n: int, args: Sequence[object], env: dict[str, str]) -> list[str]:
+    """``$MPIEXEC -n N ARGS``; without ``$MPIEXEC``, each rank a stub of the warm interpreter.
+
+    ``env`` is the environment the command will run with (the stub's socket is added to it)."""
+    args = list(map(str, args))
+    return [*launcher(n), *(args if os.environ.get("MPIEXEC") else _warm.command(args, env))]
+
+
 def run_mpi(n: int, *args: str, timeout: float = 240, check: bool = False,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``$MPIEXEC -n N ARGS`` (e.g. a dimd command or a Python script) on real ranks.
@@ -248,8 +261,7 @@ def run_mpi(n: int, *args: str, timeout: float = 240, check: bool = False,
     A job that hangs fails the test through ``timeout`` instead of blocking it.
     """
     full_env = {**os.environ, **(env or {})}
-    args = list(map(str, args))
-    command = [*launcher(n), *(args if os.environ.get("MPIEXEC") else _warm.command(args, full_env))]
+    command = mpi_command(n, args, full_env)
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{shlex.join(command)} failed ({proc.returncode}):\n"

@@ -13,13 +13,12 @@ import sys
 import time
 
 import pytest
-from conftest import BENCH
+from conftest import BENCH, run_python
 
 
 
 def test_the_runner_lists_every_reproduction_once():
-    proc = subprocess.run([sys.executable, BENCH / "reproduce.py", "--list"], capture_output=True, text=True,
-                          timeout=120)
+    proc = run_python(BENCH / "reproduce.py", "--list", timeout=120)
     assert proc.returncode == 0, proc.stderr
     names = [line.split()[0] for line in proc.stdout.splitlines()]
     assert names == ["allreduce_bandwidth", "epoch_by_allreduce", "shuffle_scaling", "memory_vs_files",
@@ -45,19 +44,22 @@ def test_the_readme_has_a_section_per_reproduction_even_before_any_is_measured(b
 
 
 def test_committed_results_plot_and_read(bench, tmp_path):
-    """Each committed bench/results/NAME.json draws a PNG and a findings paragraph (needs matplotlib)."""
+    """Each committed bench/results/NAME.json builds its figure and a findings paragraph; one is written
+    as a PNG through pillow-simd (needs matplotlib). Laying out and rendering every figure would take
+    ~12 s of the suite; `bench/reproduce.py --plot-only` renders them all."""
     pytest.importorskip("matplotlib")
-    reproduce = bench("reproduce")
+    reproduce, plotting = bench("reproduce"), bench("plotting")
     results = tmp_path / "results"
     shutil.copytree(BENCH / "results", results, ignore=shutil.ignore_patterns("*.png"))
     found = [r for r in reproduce.registry().values() if (results / f"{r.name}.json").exists()]
     if not found:
         pytest.skip("no committed results")
     for r in found:
-        png = reproduce.draw_one(r, results)
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        envelope = json.loads((results / f"{r.name}.json").read_text())
-        assert envelope["command"] == f"bench/reproduce.py {r.name}" and r.findings(envelope).strip()
+        envelope = reproduce.read_result(results / f"{r.name}.json", f"bench/reproduce.py {r.name}")
+        assert r.findings(envelope).strip()
+        plotting.pyplot().close(r.plot(envelope))
+    png = reproduce.draw_one(found[-1], results)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     reproduce.write_readme(reproduce.registry(), results, tmp_path / "README.md")
     assert (tmp_path / "README.md").read_text().count("![") == len(found)
 

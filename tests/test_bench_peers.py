@@ -11,7 +11,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from conftest import PEERS
+from conftest import PEERS, run_python
 
 
 
@@ -117,8 +117,7 @@ def test_dimd_as_a_peer_packs_verifies_and_counts_the_images_it_delivers(bench, 
 
     def peer(*args: object) -> dict:
         out = tmp_path / f"{args[0]}.json"
-        subprocess.run([sys.executable, PEERS / "dimd_peer.py", *map(str, args), "--manifest", str(manifest),
-                        "--json", str(out)], check=True, timeout=300)
+        run_python(PEERS / "dimd_peer.py", *args, "--manifest", manifest, "--json", out, check=True)
         return json.loads(out.read_text())
 
     packed = peer("pack", "--out", tmp_path / "format", "--workers", 2)

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DIMD, launcher, mpiexec, run_mpi_dimd, signal_at
+from conftest import DIMD, mpi_command, mpiexec, run_mpi_dimd, signal_at
 
 
 def launcher_is_open_mpi() -> bool:
@@ -44,9 +44,9 @@ def test_the_launchers_stop_signal_checkpoints_and_exits_0_and_the_log_holds_no_
     a line written in two pieces (print's text, then its newline) lets stdout's next line in between.
     """
     sig = stop_signal()
-    job = subprocess.Popen([*launcher(2), *DIMD, *train_args(packed_sample, tmp_path, "--epochs", "500")],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    job = subprocess.Popen(mpi_command(2, [*DIMD, *train_args(packed_sample, tmp_path, "--epochs", "500")], env),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     # after the run's header (training starts then), to the launcher, as `kill -s SIG <launcher pid>`
     out, err = signal_at(job, "thread(s) per rank", lambda j: j.send_signal(sig))
     assert job.returncode == 0, out + err

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DIMD, invoke_dimd, launcher, pack_tree_as_is, run_dimd, run_mpi_dimd, signal_at
+from conftest import DIMD, invoke_dimd, mpi_command, pack_tree_as_is, run_dimd, run_mpi_dimd, signal_at
 
 EPOCHS = 4
 STEPS_PER_EPOCH = 3          # 48 records // (2 ranks x 8)
@@ -122,7 +122,7 @@ def test_sigusr1_finishes_the_step_checkpoints_and_exits_cleanly(packed_sample, 
     args[args.index("--shuffle-every") + 1] = "epoch"
     args += ["--groups", "2"]      # two shuffle groups of one rank, each holding the whole set
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    job = subprocess.Popen([*launcher(2), *DIMD, *map(str, args)], stdout=subprocess.PIPE,
+    job = subprocess.Popen(mpi_command(2, [*DIMD, *args], env), stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=env)
     # once training starts, warn like SLURM does (the requeued job's resume: tests/test_bin_jobs.py)
     output, _ = signal_at(job, " parameters, ", lambda j: j.send_signal(signal.SIGUSR1))

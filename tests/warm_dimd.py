@@ -13,9 +13,11 @@ here starts MPI or a thread before the fork.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import fcntl
 import gc
+import io
 import json
 import os
 import runpy
@@ -23,6 +25,8 @@ import select
 import signal
 import socket
 import sys
+import threading
+from typing import Callable, NoReturn
 
 # the commands' heavy imports (torch above all), paid once here
 import dimd.cli
@@ -30,6 +34,7 @@ import dimd.commands.pack
 import dimd.commands.plan_batch
 import dimd.commands.train
 import dimd.train.engine  # noqa: F401
+import mpi4py.run  # noqa: F401  (no MPI yet: only the runner of ``python -m mpi4py``)
 
 gc.freeze()   # what was imported stays out of the children's collections: their pages stay shared, not copied
 
@@ -58,6 +63,27 @@ def become_rank(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    open_standard_streams(unbuffered=bool(request["env"].get("PYTHONUNBUFFERED")))
+
+
+def open_standard_streams(unbuffered: bool) -> None:
+    """``sys.stdin/stdout/stderr`` over the new fds 0-2, buffered as a fresh ``python`` would buffer them.
+
+    As CPython's start-up: PYTHONUNBUFFERED writes through to the fd; otherwise a terminal (or stderr)
+    is line-buffered and a pipe or file block-buffered. A job's log interleaves lines as it would.
+    """
+    def stream(fd: int, mode: str) -> io.TextIOWrapper:
+        raw = io.FileIO(fd, mode, closefd=False)
+        if mode == "rb":
+            return io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8")
+        line = not unbuffered and (raw.isatty() or fd == 2)
+        buffer = raw if unbuffered else io.BufferedWriter(raw)
+        return io.TextIOWrapper(buffer, encoding="utf-8", errors="backslashreplace" if fd == 2 else "strict",
+                                line_buffering=line, write_through=unbuffered)
+
+    sys.stdin = sys.__stdin__ = stream(0, "rb")
+    sys.stdout = sys.__stdout__ = stream(1, "wb")
+    sys.stderr = sys.__stderr__ = stream(2, "wb")
 
 
 def keep(conn: socket.socket) -> dict:
@@ -115,7 +141,107 @@ def serve(path: str) -> dict | None:
             conn.close()
 
 
+def end_as_python_ends(program: Callable[[], None]) -> NoReturn:
+    """Run ``program``, then end as CPython's exit does, short of freeing every object one by one.
+
+    Kept: the exit status (``SystemExit``'s code; 1 after an uncaught exception,
+    shown by ``sys.excepthook``; death by SIGINT after an uncaught Ctrl-C),
+    non-daemon threads joined, ``atexit`` callbacks, ``MPI_Finalize`` (what
+    mpi4py does at exit) and PMI's ``finalize`` (what MPICH does at exit, see
+    :func:`finalize_pmi`), flushed streams. Left out: the C library's exit
+    handlers (libtorch's static destructors above all), which write to pages
+    this child still shares with the warm interpreter (copy-on-write): about
+    0.3 s per process, paid for nothing.
+    """
+    code, interrupted = 0, False
+    abort_requests = record_mpi4py_abort_requests()
+    try:
+        program()
+    except SystemExit as exc:
+        code = system_exit_code(exc)
+    except BaseException as exc:   # noqa: BLE001 - what the interpreter would show, it shows
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        code, interrupted = 1, isinstance(exc, KeyboardInterrupt)
+    threading._shutdown()   # type: ignore[attr-defined]  # as Py_FinalizeEx: wait for non-daemon threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or 120   # as CPython: output that could not be written
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized():
+        if not mpi.Is_finalized():
+            abort = next((c for c in map(exit_code, abort_requests) if c), 0)
+            if abort:
+                mpi.COMM_WORLD.Abort(abort)
+            mpi.Finalize()
+        finalize_pmi()
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def finalize_pmi() -> None:
+    """Tell the launcher (MPICH's Hydra, over ``PMI_FD``) that this rank ends, as MPICH does at exit.
+
+    MPICH sends PMI-1's ``finalize`` from a C exit handler, not from
+    ``MPI_Finalize``; this child skips those handlers. A rank whose PMI socket
+    closes without it is taken for a crash, and Hydra kills the whole job.
+    """
+    fd = os.environ.get("PMI_FD")
+    if not fd:
+        return
+    os.write(int(fd), b"cmd=finalize\n")
+    reply = b""
+    while not reply.endswith(b"\n"):
+        chunk = os.read(int(fd), 64)
+        if not chunk:
+            break
+        reply += chunk
+    if not reply.startswith(b"cmd=finalize_ack"):
+        print(f"warm_dimd: PMI finalize answered {reply!r}", file=sys.stderr)
+
+
+def system_exit_code(exc: SystemExit) -> int:
+    """The status ``raise SystemExit(code)`` ends Python with (a message is printed, then 1)."""
+    if isinstance(exc.code, str):
+        print(exc.code, file=sys.stderr)
+    return exit_code(exc)
+
+
+def exit_code(status: object) -> int:
+    """An exit status from a ``SystemExit``, a ``KeyboardInterrupt`` or a code, as Python and mpi4py read it."""
+    if isinstance(status, SystemExit):
+        status = status.code
+    elif isinstance(status, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    if status is None:
+        return 0
+    return status & 0xFF if isinstance(status, int) else 1
+
+
+def record_mpi4py_abort_requests() -> list[object]:
+    """What ``python -m mpi4py`` asks for after an uncaught exception: ``MPI_Abort`` at exit.
+
+    mpi4py does it from an exit handler this child skips, so the requests are
+    recorded here too and :func:`end_as_python_ends` aborts in its place.
+    """
+    import mpi4py.run
+
+    requests: list[object] = []
+    ask = mpi4py.run.set_abort_status
+
+    def recording(status: object) -> None:
+        requests.append(status)
+        ask(status)
+
+    mpi4py.run.set_abort_status = recording
+    return requests
+
+
 if __name__ == "__main__":
     child = serve(sys.argv[1])
     if child is not None:
-        run_python(child["args"])
+        end_as_python_ends(lambda: run_python(child["args"]))
