@@ -34,7 +34,7 @@ import dimd.commands.pack
 import dimd.commands.plan_batch
 import dimd.commands.train
 import dimd.train.engine  # noqa: F401
-import mpi4py.run  # noqa: F401  (no MPI yet: only the runner of ``python -m mpi4py``)
+import mpi4py.run  # no MPI yet: only the runner of ``python -m mpi4py``
 
 gc.freeze()   # what was imported stays out of the children's collections: their pages stay shared, not copied
 
@@ -159,7 +159,7 @@ def end_as_python_ends(program: Callable[[], None]) -> NoReturn:
         program()
     except SystemExit as exc:
         code = system_exit_code(exc)
-    except BaseException as exc:   # noqa: BLE001 - what the interpreter would show, it shows
+    except BaseException as exc:   # what the interpreter would show, it shows
         sys.excepthook(type(exc), exc, exc.__traceback__)
         code, interrupted = 1, isinstance(exc, KeyboardInterrupt)
     threading._shutdown()   # type: ignore[attr-defined]  # as Py_FinalizeEx: wait for non-daemon threads
@@ -228,8 +228,6 @@ def record_mpi4py_abort_requests() -> list[object]:
     mpi4py does it from an exit handler this child skips, so the requests are
     recorded here too and :func:`end_as_python_ends` aborts in its place.
     """
-    import mpi4py.run
-
     requests: list[object] = []
     ask = mpi4py.run.set_abort_status
 
