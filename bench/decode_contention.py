@@ -12,8 +12,9 @@ medians of ``--repeats`` x ``--steps``. What runs beside it, per measurement:
 * ``loader:K``: the real :class:`dimd.shuffle.BatchLoader` with ``workers=K``,
   its batches consumed as fast as they come by a thread of this process.
 
-and ``--loader-only`` times the loader alone (no step): images/s and images
-per CPU-second (this process plus its decoding workers). Run it under the
+and ``--loader-only`` times the loader alone (no step): images/s, images
+per CPU-second (this process plus its decoding workers) and the training
+process's own CPU time per batch (the hand-over). Run it under the
 ``PYTHONPATH`` of another tree to measure that tree's loader the same way
 (how the old thread loader was compared with the worker processes).
 
@@ -129,18 +130,20 @@ def loader_rate(store: Any, args: argparse.Namespace, workers: int) -> dict[str,
         for _ in zip(range(2), loader.epoch(0)):
             pass
         pids = list(getattr(loader, "worker_pids", []))
-        images, epoch = 0, 1
-        cpu0, wall0 = process_cpu_seconds(pids), time.perf_counter()
+        images, batches, epoch = 0, 0, 1
+        cpu0, rank0, wall0 = process_cpu_seconds(pids), time.thread_time(), time.perf_counter()
         while images < args.loader_images:
             for batch, _labels in loader.epoch(epoch):
-                images += len(batch)
+                images, batches = images + len(batch), batches + 1
                 if images >= args.loader_images:
                     break
             epoch += 1
         wall, cpu = time.perf_counter() - wall0, process_cpu_seconds(pids) - cpu0
+        rank_ms = (time.thread_time() - rank0) / batches * 1e3   # the hand-over, in the training process
         startup = getattr(loader, "startup_seconds", None)
         rank, workers = memory("self"), [memory(pid) for pid in pids]
     return {"images": images, "images_per_s": images / wall, "images_per_cpu_s": images / cpu,
+            "rank_cpu_ms_per_batch": rank_ms,
             "worker_startup_s": startup, "store_bytes": store.nbytes,
             "rank_rss": rank.get("rss"), "rank_pss": rank.get("pss"),
             "workers_rss": sum(w.get("rss", 0) for w in workers), "workers_pss": sum(w.get("pss", 0) for w in workers),
@@ -186,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
         rate = loader_rate(store, args, workers)
         rows.append({"beside": f"loader-only:{workers}", **rate})
         print(f"loader alone, {workers} worker(s): {rate['images_per_s']:,.0f} images/s, "
-              f"{rate['images_per_cpu_s']:,.0f} images per CPU-second; rank + workers Pss "
+              f"{rate['images_per_cpu_s']:,.0f} images per CPU-second, {rate['rank_cpu_ms_per_batch']:.2f} ms "
+              f"of the rank's CPU per batch; rank + workers Pss "
               f"{rate['pss_total'] / 2**20:.0f} MiB (rank Rss {rate['rank_rss'] / 2**20:.0f} MiB, "
               f"workers Rss {rate['workers_rss'] / 2**20:.0f} MiB, store {rate['store_bytes'] / 2**20:.1f} MiB); "
               f"workers started in {rate['worker_startup_s'] or 0:.2f} s", flush=True)

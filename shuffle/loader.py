@@ -29,7 +29,7 @@ from dimd.format import crc32
 from dimd.shuffle.crop import SCALE
 from dimd.shuffle.shm import Segment
 from dimd.shuffle.store import DistributedStore
-from dimd.shuffle.workers import DecodeWorkers, Task
+from dimd.shuffle.workers import DecodeWorkers, Task, int64_bytes
 
 STATE_VERSION = 1
 
@@ -232,17 +232,18 @@ class BatchLoader:
         slot = step % self._slots
         draw_key = (self.seed, self.rank, epoch, step) if self.train else None
         offsets, lengths = (None, None) if paths is not None else store.locate(indices)
-        tickets = []
-        for k, chunk in enumerate(np.array_split(np.arange(n), min(self.workers, n))):
-            lo, hi = int(chunk[0]), int(chunk[-1]) + 1
+        records = store.global_index[indices]
+        tickets, parts = [], min(self.workers, n)
+        for k in range(parts):   # one chunk per worker (plain ints: this runs once per batch, on the rank)
+            lo, hi = n * k // parts, n * (k + 1) // parts
             task = Task(ring=self._ring.key, slot_offset=slot * self._slot_bytes, count=n, lo=lo, hi=hi,
                         image_size=self.image_size, train=self.train, scale=self.crop_scale, draw_key=draw_key,
                         source=self._store_key if paths is None else None,
-                        offsets=None if offsets is None else offsets[lo:hi],
-                        lengths=None if lengths is None else lengths[lo:hi],
+                        offsets=None if offsets is None else int64_bytes(offsets[lo:hi]),
+                        lengths=None if lengths is None else int64_bytes(lengths[lo:hi]),
                         paths=paths(indices[lo:hi]) if paths is not None else None,
                         cold=bool(getattr(store, "cold", False)),
-                        records=store.global_index[indices[lo:hi]], data_path=str(store.path))
+                        records=int64_bytes(records[lo:hi]), data_path=str(store.path))
             worker = (step + k) % self.workers
             tickets.append((worker, self._pool.submit(worker, task)))
         return _Batch(slot, indices, tickets)
@@ -261,8 +262,11 @@ class BatchLoader:
         n, size = len(batch.indices), self.image_size
         start = batch.slot * self._slot_bytes
         ready = self._ring.array[start : start + n * 3 * size * size].reshape(n, 3, size, size)
-        images = torch.empty((n, 3, size, size), dtype=torch.uint8, pin_memory=self._pin)
-        np.copyto(images.numpy(), ready)
+        if self._pin:
+            images = torch.empty((n, 3, size, size), dtype=torch.uint8, pin_memory=True)
+            np.copyto(images.numpy(), ready)
+        else:
+            images = torch.from_numpy(ready.copy())
         labels = torch.from_numpy(self.store.labels[batch.indices].astype(np.int64))
         return images, labels
 
