@@ -190,14 +190,19 @@ _current_test: pytest.Item | None = None
 _session_started = time.time()
 
 
-def leftover_mpich_segments(since: float) -> list[Path]:
-    """MPICH's shared-memory files made since ``since`` that no process maps any more.
+#: The shared-memory files of the MPIs the tests run: MPICH's, and Open MPI's (``tests/openmpi/run.sh``).
+MPI_SEGMENTS = ("mpich_shm_*", "sm_segment.*")
 
-    MPICH unlinks its segment once every local rank has attached; a job whose
-    ranks are killed or aborted before that (as the tests that end jobs do)
-    leaves it in /dev/shm, a few MB of memory each, until the machine restarts.
+
+def leftover_mpi_segments(since: float) -> list[Path]:
+    """The MPIs' shared-memory files in /dev/shm made since ``since`` that no process maps any more.
+
+    MPICH unlinks its segment once every local rank has attached, Open MPI at
+    the job's end; a job whose ranks are killed or aborted before that (as the
+    tests that end jobs do) leaves it behind, 1-16 MB of memory each, until the
+    machine restarts.
     """
-    candidates = [path for path in Path("/dev/shm").glob("mpich_shm_*")
+    candidates = [path for pattern in MPI_SEGMENTS for path in Path("/dev/shm").glob(pattern)
                   if path.stat().st_mtime >= since - 1]
     if not candidates:
         return []
@@ -211,7 +216,7 @@ def leftover_mpich_segments(since: float) -> list[Path]:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Remove what killed MPI jobs of this run left in /dev/shm (once, in the controlling process)."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        for path in leftover_mpich_segments(_session_started):
+        for path in leftover_mpi_segments(_session_started):
             path.unlink(missing_ok=True)
 
 

@@ -5,7 +5,7 @@ import os
 import time
 
 import pytest
-from conftest import launcher, leftover_mpich_segments, mpi_run, mpiexec
+from conftest import launcher, leftover_mpi_segments, mpi_run, mpiexec
 
 from dimd.host import launcher_cores
 from dimd.mpi import NodeCores, prepare_environment
@@ -107,15 +107,16 @@ def test_a_test_that_starts_ranks_must_be_marked_mpi():
         launcher(2)
 
 
-def test_the_harness_finds_the_mpich_segments_killed_jobs_left_but_not_those_in_use():
+@pytest.mark.parametrize("name", ["mpich_shm_dimdtest_{pid}_{use}", "sm_segment.dimdtest.0.{pid}.{use}"])
+def test_the_harness_finds_the_mpi_segments_killed_jobs_left_but_not_those_in_use(name):
     started = time.time()
-    left, used = (f"/dev/shm/mpich_shm_dimdtest_{os.getpid()}_{name}" for name in ("left", "used"))
+    left, used = (f"/dev/shm/{name.format(pid=os.getpid(), use=use)}" for use in ("left", "used"))
     try:
         for path in (left, used):
             with open(path, "wb") as f:
                 f.write(b"\0" * 4096)
         with open(used, "r+b") as f, mmap.mmap(f.fileno(), 4096):
-            found = {str(path) for path in leftover_mpich_segments(started)}
+            found = {str(path) for path in leftover_mpi_segments(started)}
             assert left in found and used not in found
     finally:
         for path in (left, used):
