@@ -413,7 +413,8 @@ def findings(envelope: dict[str, Any]) -> str:
                      "on a cluster's shared file system they would read over the network, dimd once):\n\n"
                      + "\n".join(differs))
     for peer, why in result.get("unavailable", {}).items():
-        lines.append(f"**{peer} unavailable:** {why.splitlines()[0]} `{why.splitlines()[-1].strip()}`")
+        first, last = why.splitlines()[0], why.splitlines()[-1].strip()
+        lines.append(f"**{peer} unavailable:** {first}" + (f" `{last}`" if last != first else ""))
     return "\n\n".join(lines)
 
 
