@@ -149,9 +149,9 @@ def end_as_python_ends(program: Callable[[], None]) -> NoReturn:
     non-daemon threads joined, ``atexit`` callbacks, ``MPI_Finalize`` (what
     mpi4py does at exit) and PMI's ``finalize`` (what MPICH does at exit, see
     :func:`finalize_pmi`), flushed streams. Left out: the C library's exit
-    handlers (libtorch's static destructors above all), which write to pages
-    this child still shares with the warm interpreter (copy-on-write): about
-    0.3 s per process, paid for nothing.
+    handlers (libtorch's static destructors, most likely: not traced), which
+    write to pages this child still shares with the warm interpreter
+    (copy-on-write): about 0.3 s per process, paid for nothing.
     """
     code, interrupted = 0, False
     abort_requests = record_mpi4py_abort_requests()
