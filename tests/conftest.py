@@ -127,10 +127,8 @@ def dimd_on_path(folder: Path) -> dict[str, str]:
     if not os.environ.get("DIMD_TESTS_FRESH_PROCESS") and not os.environ.get("MPIEXEC"):
         folder.mkdir(parents=True, exist_ok=True)
         stub = folder / "dimd"
-        stub.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "{Path(__file__).with_name("warm_rank.py")}" '
-                        '-m dimd "$@"\n')
+        stub.write_text(f'#!/bin/sh\nexec {shlex.join(_warm.command(DIMD, env))} "$@"\n')
         stub.chmod(0o755)
-        env["DIMD_TESTS_WARM"] = _warm.start()
     return env
 
 

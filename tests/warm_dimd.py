@@ -120,8 +120,7 @@ def serve(path: str) -> dict | None:
     """Accept stubs on ``path`` until standard input closes (the test process ended).
 
     Returns in a child (its request), so that its program runs at the top of the
-    stack and the interpreter ends it as it ends any program: uncaught exceptions
-    through ``sys.excepthook``, then atexit, mpi4py's finalize or abort, C's exit.
+    stack and ends as :func:`end_as_python_ends` says.
     """
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
