@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import pytest
+from mpi_segments import remove_leftover_mpi_segments
 
 BIN = Path(sys.executable).parent
 DIMD = [sys.executable, "-m", "dimd"]
@@ -188,34 +189,10 @@ _current_test: pytest.Item | None = None
 _session_started = time.time()
 
 
-#: The shared-memory files of the MPIs the tests run: MPICH's, and Open MPI's (``tests/openmpi/run.sh``).
-MPI_SEGMENTS = ("mpich_shm_*", "sm_segment.*")
-
-
-def leftover_mpi_segments(since: float) -> list[Path]:
-    """The MPIs' shared-memory files in /dev/shm made since ``since`` that no process maps any more.
-
-    MPICH unlinks its segment once every local rank has attached, Open MPI at
-    the job's end; a job whose ranks are killed or aborted before that (as the
-    tests that end jobs do) leaves it behind, 1-16 MB of memory each, until the
-    machine restarts.
-    """
-    candidates = [path for pattern in MPI_SEGMENTS for path in Path("/dev/shm").glob(pattern)
-                  if path.stat().st_mtime >= since - 1]
-    if not candidates:
-        return []
-    mapped = ""
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        with contextlib.suppress(OSError):
-            mapped += maps.read_text()
-    return [path for path in candidates if str(path) not in mapped]
-
-
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Remove what killed MPI jobs of this run left in /dev/shm (once, in the controlling process)."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        for path in leftover_mpi_segments(_session_started):
-            path.unlink(missing_ok=True)
+        remove_leftover_mpi_segments(_session_started)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -5,7 +5,8 @@ import os
 import time
 
 import pytest
-from conftest import launcher, leftover_mpi_segments, mpi_run, mpiexec
+from conftest import launcher, mpi_run, mpiexec
+from mpi_segments import leftover_mpi_segments
 
 from dimd.host import launcher_cores
 from dimd.mpi import NodeCores, prepare_environment

@@ -12,16 +12,12 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
 start=$SECONDS
-# Open MPI now and then leaves a job's 16 MB sm_segment file in /dev/shm (its PMIx clean-up is
-# known to miss some); on every way out, those made during this run that no process maps go.
-since=$(mktemp "${TMPDIR:-/tmp}/dimd-openmpi-start.XXXXXX")
+# Open MPI now and then leaves a job's 16 MB sm_segment file in /dev/shm, even from a job that
+# ended well; on every way out, those made during this run that no process maps go.
+since=$(date +%s)
 work=""
 cleanup() {
-    local segment
-    for segment in $(find /dev/shm -maxdepth 1 -name 'sm_segment.*' -newer "$since" 2>/dev/null); do
-        grep -qsF "$segment" /proc/[0-9]*/maps || rm -f "$segment"
-    done
-    rm -f "$since"
+    python3 tests/mpi_segments.py "$since" || true
     [ -z "$work" ] || rm -rf "$work"
 }
 trap cleanup EXIT
