@@ -12,8 +12,9 @@ The decoding happens in ``workers`` processes (:mod:`dimd.shuffle.workers`):
 they read the records zero-copy from the store's shared segment and write
 each batch, split in one chunk per worker, into a ring of ``prefetch + 1``
 shared batch slots; the training process only waits for a slot and copies it
-out (into pinned memory when a GPU is used). So the decoding never takes the
-training process's GIL.
+out, or lends it (``borrow``: a GPU's feed copies straight from the slot,
+page-locked with ``pin_memory``). So the decoding never takes the training
+process's GIL.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from dimd.errors import DimdError
 from dimd.format import crc32
 from dimd.shuffle.crop import SCALE
+from dimd.shuffle.pinned import page_lock, page_unlock
 from dimd.shuffle.shm import Segment
 from dimd.shuffle.store import DistributedStore
 from dimd.shuffle.workers import DecodeWorkers, Task, int64_bytes
@@ -96,7 +98,8 @@ class BatchLoader:
 
     # -- iteration ------------------------------------------------------------------------
 
-    def epoch(self, epoch: int, stop: int | None = None) -> Generator[tuple[Any, Any], None, None]:
+    def epoch(self, epoch: int, stop: int | None = None, *,
+              borrow: bool = False) -> Generator[tuple[Any, Any], None, None]:
         """Yield ``(images, labels)`` for ``epoch``.
 
         The loader has a position (epoch, batches consumed): asking for the
@@ -105,7 +108,10 @@ class BatchLoader:
         first batch. A finished epoch moves the position to the next one.
         ``stop``: only the batches before batch ``stop``, and none decoded past
         it (a ``break`` wastes the batches already prefetched); the position
-        then stays in the epoch.
+        then stays in the epoch. ``borrow``: the images are views of the
+        ring's slot, not copies, valid until the next batch is asked for
+        (with ``pin_memory`` the ring is page-locked, so a GPU copies from
+        the slot itself: the device feed does this).
         """
         if epoch < 0:
             raise DimdError(f"epoch must be non-negative (got {epoch})")
@@ -122,7 +128,7 @@ class BatchLoader:
                 while next_step < end and next_step < step + self._slots:
                     pending.append(self._submit(epoch, next_step, batches[next_step]))
                     next_step += 1
-                images, labels = self._collect(pending.popleft())
+                images, labels = self._collect(pending.popleft(), borrow)
                 self._epoch, self._step = epoch, step + 1
                 yield images, labels
             if end == len(batches):
@@ -170,20 +176,19 @@ class BatchLoader:
         """Start (or reuse) the workers, wait out abandoned batches, and point the workers at the store."""
         if self._pool is None or self._pool.closed:
             self._pool = DecodeWorkers.shared(self.workers)
-            if self._ring is not None:
-                self._ring.close()
-                self._ring = None
+            self._drop_ring()
             self._store_key = None
         for worker, ticket in self._abandoned:
             self._pool.discard(worker, ticket)
         self._abandoned = []
         if self._ring is not None and self._slots != self.prefetch + 1:   # prefetch was changed: a ring to fit
             self._pool.detach(self._ring.key)
-            self._ring.close()
-            self._ring = None
+            self._drop_ring()
         if self._ring is None:
             self._slots = self.prefetch + 1
             self._ring = Segment(self._slots * self._slot_bytes, "dimd-ring")
+            if self._pin:
+                page_lock(self._ring)
             self._pool.attach(self._ring)
         if self._paths is None:
             segment = self.store.segment
@@ -248,27 +253,37 @@ class BatchLoader:
             tickets.append((worker, self._pool.submit(worker, task)))
         return _Batch(slot, indices, tickets)
 
-    def _collect(self, batch: "_Batch") -> tuple[Any, Any]:
-        """Wait for ``batch``'s chunks, then copy its slot out (the slot is free again at once)."""
+    def _collect(self, batch: "_Batch", borrow: bool) -> tuple[Any, Any]:
+        """Wait for ``batch``'s chunks, then hand its slot out: a copy (the slot is free again at once)
+        or, ``borrow``ed, the slot itself (free again when the next batch is asked for)."""
         import torch
 
-        assert self._pool is not None and self._ring is not None
+        self._wait_for(batch)
+        assert self._ring is not None
+        n, size = len(batch.indices), self.image_size
+        start = batch.slot * self._slot_bytes
+        ready = self._ring.array[start : start + n * 3 * size * size].reshape(n, 3, size, size)
+        images = torch.from_numpy(ready) if borrow else self._copy_out(ready)
+        return images, torch.from_numpy(self.store.labels[batch.indices].astype(np.int64))
+
+    def _wait_for(self, batch: "_Batch") -> None:
+        assert self._pool is not None
         for position, (worker, ticket) in enumerate(batch.tickets):
             try:
                 self._pool.wait(worker, ticket)
             except DimdError:
                 self._abandoned.extend(batch.tickets[position + 1:])
                 raise
-        n, size = len(batch.indices), self.image_size
-        start = batch.slot * self._slot_bytes
-        ready = self._ring.array[start : start + n * 3 * size * size].reshape(n, 3, size, size)
+
+    def _copy_out(self, ready: np.ndarray) -> Any:
+        """The images of a finished slot, copied (into pinned memory when a GPU is fed)."""
+        import torch
+
         if self._pin:
-            images = torch.empty((n, 3, size, size), dtype=torch.uint8, pin_memory=True)
+            images = torch.empty(ready.shape, dtype=torch.uint8, pin_memory=True)
             np.copyto(images.numpy(), ready)
-        else:
-            images = torch.from_numpy(ready.copy())
-        labels = torch.from_numpy(self.store.labels[batch.indices].astype(np.int64))
-        return images, labels
+            return images
+        return torch.from_numpy(ready.copy())
 
     def close(self) -> None:
         """Let go of the workers (the last loader using them ends them) and of the batch slots."""
@@ -286,9 +301,14 @@ class BatchLoader:
         finally:
             self._pool, self._abandoned, self._store_key = None, [], None
             pool.release()
-            if self._ring is not None:
-                self._ring.close()
-                self._ring = None
+            self._drop_ring()
+
+    def _drop_ring(self) -> None:
+        if self._ring is not None:
+            if self._pin:
+                page_unlock(self._ring)
+            self._ring.close()
+            self._ring = None
 
     def __enter__(self) -> "BatchLoader":
         return self

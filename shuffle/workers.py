@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -204,15 +205,19 @@ class DecodeWorkers:
     :meth:`shared` hands out one pool per worker count (the training and the
     evaluation loader use the same workers); :meth:`release` ends it with its
     last user. Tasks get tickets; :meth:`wait` reads a worker's replies until
-    the ticket's arrives, keeping the others' for later.
+    the ticket's arrives, keeping the others' for later. One lock serialises
+    the sockets: a GPU's feeding thread runs the training loader while the
+    rank's own thread may evaluate with the same workers.
     """
 
     _pools: dict[int, "DecodeWorkers"] = {}
+    _pools_lock = threading.Lock()
 
     def __init__(self, count: int) -> None:
         if count < 1:
             raise DimdError(f"decoding workers must be at least 1 (got {count})")
         started = time.perf_counter()
+        self._lock = threading.RLock()
         self.count = count
         self.users = 0
         self._sockets: list[socket.socket] = []
@@ -244,19 +249,21 @@ class DecodeWorkers:
 
     @classmethod
     def shared(cls, count: int) -> "DecodeWorkers":
-        pool = cls._pools.get(count)
-        if pool is None or pool.closed:
-            pool = cls._pools[count] = cls(count)
-        pool.users += 1
-        return pool
+        with cls._pools_lock:
+            pool = cls._pools.get(count)
+            if pool is None or pool.closed:
+                pool = cls._pools[count] = cls(count)
+            pool.users += 1
+            return pool
 
     def release(self) -> None:
         """One user fewer; the last one ends the workers."""
-        self.users -= 1
-        if self.users <= 0:
-            self.close()
-            if DecodeWorkers._pools.get(self.count) is self:
-                del DecodeWorkers._pools[self.count]
+        with DecodeWorkers._pools_lock:
+            self.users -= 1
+            if self.users <= 0:
+                self.close()
+                if DecodeWorkers._pools.get(self.count) is self:
+                    del DecodeWorkers._pools[self.count]
 
     @property
     def closed(self) -> bool:
@@ -270,51 +277,57 @@ class DecodeWorkers:
 
     def attach(self, segment: Segment) -> None:
         """Map ``segment`` in every worker (once, however many loaders use it)."""
-        users = self._attached.get(segment.key, 0)
-        if users == 0:
-            message = pickle.dumps(("attach", 0, (segment.key, segment.size)))
-            for w in range(self.count):
-                self._send(w, message, [segment.fd])
-        self._attached[segment.key] = users + 1
+        with self._lock:
+            users = self._attached.get(segment.key, 0)
+            if users == 0:
+                message = pickle.dumps(("attach", 0, (segment.key, segment.size)))
+                for w in range(self.count):
+                    self._send(w, message, [segment.fd])
+            self._attached[segment.key] = users + 1
 
     def detach(self, key: int) -> None:
         """One loader fewer uses segment ``key``; the last one unmaps it in the workers (after earlier tasks)."""
-        users = self._attached.get(key, 0) - 1
-        if users > 0:
-            self._attached[key] = users
-            return
-        self._attached.pop(key, None)
-        message = pickle.dumps(("detach", 0, key))
-        for w in range(self.count):
-            self._send(w, message)
+        with self._lock:
+            users = self._attached.get(key, 0) - 1
+            if users > 0:
+                self._attached[key] = users
+                return
+            self._attached.pop(key, None)
+            message = pickle.dumps(("detach", 0, key))
+            for w in range(self.count):
+                self._send(w, message)
 
     def submit(self, worker: int, task: Task) -> int:
-        self._tickets += 1
-        self._send(worker, pickle.dumps(("decode", self._tickets, task)))
-        self._in_flight[worker].add(self._tickets)
-        return self._tickets
+        with self._lock:
+            self._tickets += 1
+            self._send(worker, pickle.dumps(("decode", self._tickets, task)))
+            self._in_flight[worker].add(self._tickets)
+            return self._tickets
 
     def finish_tasks(self) -> None:
         """Until every worker has answered every task sent so far (the answers are kept for :meth:`wait`)."""
-        for worker, tickets in enumerate(self._in_flight):
-            while tickets:
-                self._receive(worker)
+        with self._lock:
+            for worker, tickets in enumerate(self._in_flight):
+                while tickets:
+                    self._receive(worker)
 
     def wait(self, worker: int, ticket: int) -> None:
         """Until ``ticket`` is done; a decode error raises it as :class:`DecodeError`."""
-        from dimd.shuffle.decode import DecodeError
+        with self._lock:
+            from dimd.shuffle.decode import DecodeError
 
-        while ticket not in self._replies:
-            self._receive(worker)
-        kind, text = self._replies.pop(ticket)
-        if kind == "error":
-            raise DecodeError(text or "decode failed")
+            while ticket not in self._replies:
+                self._receive(worker)
+            kind, text = self._replies.pop(ticket)
+            if kind == "error":
+                raise DecodeError(text or "decode failed")
 
     def discard(self, worker: int, ticket: int) -> None:
         """Wait for a task whose result is no longer wanted (an abandoned batch), ignoring its outcome."""
-        while ticket not in self._replies:
-            self._receive(worker)
-        del self._replies[ticket]
+        with self._lock:
+            while ticket not in self._replies:
+                self._receive(worker)
+            del self._replies[ticket]
 
     # -- the sockets ----------------------------------------------------------------------
 
@@ -362,6 +375,10 @@ class DecodeWorkers:
         after the workers started (a torch DataLoader's worker, say) holds a
         copy of it, and the worker would wait for that one too.
         """
+        with self._lock:
+            return self._close()
+
+    def _close(self) -> list[int]:
         goodbye = pickle.dumps(("exit", 0, None))
         for sock in self._sockets:
             with contextlib.suppress(OSError):

@@ -271,3 +271,29 @@ def test_a_sigkilled_rank_leaves_no_shared_memory_and_no_workers_behind(library_
         else:
             raise AssertionError(f"decoding worker {pid} outlived its killed rank")
     assert ours_in_dev_shm() == before
+
+
+def test_a_borrowed_batch_is_the_slot_a_copied_batch_was_copied_from(store):
+    with BatchLoader(store, batch_size=5, image_size=20, seed=4) as loader:
+        copied = [images.clone() for images, _ in loader.epoch(0)]
+        loader.seek(0)
+        borrowed = [images.clone() for images, _ in loader.epoch(0, borrow=True)]
+    assert all(torch.equal(a, b) for a, b in zip(copied, borrowed)) and len(copied) == len(borrowed)
+
+
+def test_a_training_and_an_evaluation_loader_share_their_workers_from_two_threads(store):
+    """A GPU's feeding thread runs the training loader while the rank evaluates with the same workers."""
+    import threading
+
+    with BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3) as train, \
+            BatchLoader(store, batch_size=6, image_size=24, workers=2, train=False) as evaluation:
+        alone = collect(train, 0), collect(evaluation, 0)
+        train.seek(0)
+        side: list = []
+        thread = threading.Thread(target=lambda: side.extend(collect(train, 0)))
+        thread.start()
+        beside = collect(evaluation, 0)
+        thread.join()
+    for one, other in ((alone[0], side), (alone[1], beside)):
+        assert len(one) == len(other)
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(one, other))
