@@ -76,3 +76,16 @@ def test_a_run_resumes_on_the_gpu_where_its_checkpoint_left_off(packed_sample, t
     assert resumed["history"][1]["step"] == 2 * first["steps_per_epoch"]
     state = torch.load(resumed["checkpoint"], weights_only=True)
     assert state["config"]["precision"] == "16-mixed" and state["strategy"]["precision"]["loss_scale"] is not None
+
+
+def test_the_feed_copies_the_loaders_page_locked_slots_to_the_gpu_ahead_of_the_step(store):
+    from dimd.shuffle import BatchLoader
+    from dimd.train.device_feed import device_feed
+
+    with BatchLoader(store, batch_size=8, image_size=32, seed=5) as loader:
+        expected = [(images.clone(), labels.clone()) for images, labels in loader.epoch(0)]
+    feed = device_feed(BatchLoader(store, batch_size=8, image_size=32, seed=5, pin_memory=True), torch.device("cuda"))
+    fed = [(images.cpu(), labels.cpu()) for images, labels in feed.epoch(0)]
+    feed.close()
+    assert len(fed) == len(expected)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(fed, expected))

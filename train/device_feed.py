@@ -1,35 +1,47 @@
-"""Batches that are already on the device when the step asks: the next one moves while this one trains.
+"""Batches that are already on the device when the step asks: a thread stages them while steps run.
 
 :class:`DeviceFeed` wraps a :class:`dimd.shuffle.BatchLoader` and has its
-interface (``epoch``, ``position``, ``seek``, ``state_dict``...). When the
-step asks for batch k, the feed first takes batch k+1 from the loader and
-starts moving it to the GPU on a copy stream of its own (``non_blocking``
-from the loader's pinned memory), then hands over batch k, whose copy was
-started one step earlier: the compute stream waits for it on the GPU, and
-the Python thread does not wait at all. With ``--decode gpu`` the "move" is
-nvJPEG's decode and the crops (:mod:`dimd.shuffle.gpu_decode`), on the same
-side stream.
+interface (``epoch``, ``position``, ``seek``, ``state_dict``...). On a GPU a
+feeding thread of the rank takes the loader's batches, starts each towards
+the GPU on a copy stream of its own (``non_blocking``, straight from the
+loader's page-locked ring of batch slots), and queues it ``ahead`` batches
+in front of the step; the compute stream waits for a batch's copy on the GPU
+(an event) and the step's thread does not wait at all. With ``--decode gpu``
+the "copy" is nvJPEG's decode and the crops (:mod:`dimd.shuffle.gpu_decode`),
+whose host-side work then also leaves the step's thread. The thread releases
+the GIL while it waits (for the decoding workers, for a copy), and it never
+calls MPI, so the rank stays ``MPI_THREAD_FUNNELED``.
 
-Being one batch ahead must not change what a checkpoint records, so the
-feed's ``position`` and ``state_dict`` count the batches handed over, not the
-ones taken from the loader, and a feed closed mid-epoch moves the loader back
-to what was handed over (the batches depend only on the position, so the one
-taken ahead comes again). Before it takes another batch from the loader, the
-feed waits until the previous one's copy has finished, so a loader may reuse
-a batch's host memory as soon as it is asked for the next batch.
+Measured on an H100 with 14 decoding workers (``bench/pinned_feed.py``, see
+docs/gpu.md): copying each slot into pinned memory in the step's thread cost
+it 5.5 ms per batch of 128 at 224 px; a page-locked ring costs none, and the
+thread takes the rest of the hand-over off the step.
 
-On the CPU there is nothing to move: the batches pass through unchanged, and
-only the bookkeeping runs (tested there).
+Running ahead must not change what a checkpoint records, so the feed's
+``position`` and ``state_dict`` count the batches handed over, not the ones
+taken from the loader, and a feed closed mid-epoch moves the loader back to
+what was handed over (the batches depend only on the position, so the ones
+taken ahead come again). Before it takes another batch from the loader, the
+feed waits until the previous one's copy has read its host memory, so a
+loader may reuse a batch's slot as soon as it is asked for the next batch.
+
+On the CPU there is nothing to move: the batches pass through unchanged in
+the caller's thread (``ahead=0``), and only the bookkeeping runs.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
 import torch
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+#: Batches a GPU's feeding thread stages in front of the step (each holds its device memory meanwhile).
+AHEAD_ON_GPU = 2
 
 
 @dataclass
@@ -41,7 +53,15 @@ class _Staged:
     def wait_copied(self) -> None:
         """The host side: the copy has read its source (the loader may reuse that memory)."""
         if self.done is not None:
-            self.done.synchronize()
+            self.done.synchronize()     # a blocking-sync event: the thread sleeps, it does not spin
+
+
+@dataclass
+class _Failed:
+    error: BaseException            # raised by the loader or the stage in the feeding thread
+
+
+_END = object()
 
 
 def to_device(device: torch.device) -> Callable[[Any], Batch]:
@@ -54,23 +74,30 @@ def to_device(device: torch.device) -> Callable[[Any], Batch]:
 
 
 class DeviceFeed:
-    """A loader whose batches arrive on ``device`` one step ahead (see the module's docstring).
+    """A loader whose batches arrive on ``device`` ahead of the step (see the module's docstring).
 
     ``source(epoch)`` yields the loader's host batches (default: its own
     ``epoch``); ``stage`` turns one into a device batch (default: a
-    non-blocking copy). On a CPU device with the default stage, batches pass
-    through.
+    non-blocking copy). ``ahead``: batches a feeding thread stages in front
+    of the step (default :data:`AHEAD_ON_GPU` on a GPU, 0 on the CPU: no
+    thread, each batch staged when asked). On a CPU device with the default
+    stage, batches pass through.
     """
 
     def __init__(self, loader: Any, device: torch.device, *,
                  source: Callable[[int], Generator[Any, None, None]] | None = None,
-                 stage: Callable[[Any], Batch] | None = None) -> None:
+                 stage: Callable[[Any], Batch] | None = None, ahead: int | None = None) -> None:
         self.loader = loader
         self.device = torch.device(device)
-        self.source = source or loader.epoch
         on_cuda = self.device.type == "cuda"
+        if on_cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())   # the feeding thread sets it
+        self.source = source or loader.epoch
         self.stage = stage or (to_device(self.device) if on_cuda else (lambda batch: batch))
         self.stream = torch.cuda.Stream(self.device) if on_cuda else None
+        self.ahead = (AHEAD_ON_GPU if on_cuda else 0) if ahead is None else ahead
+        if self.ahead < 0:
+            raise ValueError(f"ahead must be at least 0 (got {self.ahead})")
         self._handed: tuple[int, int] | None = None    # the position while an epoch is being fed
 
     # -- the loader's interface, counted in batches handed over ------------------------------
@@ -117,32 +144,84 @@ class DeviceFeed:
 
     def epoch(self, epoch: int) -> Generator[Batch, None, None]:
         """Yield ``epoch``'s batches on the device, continuing from the position as the loader does."""
-        inner = self.source(epoch)
-        pending: _Staged | None = None
+        staged = self._staged_in_thread(epoch) if self.ahead else self._staged_here(epoch)
         finished = False
         try:
-            for host in inner:
-                staged = self._stage(host, self.loader.position)
-                del host
-                if pending is not None:
-                    yield self._hand_over(pending)
-                pending = staged
-                pending.wait_copied()      # before the loader is asked again (it may reuse the memory)
-            if pending is not None:
-                yield self._hand_over(pending)
+            for item in staged:
+                yield self._hand_over(item)
             finished = True
         finally:
-            inner.close()
+            staged.close()
             if self._handed is not None and not finished:
-                self.loader.seek(*self._handed)   # a batch taken ahead comes again
+                self.loader.seek(*self._handed)   # batches taken ahead come again
             self._handed = None
+
+    def _staged_here(self, epoch: int) -> Generator[_Staged, None, None]:
+        inner = self.source(epoch)
+        try:
+            for host in inner:
+                item = self._stage(host, self.loader.position)
+                del host
+                item.wait_copied()          # before the loader is asked again (it may reuse the memory)
+                yield item
+        finally:
+            inner.close()
+
+    def _staged_in_thread(self, epoch: int) -> Generator[_Staged, None, None]:
+        """The staged batches of a feeding thread that runs ``ahead`` batches in front of the caller."""
+        ready: queue.Queue[Any] = queue.Queue(self.ahead)
+        stop = threading.Event()
+
+        def offer(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def feed() -> None:
+            items = self._staged_here(epoch)
+            try:
+                if self.device.type == "cuda":
+                    torch.cuda.set_device(self.device)      # a new thread starts on device 0
+                for item in items:
+                    if not offer(item):
+                        return
+                offer(_END)
+            except BaseException as exc:   # the loader's or the stage's error, raised again in the caller
+                offer(_Failed(exc))
+            finally:
+                items.close()               # the loader's generator ends in the thread that ran it
+
+        thread = threading.Thread(target=feed, name="dimd-device-feed", daemon=True)
+        thread.start()
+        try:
+            while (item := self._next(ready, thread)) is not _END:
+                if isinstance(item, _Failed):
+                    raise item.error
+                yield item
+        finally:
+            stop.set()
+            thread.join()
+
+    @staticmethod
+    def _next(ready: queue.Queue, thread: threading.Thread) -> Any:
+        """The feeding thread's next item; a thread gone without a word (never expected) is an error, not a hang."""
+        while True:
+            try:
+                return ready.get(timeout=1.0)
+            except queue.Empty:
+                if not thread.is_alive() and ready.empty():
+                    raise RuntimeError("the device feed's thread ended without handing over its batches") from None
 
     def _stage(self, host: Any, position: tuple[int, int]) -> _Staged:
         if self.stream is None:
             return _Staged(self.stage(host), None, position)
         with torch.cuda.stream(self.stream):
             batch = self.stage(host)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(blocking=True)
             done.record(self.stream)
         return _Staged(batch, done, position)
 
@@ -158,9 +237,11 @@ class DeviceFeed:
 
 
 def device_feed(loader: Any, device: torch.device, decode: str = "cpu") -> DeviceFeed:
-    """``dimd train``'s feed: the loader's pinned batches copied ahead (``decode`` cpu), or its records'
-    bytes decoded by nvJPEG and cropped on the device, ahead (``decode`` gpu)."""
+    """``dimd train``'s feed: the loader's batches copied ahead straight from its page-locked slots
+    (``decode`` cpu), or its records' bytes decoded by nvJPEG and cropped on the device, ahead (``decode`` gpu)."""
     if decode == "cpu":
+        if torch.device(device).type == "cuda":
+            return DeviceFeed(loader, device, source=lambda epoch: loader.epoch(epoch, borrow=True))
         return DeviceFeed(loader, device)
     from dimd.shuffle.gpu_decode import GpuDecoder
     from dimd.shuffle.raw_batches import raw_batches
