@@ -46,6 +46,25 @@ def test_every_gradient_is_reduced_once_and_averaged(overlap, bucket_bytes):
     buckets.close()
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_one_rank_keeps_its_gradients_without_an_allreduce(overlap):
+    torch.manual_seed(0)
+    model = build_model("lenet", 10)
+    lenet_backward(model)
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    calls = []
+    buckets = GradientBuckets(model.parameters(), calls.append, 1, extras=2, bucket_bytes=4096, overlap=overlap)
+    buckets.zero()
+    lenet_backward(model)
+    buckets.flat.extras.fill_(2.0)
+    buckets.synchronize()
+    assert calls == []   # on a GPU, no copy of the gradients to the host and back
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), plain))
+    assert torch.equal(buckets.flat.extras, torch.full((2,), 2.0))
+    buckets.close()
+
+
 def test_zero_grad_set_to_none_is_copied_back_into_the_buffer():
     torch.manual_seed(0)
     model = build_model("lenet", 10)
