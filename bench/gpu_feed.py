@@ -312,8 +312,9 @@ def findings(envelope: dict[str, Any]) -> str:
     result = envelope["result"]
     lines = [f"On {result['gpu']} (torch {result['torch']}, CUDA {result['cuda']}"
              + (f", torchvision {result['torchvision']}" if "torchvision" in result else "")
-             + f"), {result['records']} records, batch {envelope['parameters']['batch_size']}, one rank; "
-             "medians of the runs, ratios taken within a run:"]
+             + f"), {result['records']} records, batch {envelope['parameters']['batch_size']}, one rank, "
+             + f"{envelope['parameters']['runs']} run(s), {envelope['parameters']['epochs']} epochs each (the first "
+             "not counted); medians of the runs, ratios taken within a run:"]
     for key, figures in result["setups"].items():
         rates = ", ".join(f"{s} {v['median']:,.0f}" for s, v in figures["images_per_s"].items())
         ratios = "; ".join(f"{r} {v['median']:.2f}x" for r, v in figures["ratios"].items() if r.startswith("dimd"))
@@ -338,7 +339,15 @@ def main(argv: list[str] | None = None) -> int:
         return job_main(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke test of the pipeline, not a result")
+    parser.add_argument("--models", help=f"comma-separated (default {','.join(FULL['models'])})")
+    parser.add_argument("--precisions", help=f"comma-separated (default {','.join(FULL['precisions'])})")
+    for name in ("runs", "epochs", "per_class"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, help=f"default {FULL[name]}")
     args = parser.parse_args(argv)
+    for name in ("models", "precisions"):       # a part of the full measurement (a GPU lent for minutes)
+        if getattr(args, name):
+            FULL[name] = getattr(args, name).split(",")
+    FULL.update({name: getattr(args, name) for name in ("runs", "epochs", "per_class") if getattr(args, name)})
     problem = no_cuda_line()
     if problem:
         print(problem, file=sys.stderr)
