@@ -91,6 +91,8 @@ class DistributedStore:
         #: Called before a shuffle moves the bytes of :attr:`segment` in place: each must return only
         #: when no process reads the segment any more (a loader waits for its workers' tasks).
         self.on_change: list[Callable[[Segment], None]] = []
+        #: Private memory the leaving records are gathered into, kept from one shuffle to the next.
+        self._send = np.empty(0, np.uint8)
         self._set(data, starts, meta)
 
     # -- construction -------------------------------------------------------------------
@@ -125,7 +127,8 @@ class DistributedStore:
         begin, end = dataset.byte_range(first, stop)
         rows = dataset.records[first:stop]
         share = end - begin
-        # A shuffle holds the records that leave the rank, packed, beside the store (at most the share again).
+        # A shuffle packs the records that leave the rank beside the store (at most the share again), in
+        # a buffer it keeps for the next shuffle.
         need = share * (2 if size > 1 else 1) + len(rows) * META_DTYPE.itemsize * 4
         need += decode_workers * WORKER_PRIVATE_BYTES      # each worker's own interpreter and buffers
         budget = available_memory() // node_local_ranks(comm)   # MPI: the node's memory, shared by its ranks
@@ -214,11 +217,13 @@ class DistributedStore:
         The index rows of the records that change rank go first (an
         ``Alltoall`` of counts, an ``Alltoallv`` of rows), so every rank checks
         that it will fill its slots before any byte moves. Then one
-        ``Alltoallv`` of their bytes, received in place into the store's own
-        segment: the records that stay are packed to its front and the
-        arriving ones land behind them, so no page of a new segment is
-        faulted in and nothing is reassembled afterwards. In a group of one
-        rank it is a new local order and moves no bytes.
+        ``Alltoallv`` of their bytes, sent from a private buffer the leaving
+        records are packed into (kept for the next shuffle: its pages stay
+        faulted in) and received in place into the store's own segment: the
+        records that stay are packed to its front and the arriving ones land
+        behind them, so no page of a new segment is faulted in and nothing is
+        reassembled afterwards. In a group of one rank it is a new local
+        order and moves no bytes.
         """
         start_time = time.perf_counter()
         comm = self.group_comm
@@ -251,7 +256,9 @@ class DistributedStore:
             for finish in self.on_change:   # nobody reads the segment while its bytes move
                 finish(self.segment)
             segment, self._data = self.segment, np.empty(0, np.uint8)
-            sendbuf = gather_bytes(segment.array, self._starts[leaving], send_meta["length"])
+            leaving_bytes = int(send_meta["length"].sum(dtype=np.int64))
+            sendbuf = gather_bytes(segment.array, self._starts[leaving], send_meta["length"],
+                                   out=self._send_buffer(leaving_bytes))
             kept_starts, kept = pack_down(segment.array, self._starts[staying], self._meta["length"][staying])
             arriving = recv_meta["length"].astype(np.int64)
             segment.grow(kept + int(arriving.sum()))   # extends the mapping: the pages in use stay mapped
@@ -268,6 +275,21 @@ class DistributedStore:
                             records_sent=sent_records, bytes_sent=sent_bytes,
                             records_received=received_records, bytes_received=received_bytes,
                             records_held=len(self), bytes_held=self.nbytes)
+
+    def _send_buffer(self, nbytes: int) -> np.ndarray:
+        """A buffer of at least ``nbytes`` for the leaving records: the last shuffle's, while it is large enough.
+
+        A fresh buffer's pages are faulted in (and zeroed) as the records are
+        copied into it, which cost a shuffle more than the copy itself on the
+        development machine (docs/shuffle.md); reused, its pages are in
+        place. A new one gets an eighth of headroom, as the bytes that leave
+        vary from round to round, and pages never written cost no memory.
+        The load's memory check counts it (a share beside the store).
+        """
+        if len(self._send) < nbytes:
+            self._send = np.empty(0, np.uint8)   # let the old one go before the new one is made
+            self._send = np.empty(nbytes + nbytes // 8, np.uint8)
+        return self._send
 
 
 def _read_range(path: Path, begin: int, out: np.ndarray, advance: Callable[[int], None] | None) -> int:

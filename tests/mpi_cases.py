@@ -203,6 +203,27 @@ def a_peer_stops_answering(timeout: str) -> None:
 # -- shuffle and loader ----------------------------------------------------------------
 
 @case
+def send_buffer_across_shuffles(dataset: str, rounds: str) -> None:
+    """Shuffle DATASET ROUNDS times; each round says whether it gathered into the last round's send buffer.
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py send_buffer_across_shuffles packed/sample 4
+        -> {"rank": 0, "rounds": [[bytes sent, capacity before, same buffer], ...]}   (one line per rank)
+
+    A new buffer is allowed only where the bytes leaving outgrew the one held.
+    """
+    from dimd.shuffle import DistributedStore
+
+    store = DistributedStore.load(dataset, world())
+    rounds_seen = []
+    for r in range(int(rounds)):
+        before = store._send
+        stats = store.shuffle(seed=2, round=r)
+        rounds_seen.append([stats.bytes_sent, len(before), store._send is before])
+        assert len(store._send) >= stats.bytes_sent
+    say(json.dumps({"rank": store.group_comm.Get_rank(), "rounds": rounds_seen}))
+
+
+@case
 def loader_batches(dataset: str, groups: str) -> None:
     """Load DATASET in GROUPS groups, train an epoch, shuffle, train one more and evaluate one.
 

@@ -47,6 +47,18 @@ def test_shuffle_conserves_balances_and_reorders(packed_sample, tmp_path, ranks,
     assert all(m == 0 for m in moved) if per_group == 1 else all(m > 0 for m in moved)
 
 
+def test_a_shuffle_gathers_into_the_last_shuffles_send_buffer_unless_it_outgrew_it(packed_sample):
+    """The leaving records are packed into the buffer the previous shuffle faulted in (docs/shuffle.md)."""
+    proc = mpi_run("send_buffer_across_shuffles", 2, packed_sample, "4", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for line in proc.stdout.strip().splitlines():
+        rounds = json.loads(line)["rounds"]
+        assert rounds[0][1] == 0 and not rounds[0][2]            # the first shuffle makes it
+        for sent, capacity, same in rounds[1:]:
+            assert same == (sent <= capacity)
+        assert any(same for _, _, same in rounds[1:])
+
+
 def pack_subset(packed_sample, out, count):
     packed = PackedDataset(packed_sample)
     with PackWriter(out) as writer:

@@ -104,6 +104,18 @@ def test_gather_bytes_copies_ranges_back_to_back():
     assert displacements(np.array([5, 0, 8])).tolist() == [0, 5, 5]
 
 
+def test_gather_bytes_fills_the_front_of_a_given_buffer_and_refuses_a_short_one():
+    from dimd.shuffle.exchange import gather_bytes
+
+    data = np.arange(20, dtype=np.uint8)
+    buffer = np.zeros(8, np.uint8)
+    out = gather_bytes(data, np.array([10, 0]), np.array([3, 2]), out=buffer)
+    assert out.tolist() == [10, 11, 12, 0, 1] and np.shares_memory(out, buffer)   # no new array
+    assert buffer[5:].tolist() == [0, 0, 0]
+    with pytest.raises(ValueError):
+        gather_bytes(data, np.array([0]), np.array([9]), out=buffer)
+
+
 def test_pack_down_moves_kept_records_to_the_front_in_place():
     from dimd.shuffle.exchange import pack_down
 
