@@ -280,8 +280,8 @@ class DistributedStore:
         """A buffer of at least ``nbytes`` for the leaving records: the last shuffle's, while it is large enough.
 
         A fresh buffer's pages are faulted in (and zeroed) as the records are
-        copied into it, which cost a shuffle more than the copy itself on the
-        development machine (docs/shuffle.md); reused, its pages are in
+        copied into it, which cost a shuffle about as much as the copy itself
+        on the development VM (docs/shuffle.md); reused, its pages are in
         place. A new one gets an eighth of headroom, as the bytes that leave
         vary from round to round, and pages never written cost no memory.
         The load's memory check counts it (a share beside the store).
