@@ -218,6 +218,7 @@ class DecodeWorkers:
             raise DimdError(f"decoding workers must be at least 1 (got {count})")
         started = time.perf_counter()
         self._lock = threading.RLock()
+        self._death: str | None = None   # why the pool ended, once a worker died
         self.count = count
         self.users = 0
         self._sockets: list[socket.socket] = []
@@ -332,6 +333,7 @@ class DecodeWorkers:
     # -- the sockets ----------------------------------------------------------------------
 
     def _send(self, worker: int, message: bytes, fds: list[int] | None = None) -> None:
+        self._check_alive()
         try:
             if fds:
                 socket.send_fds(self._sockets[worker], [message], fds)
@@ -341,6 +343,7 @@ class DecodeWorkers:
             self._died(worker)
 
     def _receive(self, worker: int) -> None:
+        self._check_alive()
         try:
             size = self._sockets[worker].recv_into(self._inbox)
         except OSError:
@@ -365,7 +368,13 @@ class DecodeWorkers:
                 how += " (out of memory, or killed)"
         else:
             how = f"exited with status {code}" if code is not None else "closed its socket"
-        raise WorkerDied(f"decoding worker {worker} (pid {process.pid}) {how}; the run cannot continue")
+        self._death = f"decoding worker {worker} (pid {process.pid}) {how}; the run cannot continue"
+        raise WorkerDied(self._death)
+
+    def _check_alive(self) -> None:
+        """A loader in another thread of the rank that uses the pool after a worker died gets the same line."""
+        if self._death is not None:
+            raise WorkerDied(self._death)
 
     def close(self) -> list[int]:
         """Tell each worker to end, close the sockets and reap the processes: their exit codes

@@ -181,6 +181,27 @@ def test_a_killed_worker_ends_the_epoch_with_one_line_naming_it(store):
         assert len(collect(fresh, 0)) == fresh.steps_per_epoch
 
 
+def test_a_loader_sharing_the_workers_of_a_killed_one_gets_the_same_line(store):
+    from dimd.shuffle.workers import WorkerDied
+
+    train = BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=0)
+    evaluation = BatchLoader(store, batch_size=4, image_size=16, workers=2, train=False)
+    batches, scores = train.epoch(0), evaluation.epoch(0)   # e.g. a feeding thread trains, the rank evaluates
+    next(batches)
+    next(scores)
+    victim = train.worker_pids[0]
+    os.kill(victim, signal.SIGKILL)
+    line = rf"decoding worker 0 \(pid {victim}\) was killed by SIGKILL"
+    with pytest.raises(WorkerDied, match=line):
+        for _ in batches:
+            pass
+    with pytest.raises(WorkerDied, match=line):
+        for _ in scores:
+            pass
+    train.close()
+    evaluation.close()
+
+
 def test_workers_are_new_interpreters_without_mpi_that_ignore_stop_signals(store):
     with BatchLoader(store, batch_size=4, image_size=16, workers=1, seed=0) as loader:
         collect(loader, 0)
