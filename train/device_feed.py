@@ -14,8 +14,8 @@ calls MPI, so the rank stays ``MPI_THREAD_FUNNELED``.
 
 Measured on an H100 with 14 decoding workers (``bench/pinned_feed.py``, see
 docs/gpu.md): copying each slot into pinned memory in the step's thread cost
-it 5.5 ms per batch of 128 at 224 px; a page-locked ring costs none, and the
-thread takes the rest of the hand-over off the step.
+it 3.9-5.5 ms per batch of 128 at 224 px; a page-locked ring costs none, and
+the thread takes the rest of the hand-over off the step (0.2 ms left).
 
 Running ahead must not change what a checkpoint records, so the feed's
 ``position`` and ``state_dict`` count the batches handed over, not the ones
