@@ -22,7 +22,6 @@ ratios against ``copy`` within each run. Needs CUDA (else one line, exit 2).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -76,7 +75,9 @@ def one_run(way: str, store: Any, args: argparse.Namespace, step: Any) -> dict[s
             cpu.append(main_cpu / batches)
     finally:
         feed.close()
-    return {"images_per_s": statistics.median(rates[1:]), "main_cpu_ms_per_batch": 1e3 * statistics.median(cpu[1:])}
+    from gpu_feed import steady
+
+    return {"images_per_s": steady(rates), "main_cpu_ms_per_batch": 1e3 * steady(cpu)}
 
 
 def main(argv: list[str] | None = None) -> int:
