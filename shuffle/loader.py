@@ -31,9 +31,11 @@ from dimd.shuffle.crop import SCALE
 from dimd.shuffle.pinned import page_lock, page_unlock
 from dimd.shuffle.shm import Segment
 from dimd.shuffle.store import DistributedStore
+from dimd.shuffle.streams import SAMPLER, stream
 from dimd.shuffle.workers import DecodeWorkers, Task, int64_bytes
 
-STATE_VERSION = 1
+#: 2: the sampler's and the crops' random streams got their purpose word (dimd.shuffle.streams).
+STATE_VERSION = 2
 
 
 class BatchLoader:
@@ -93,7 +95,7 @@ class BatchLoader:
         if take > n:
             raise DimdError(f"rank {self.rank} holds {n} records, fewer than the {take} an epoch "
                             f"takes from it; the store is unbalanced")
-        order = np.random.default_rng([self.seed, self.rank, epoch]).permutation(n)[:take]
+        order = stream(SAMPLER, self.seed, self.rank, epoch).permutation(n)[:take]
         return list(order.reshape(self.steps_per_epoch, b))
 
     # -- iteration ------------------------------------------------------------------------

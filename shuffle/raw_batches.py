@@ -19,6 +19,7 @@ import numpy as np
 from dimd.shuffle.crop import crop_box, draw_crops
 from dimd.shuffle.decode import DecodeError, centre_crop_box
 from dimd.shuffle.loader import BatchLoader
+from dimd.shuffle.streams import CROPS, stream
 
 #: JPEG start-of-frame markers (SOF0-SOF15, less DHT 0xC4, JPG 0xC8 and DAC 0xCC): they hold the size.
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -66,7 +67,7 @@ def raw_batch(loader: BatchLoader, epoch: int, step: int, indices: np.ndarray) -
     boxes = np.empty((len(indices), 4), np.float64)
     flips = np.zeros(len(indices), bool)
     # The loader's workers draw a batch's crops from one generator keyed (seed, rank, epoch, step).
-    draws = draw_crops(np.random.default_rng([loader.seed, loader.rank, epoch, step]), len(indices))
+    draws = draw_crops(stream(CROPS, loader.seed, loader.rank, epoch, step), len(indices))
     for slot, record in enumerate(records):
         try:
             width, height = jpeg_size(record)

@@ -32,6 +32,7 @@ from dimd.shuffle.exchange import (META_DTYPE, displacements, exchange_bytes, ex
                                    pack_down)
 from dimd.shuffle.memory import WORKER_PRIVATE_BYTES
 from dimd.shuffle.shm import Segment
+from dimd.shuffle.streams import PLACEMENT, stream
 from dimd.host import available_memory
 from dimd.mpi import agree_or_raise, node_local_ranks
 from dimd.shares import balanced_bounds
@@ -209,7 +210,7 @@ class DistributedStore:
         """Slot of every global record after ``shuffle(seed, round)`` in this group."""
         if seed < 0 or round < 0:
             raise DimdError(f"seed and round must be non-negative (got {seed}, {round})")
-        return np.random.default_rng([seed, round, self.group]).permutation(self.total)
+        return stream(PLACEMENT, seed, round, self.group).permutation(self.total)
 
     def shuffle(self, seed: int, round: int) -> ShuffleStats:
         """Collective within the group: move records so each rank holds a fresh random share.

@@ -34,6 +34,7 @@ import numpy as np
 
 from dimd.errors import DimdError
 from dimd.shuffle.shm import Segment
+from dimd.shuffle.streams import CROPS, stream
 
 #: Largest control message (a task carries a chunk's offsets, lengths and record numbers). Each
 #: end receives into one buffer of this size, allocated once: a fresh 1 MiB per message cost ~25 us.
@@ -94,7 +95,7 @@ def decode_task(task: Task, segments: dict[int, Segment]) -> None:
     size = task.image_size
     ring = segments[task.ring].array
     out = ring[task.slot_offset : task.slot_offset + task.count * 3 * size * size].reshape(task.count, 3, size, size)
-    draws = draw_crops(np.random.default_rng(list(task.draw_key)), task.count) if task.draw_key else None
+    draws = draw_crops(stream(CROPS, *task.draw_key), task.count) if task.draw_key else None
     data = segments[task.source].array if task.source is not None else None
     offsets, lengths = (np.frombuffer(b, np.int64) if b is not None else None for b in (task.offsets, task.lengths))
     for k, j in enumerate(range(task.lo, task.hi)):

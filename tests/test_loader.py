@@ -318,3 +318,18 @@ def test_a_training_and_an_evaluation_loader_share_their_workers_from_two_thread
     for one, other in ((alone[0], side), (alone[1], beside)):
         assert len(one) == len(other)
         assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(one, other))
+
+
+def test_one_rank_takes_the_first_epoch_in_random_order_after_the_first_shuffle(packed_sample):
+    """The placement of round 0 and the sampler of epoch 0 are different random streams: on one rank the
+    sampler once undid the shuffle, and the first epoch's batches came in the pack's class order."""
+    from mpi4py import MPI
+
+    from dimd.shuffle.streams import CROPS, PLACEMENT, SAMPLER, stream
+
+    store = DistributedStore.load(packed_sample, MPI.COMM_SELF)
+    store.shuffle(seed=5, round=0)
+    taken = store.global_index[np.concatenate(BatchLoader(store, batch_size=4, image_size=16, seed=5).epoch_indices(0))]
+    assert not np.all(np.diff(taken) > 0)
+    draws = [stream(purpose, 5, 0, 0).permutation(48) for purpose in (PLACEMENT, SAMPLER, CROPS)]
+    assert not np.array_equal(draws[0], draws[1]) and not np.array_equal(draws[1], draws[2])
