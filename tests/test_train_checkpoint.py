@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dimd.errors import DimdError
-from dimd.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from dimd.train.checkpoint import VERSION, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 
 
 def state(epoch, step):
@@ -42,7 +42,7 @@ class RunsCode:
 
 def test_a_file_that_would_run_code_is_refused_without_inviting_unpickling(tmp_path, capsys):
     path = tmp_path / "checkpoint-e0001-s00000001.pt"
-    torch.save({"format": "dimd-checkpoint", "version": 3, "model": RunsCode()}, path)
+    torch.save({"format": "dimd-checkpoint", "version": VERSION, "model": RunsCode()}, path)
     with pytest.raises(DimdError) as caught:
         load_checkpoint(path)
     message = str(caught.value)
@@ -67,7 +67,7 @@ def test_another_programs_torch_file_is_not_a_dimd_checkpoint(tmp_path):
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("version", [None, 1, 2, 4])
+@pytest.mark.parametrize("version", [None, 1, 3, VERSION + 1])
 def test_a_checkpoint_of_another_version_is_refused_in_one_line_naming_it(tmp_path, version):
     path = tmp_path / "checkpoint-e0001-s00000010.pt"
     document = {"format": "dimd-checkpoint", "epoch": 1, "step": 10}   # version 1 wrote no number
@@ -75,7 +75,7 @@ def test_a_checkpoint_of_another_version_is_refused_in_one_line_naming_it(tmp_pa
     with pytest.raises(DimdError) as caught:
         load_checkpoint(path)
     message = str(caught.value)
-    assert message.startswith(f"{path}: checkpoint version {version or 1}; this dimd reads version 3")
+    assert message.startswith(f"{path}: checkpoint version {version or 1}; this dimd reads version {VERSION}")
     assert "\n" not in message
 
 
@@ -90,7 +90,7 @@ def test_random_bytes_are_refused_as_damaged_not_as_unsafe(tmp_path):
 
 def test_a_checkpoint_without_a_field_resume_reads_is_one_line(tmp_path):
     path = tmp_path / "checkpoint-e0001-s00000010.pt"
-    torch.save({"format": "dimd-checkpoint", "version": 3, "epoch": 1, "step": 10, "model_name": "lenet"}, path)
+    torch.save({"format": "dimd-checkpoint", "version": VERSION, "epoch": 1, "step": 10, "model_name": "lenet"}, path)
     with pytest.raises(DimdError, match=r"a damaged checkpoint: it has no 'run_id', 'sync', 'classes' \.\.\."):
         load_checkpoint(path)
 

@@ -46,7 +46,8 @@ from dimd.train.steps import Strategy
 
 FORMAT = "dimd-checkpoint"
 #: 3: a run id in every checkpoint (rotation and resume go by the order checkpoints were written).
-VERSION = 3
+#: 4: one random stream per purpose (dimd.shuffle.streams): the same position holds other records and crops.
+VERSION = 4
 #: What a resume reads from every checkpoint: a file without one of them is refused in one line.
 REQUIRED = ("run_id", "sync", "model_name", "classes", "config", "layout", "world_size", "epoch", "step",
             "position", "since_sync", "lr_phase", "images", "next_eval_images", "model", "strategy", "ranks",
