@@ -242,7 +242,8 @@ def predicted(plan_row: dict[str, Any], model: dict[str, Any], batch: int, ranks
     """T_C(M, P) from solve's constants and its Delta(P), with the slowest rank's share ceil(M/P)."""
     from dimd.train.plan.solver import Model
 
-    m = Model(gamma=model["gamma"], m_t=model["m_t"], n_inf=model["n_inf"], alpha=model["alpha"])
+    m = Model(overhead=model["overhead"], gamma=model["gamma"], m_t=model["m_t"], n_inf=model["n_inf"],
+              alpha=model["alpha"])
     per_rank = math.ceil(batch / ranks)
     update = float(m.update_seconds(per_rank, plan_row["delta_s"]))
     updates = float(m.updates(batch))
@@ -334,9 +335,9 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
                         "--ranks", ranks, "--max-batch", max(size["batches"]), "--max-holdout-error", 1000,
                         "--json", plan_path], log=plan_path.with_suffix(".log"))
             plan = result(plan_path)
+            fit = {k: result(steps[ranks])[k] for k in ("overhead", "gamma", "m_t", "threads")}
             mnist["plans"][str(ranks)] = {"model": plan["model"], "row": plan["plan"][0], "file": str(plan_path),
-                                          "step_time": {k: result(steps[ranks])[k] for k in ("gamma", "m_t",
-                                                                                             "threads")}}
+                                          "step_time": fit}
             ctx.log(f"the check at P = {ranks}: M_opt = {plan['plan'][0]['optimal']['batch']}")
             mnist["check"][str(ranks)] = check_rank_count(ranks, plan, data, size, work)
         epochs = epochs_to_target(sweep, SETS["mnist"]["noise_batch"]) or size["max_epochs"]

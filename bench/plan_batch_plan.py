@@ -77,8 +77,8 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _step(figures: dict[str, Any]) -> dict[str, Any]:
-    return {k: figures[k] for k in ("gamma", "m_t", "knee", "rms_relative_residual", "batches", "world_size",
-                                    "threads", "device") if k in figures}
+    return {k: figures[k] for k in ("overhead", "gamma", "m_t", "knee", "rms_relative_residual", "batches",
+                                    "world_size", "threads", "device") if k in figures}
 
 
 def _comm(figures: dict[str, Any]) -> dict[str, Any]:
@@ -131,7 +131,8 @@ def findings(envelope: dict[str, Any]) -> str:
     left = plan.get("algorithms_left_out") or {}
     return (f"LeNet on MNIST-5k to top-1 {conv['target']:g}: N_update = {model['n_inf']:.3g}{se} + "
             f"{model['alpha']:.3g}/M (R² {conv['r2']:.3f}, {conv['batches_in_fit']} batches), Gamma = "
-            f"{1e3 * model['gamma']:.3g} ms per image above M_T = {model['m_t']:.3g} per rank. The optimal plan "
+            f"{1e3 * model['overhead']:.3g} ms + {1e3 * model['gamma']:.3g} ms per image above M_T = "
+            f"{model['m_t']:.3g} per rank. The optimal plan "
             f"takes {regime(first, 'optimal')} at P = {first['ranks']} and {regime(last, 'optimal')} at "
             f"P = {last['ranks']} (cases: {', '.join(cases)}); strong scaling at M = {plan['strong_batch']} "
             f"{regime(last, 'strong')} there, weak scaling at {plan['weak_per_rank']} per rank "

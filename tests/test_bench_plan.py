@@ -17,13 +17,13 @@ def test_the_other_batches_straddle_m_opt_by_a_factor_4_where_the_sweep_allows(c
 
 
 def test_the_prediction_charges_the_slowest_ranks_share(check):
-    model = {"gamma": 0.001, "m_t": 4.0, "n_inf": 100.0, "alpha": 6400.0}
+    model = {"overhead": 0.0005, "gamma": 0.001, "m_t": 4.0, "n_inf": 100.0, "alpha": 6400.0}
     row = {"delta_s": 0.002}
     p = check.predicted(row, model, 33, 2)          # 17 images on the slowest rank
     assert p["updates"] == pytest.approx(100 + 6400 / 33)
-    assert p["update_s"] == pytest.approx(0.017 + 0.002) and p["gamma_s"] == pytest.approx(0.017)
+    assert p["update_s"] == pytest.approx(0.0175 + 0.002) and p["gamma_s"] == pytest.approx(0.0175)
     assert p["time_s"] == pytest.approx(p["updates"] * p["update_s"])
-    assert check.predicted(row, model, 4, 2)["gamma_s"] == pytest.approx(0.004)   # below the knee: flat
+    assert check.predicted(row, model, 4, 2)["gamma_s"] == pytest.approx(0.0045)   # below the knee: flat
 
 
 def noise(values):

@@ -17,7 +17,7 @@ def write_result(path, command: str, result, **envelope) -> None:
     """A result file as another tool (or an older dimd) may write it: NaN stays NaN, as json.dumps writes it."""
     path.write_text(json.dumps({"command": command, "parameters": {}, **envelope, "result": result}))
 
-STEP = {"gamma": 0.01, "m_t": 8.0, "batches": [{"batch": 1}, {"batch": 64}]}
+STEP = {"overhead": 0.001, "gamma": 0.01, "m_t": 8.0, "batches": [{"batch": 1}, {"batch": 64}]}
 COMM = {"algorithms": {"ring": {"parameters": {"a": 1e-5, "b": 1e-10, "c": 0.0, "s": 0.0}, "holdout": None}},
         "gradient_bytes": 4096, "ranks_measured": [2, 3]}
 CONVERGENCE = {"n_inf": 1000.0, "alpha": 1e5, "batches": [{"batch": 16, "in_fit": True}, {"batch": 256}]}
@@ -42,7 +42,7 @@ def test_valid_inputs_plan(tmp_path):
 
 
 def test_a_step_result_that_is_null_is_one_line(tmp_path):
-    assert "step.json: `result` must be an object with 'gamma', 'm_t', 'batches', got null" in \
+    assert "step.json: `result` must be an object with 'overhead', 'gamma', 'm_t', 'batches', got null" in \
         one_line(solve(tmp_path, step=None))
 
 

@@ -10,7 +10,7 @@ from dimd.train.plan.config import SolveConfig
 from dimd.train.plan.solver import (Communication, Model, Ranges, best_per_rank_batch, closed_form_time,
                                     continuous_optimum, plan_rows)
 
-MODEL = Model(gamma=2e-3, m_t=8.0, n_inf=400.0, alpha=2.0e5)
+MODEL = Model(overhead=0.0, gamma=2e-3, m_t=8.0, n_inf=400.0, alpha=2.0e5)   # the paper's Gamma (c = 0)
 
 
 def brute_force(model, ranks, delta, low=1e-2, high=1e7, points=400001):
@@ -23,7 +23,8 @@ def brute_force(model, ranks, delta, low=1e-2, high=1e7, points=400001):
 def random_models(count, seed):
     rng = np.random.default_rng(seed)
     for _ in range(count):
-        yield Model(gamma=10 ** rng.uniform(-4, -1), m_t=10 ** rng.uniform(0, 2),
+        yield Model(overhead=float(rng.choice([0.0, 10 ** rng.uniform(-5, -1)])),
+                    gamma=10 ** rng.uniform(-4, -1), m_t=10 ** rng.uniform(0, 2),
                     n_inf=10 ** rng.uniform(1, 4), alpha=10 ** rng.uniform(2, 6))
 
 
@@ -44,6 +45,17 @@ def test_closed_form_matches_brute_force_on_random_models(ranks):
 def test_one_rank_has_its_optimum_at_the_knee():
     m_opt, case = continuous_optimum(MODEL, 1, 0.0)
     assert (m_opt, case) == (MODEL.m_t, "knee")   # the paper's eq. 8: M_opt = M_T
+
+
+def test_a_fixed_cost_per_step_moves_one_ranks_optimum_past_the_knee():
+    """c acts as Delta does: above the knee M* = sqrt(alpha (c + Delta) P / (gamma N_inf))."""
+    model = Model(overhead=1e-3, gamma=MODEL.gamma, m_t=MODEL.m_t, n_inf=MODEL.n_inf, alpha=MODEL.alpha)
+    m_opt, case = continuous_optimum(model, 1, 0.0)
+    assert case == "sqrt" and m_opt == pytest.approx(math.sqrt(model.alpha * 1e-3 / (model.gamma * model.n_inf)))
+    assert m_opt > model.m_t
+    assert brute_force(model, 1, 0.0)[0] == pytest.approx(m_opt, rel=2e-3)
+    with_delta = Model(overhead=0.0, gamma=MODEL.gamma, m_t=MODEL.m_t, n_inf=MODEL.n_inf, alpha=MODEL.alpha)
+    assert continuous_optimum(model, 4, 0.01)[0] == pytest.approx(continuous_optimum(with_delta, 4, 0.011)[0])
 
 
 @pytest.mark.parametrize("shift", [0.98, 0.999, 1.001, 1.02])
@@ -76,7 +88,7 @@ def test_a_cap_on_the_batch_is_respected():
 
 
 def test_n_inf_not_positive_needs_a_cap():
-    model = Model(gamma=1e-3, m_t=4.0, n_inf=-50.0, alpha=1e5)
+    model = Model(overhead=0.0, gamma=1e-3, m_t=4.0, n_inf=-50.0, alpha=1e5)
     assert continuous_optimum(model, 4, 0.01) == (math.inf, "unbounded")
     with pytest.raises(DimdError, match="N_inf = -50 <= 0: .* give --max-batch"):
         best_per_rank_batch(model, 4, 0.01)
@@ -85,16 +97,18 @@ def test_n_inf_not_positive_needs_a_cap():
 
 
 def test_alpha_not_positive_takes_the_smallest_batch():
-    model = Model(gamma=1e-3, m_t=4.0, n_inf=500.0, alpha=-10.0)
+    model = Model(overhead=0.0, gamma=1e-3, m_t=4.0, n_inf=500.0, alpha=-10.0)
     assert best_per_rank_batch(model, 2, 0.01)[0] == 1
     assert best_per_rank_batch(model, 2, 0.01, allowed=(8, 16))[0] == 8
 
 
 def test_bad_model_constants_are_refused():
     with pytest.raises(DimdError, match="gamma must be a positive number"):
-        Model(gamma=0.0, m_t=1.0, n_inf=1.0, alpha=1.0)
+        Model(overhead=0.0, gamma=0.0, m_t=1.0, n_inf=1.0, alpha=1.0)
     with pytest.raises(DimdError, match="knee M_T must be positive"):
-        Model(gamma=1.0, m_t=-1.0, n_inf=1.0, alpha=1.0)
+        Model(overhead=0.0, gamma=1.0, m_t=-1.0, n_inf=1.0, alpha=1.0)
+    with pytest.raises(DimdError, match="the overhead c must be a number >= 0"):
+        Model(overhead=-1e-3, gamma=1.0, m_t=1.0, n_inf=1.0, alpha=1.0)
 
 
 def comm_with(delta_per_rank):

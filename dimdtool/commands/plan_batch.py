@@ -60,11 +60,11 @@ def plan_batch() -> None:
                     "batch; what training sees [default: synthetic inputs, compute only].")
 @shared_option(StepTimeConfig, "decode_workers", when="With --data", default_from=TrainConfig)
 @shared_option(StepTimeConfig, "crop_scale", when="With --data", default_from=TrainConfig)
-@json_option("gamma, M_T and the per-batch medians")
+@json_option("c, gamma, M_T and the per-batch medians")
 @quiet_option()
 @mpi_command("funneled")   # only the main thread calls MPI (the loader decodes in worker processes)
 def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: Any) -> None:
-    """Time forward + backward + optimizer step per batch size and fit Gamma(m) = gamma * max(m, M_T).
+    """Time forward + backward + optimizer step per batch size and fit Gamma(m) = c + gamma * max(m, M_T).
 
     Run it under mpirun with the ranks per node you will train with: they
     share the node's cores as in training, and the torch threads per rank
@@ -102,7 +102,8 @@ def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: An
                   f"{100 * r['residual']:+.1f}%"] for r in figures["batches"]])
     knee = {"inside": "inside the measured range", "at-smallest": "at the smallest batch: no knee measured",
             "at-largest": "at the largest batch: no linear part measured"}[figures["knee"]]
-    click.echo(f"Gamma(m) = gamma * max(m, M_T): gamma = {seconds(figures['gamma'])} per image, "
+    click.echo(f"Gamma(m) = c + gamma * max(m, M_T): c = {seconds(figures['overhead'])} per step, "
+               f"gamma = {seconds(figures['gamma'])} per image, "
                f"M_T = {figures['m_t']:.3g} images per rank ({knee}); "
                f"rms residual {100 * figures['rms_relative_residual']:.1f}%")
     if json_path is not None:
@@ -358,9 +359,9 @@ def solve(step_path: Path, comm_path: Path, conv_path: Path, plot_path: Path | N
           **values: Any) -> None:
     """For each P: the batch M that minimises the time to target, and T_C under optimal, strong and weak scaling.
 
-    T_C(M, P) = (N_inf + alpha/M) * (gamma max(M/P, M_T) + Delta(P)), with
+    T_C(M, P) = (N_inf + alpha/M) * (c + gamma max(M/P, M_T) + Delta(P)), with
     Delta(P) from the allreduce algorithm predicted fastest at P. The best M
-    has a closed form, max(sqrt(alpha Delta P / (gamma N_inf)), M_T P), taken
+    has a closed form, max(sqrt(alpha (c + Delta) P / (gamma N_inf)), M_T P), taken
     to whole images per rank; strong scaling keeps M fixed, weak scaling
     keeps M/P fixed. A value marked * extrapolates beyond what was measured.
 
@@ -407,7 +408,8 @@ def _regime_cells(regime: dict[str, Any], updates: bool = False) -> list[str]:
 def _print_plan(figures: dict[str, Any]) -> None:
     model = figures["model"]
     b_crit = model["alpha"] / model["n_inf"] if model["n_inf"] > 0 else None
-    click.echo(f"# gamma {seconds(model['gamma'])}/image, M_T {model['m_t']:.3g}/rank; "
+    click.echo(f"# c {seconds(model['overhead'])}/step, gamma {seconds(model['gamma'])}/image, "
+               f"M_T {model['m_t']:.3g}/rank; "
                f"N_update = {model['n_inf']:.4g} + {model['alpha']:.4g}/M"
                + (f" (alpha/N_inf = {b_crit:,.0f})" if b_crit else "")
                + f"; strong M = {figures['strong_batch']}, weak m = {figures['weak_per_rank']}/rank")

@@ -4,7 +4,7 @@ The time to reach a target is T_C(M, P) = N_update(M) * (Gamma(M/P) + Delta(P)):
 updates to the target at global batch M, times the seconds per update on P
 ranks. Each factor is fitted to its own measurement, one module each:
 
-* ``steptime``: Gamma(m) = gamma * max(m, M_T), per-rank compute seconds per step
+* ``steptime``: Gamma(m) = c + gamma * max(m, M_T), per-rank compute seconds per step
   (``measure`` times the real model; the fit is a pure function);
 * ``commmodel`` and ``commfit``: Delta(P) per allreduce algorithm, a
   latency-bandwidth-reduction cost model of what dimd's implementation sends,

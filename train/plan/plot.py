@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from dimd.errors import DimdError
+from dimd.train.plan.steptime import step_seconds
 
 INSTALL_HINT = ("pip install --no-deps matplotlib contourpy cycler fonttools kiwisolver pyparsing "
                 "python-dateutil six packaging")
@@ -50,9 +51,9 @@ def plot_plan(figures: dict[str, Any], step: dict[str, Any], comm: dict[str, Any
     draw_communication(axes[1][0], comm["result"], figures)
     draw_step_time(axes[1][1], step["result"], figures["model"])
     model = figures["model"]
-    fig.suptitle(f"plan-batch: T_C(M, P) = (N_inf + alpha/M) (gamma max(M/P, M_T) + Delta(P)); "
-                 f"N_inf {model['n_inf']:.3g}, alpha {model['alpha']:.3g}, gamma {model['gamma']:.3g} s, "
-                 f"M_T {model['m_t']:.3g}", fontsize=10)
+    fig.suptitle(f"plan-batch: T_C(M, P) = (N_inf + alpha/M) (c + gamma max(M/P, M_T) + Delta(P)); "
+                 f"N_inf {model['n_inf']:.3g}, alpha {model['alpha']:.3g}, c {model['overhead']:.3g} s, "
+                 f"gamma {model['gamma']:.3g} s, M_T {model['m_t']:.3g}", fontsize=10)
     inputs = "; ".join(f"{what} {doc.get('commit') or '?'} on {doc.get('host', '?')} {doc.get('date', '?')}"
                        for what, doc in (("step-time", step), ("comm", comm), ("convergence", conv)))
     fig.text(0.01, 0.005, f"plotted by dimd {source_commit() or '(not from a checkout)'} on {platform.node()}; "
@@ -136,7 +137,8 @@ def draw_step_time(ax, step: dict[str, Any], model: dict[str, Any]) -> None:
         high = np.array([r["seconds"]["max"] for r in rows])
         ax.errorbar(m, med, yerr=[med - low, high - med], fmt="o", capsize=3, label="median (min-max) step")
         grid = np.geomspace(m.min(), m.max(), 200)
-        ax.plot(grid, model["gamma"] * np.maximum(grid, model["m_t"]), "-", label="gamma max(m, M_T)")
+        ax.plot(grid, step_seconds(model["overhead"], model["gamma"], model["m_t"], grid), "-",
+                label="c + gamma max(m, M_T)")
         ax.axvline(model["m_t"], color="0.5", linestyle=":", label=f"M_T = {model['m_t']:.3g}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

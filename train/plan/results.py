@@ -37,11 +37,12 @@ def _range(values: list[Any], what: str, source: str) -> tuple[int, int]:
     return min(numbers), max(numbers)
 
 
-def step_inputs(document: dict[str, Any], source: str) -> tuple[float, float, tuple[int, int]]:
-    """(gamma, M_T, measured per-rank batch range) from a step-time result."""
+def step_inputs(document: dict[str, Any], source: str) -> tuple[float, float, float, tuple[int, int]]:
+    """(c, gamma, M_T, measured per-rank batch range) from a step-time result."""
     figures = document["result"]
     rows = figures.get("batches") or []
-    return (_number(figures, "gamma", source), _number(figures, "m_t", source),
+    return (_number(figures, "overhead", source), _number(figures, "gamma", source),
+            _number(figures, "m_t", source),
             _range([r.get("batch") for r in rows if isinstance(r, dict)], "per-batch medians ('batches')", source))
 
 
@@ -105,11 +106,11 @@ def solve_documents(config: SolveConfig, step: dict[str, Any], comm: dict[str, A
                     conv: dict[str, Any], sources: tuple[str, str, str] = ("step", "comm", "convergence"),
                     ) -> dict[str, Any]:
     """The ``solve`` figures from the three previous results (already read)."""
-    gamma, m_t, step_range = step_inputs(step, sources[0])
+    overhead, gamma, m_t, step_range = step_inputs(step, sources[0])
     parameters, gradient_bytes, comm_range, left_out = comm_inputs(comm, sources[1], config.algorithms,
                                                                    config.max_holdout_error)
     n_inf, alpha, conv_range = convergence_inputs(conv, sources[2])
-    model = solver.Model(gamma=gamma, m_t=m_t, n_inf=n_inf, alpha=alpha)
+    model = solver.Model(overhead=overhead, gamma=gamma, m_t=m_t, n_inf=n_inf, alpha=alpha)
     figures = solver.plan_rows(model, solver.Communication(parameters, gradient_bytes), config,
                                solver.Ranges(step_range, conv_range, comm_range))
     figures["algorithms_left_out"] = left_out

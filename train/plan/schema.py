@@ -149,8 +149,9 @@ BENCH_RESULT: dict = {
 BENCH_MPI: dict = {"cores": Optional(COUNT), "local_ranks": Optional(COUNT)}
 BENCH_PARAMETERS: dict = {"colors": Optional(COUNT), "segment_bytes": Optional(COUNT)}
 
-#: A ``plan-batch step-time`` result: gamma, M_T and the per-batch medians fitted.
+#: A ``plan-batch step-time`` result: c, gamma, M_T and the per-batch medians fitted.
 STEP_RESULT: dict = {
+    "overhead": NONNEGATIVE,
     "gamma": NONNEGATIVE,
     "m_t": Num(low=0),
     "batches": ListOf({"batch": COUNT}, min_length=1),

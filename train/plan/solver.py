@@ -1,24 +1,25 @@
 """T_C(M, P) = N_update(M) * (Gamma(M/P) + Delta(P)), and the batch that minimises it.
 
-With N_update(M) = N_inf + alpha/M, Gamma(m) = gamma * max(m, M_T) and
-Delta(P) = delta for a given P:
+With N_update(M) = N_inf + alpha/M, Gamma(m) = c + gamma * max(m, M_T) and
+Delta(P) = delta for a given P, write d = c + delta (the seconds of an
+update that do not grow with the batch):
 
-* above the knee (M/P >= M_T), T = N_inf gamma M/P + N_inf delta + alpha gamma/P
-  + alpha delta/M; dT/dM = N_inf gamma/P - alpha delta/M^2 vanishes at
-  M* = sqrt(alpha delta P / (gamma N_inf)), and d2T/dM2 = 2 alpha delta/M^3 > 0,
+* above the knee (M/P >= M_T), T = N_inf gamma M/P + N_inf d + alpha gamma/P
+  + alpha d/M; dT/dM = N_inf gamma/P - alpha d/M^2 vanishes at
+  M* = sqrt(alpha d P / (gamma N_inf)), and d2T/dM2 = 2 alpha d/M^3 > 0,
   so M* is the minimum there (for N_inf > 0, alpha > 0);
-* below the knee, T = (N_inf + alpha/M)(gamma M_T + delta) only falls as M grows
+* below the knee, T = (N_inf + alpha/M)(gamma M_T + d) only falls as M grows
   (alpha > 0), so the best M there is the knee itself, M_T P.
 
-Hence M_opt(P) = max(M*, M_T P) (the paper's eq. 9), and T is unimodal in M:
-falling up to M_opt, rising after. The boundary cases: P = 1 (delta = 0) gives
-M* = 0 and M_opt = M_T (eq. 8); N_inf <= 0 (the fit can give it) makes T fall
-for ever above the knee, so the largest allowed batch wins and a cap is
-needed; alpha <= 0 (more images never save updates) makes the smallest
-batch win. Real batches are whole images per rank, possibly from a list
-(powers of two): because T is unimodal, the best allowed batch is one of the
-two allowed neighbours of M_opt / P, and :func:`best_per_rank_batch` checks
-both.
+Hence M_opt(P) = max(M*, M_T P) (the paper's eq. 9, whose Gamma has c = 0),
+and T is unimodal in M: falling up to M_opt, rising after. The boundary
+cases: d = 0 (P = 1 and c = 0) gives M* = 0 and M_opt = M_T (eq. 8);
+N_inf <= 0 (the fit can give it) makes T fall for ever above the knee, so
+the largest allowed batch wins and a cap is needed; alpha <= 0 (more images
+never save updates) makes the smallest batch win. Real batches are whole
+images per rank, possibly from a list (powers of two): because T is
+unimodal, the best allowed batch is one of the two allowed neighbours of
+M_opt / P, and :func:`best_per_rank_batch` checks both.
 """
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ COMMAND = "plan-batch solve"
 class Model:
     """The fitted constants of T_C."""
 
+    overhead: float  # c: seconds per step whatever the batch
     gamma: float     # seconds per image per rank above the knee
     m_t: float       # the knee, images per rank
     n_inf: float
     alpha: float
 
     def __post_init__(self) -> None:
+        if not (self.overhead >= 0 and math.isfinite(self.overhead)):
+            raise DimdError(f"step time: the overhead c must be a number >= 0, got {self.overhead}")
         if not (self.gamma > 0 and math.isfinite(self.gamma)):
             raise DimdError(f"step time: gamma must be a positive number, got {self.gamma}")
         if not (self.m_t > 0 and math.isfinite(self.m_t)):
@@ -59,7 +63,7 @@ class Model:
         return updates_to_target(self.n_inf, self.alpha, batch)
 
     def update_seconds(self, per_rank: float | np.ndarray, delta: float) -> float | np.ndarray:
-        return step_seconds(self.gamma, self.m_t, per_rank) + delta
+        return step_seconds(self.overhead, self.gamma, self.m_t, per_rank) + delta
 
     def time_to_target(self, batch: float | np.ndarray, ranks: int, delta: float,
                        per_rank: float | np.ndarray | None = None) -> float | np.ndarray:
@@ -73,23 +77,25 @@ def continuous_optimum(model: Model, ranks: int, delta: float) -> tuple[float, s
     """(M_opt, case) over real M > 0: case "sqrt" (M* above the knee), "knee" (M_T P),
     "unbounded" (T keeps falling: N_inf <= 0) or "smallest" (alpha <= 0: T never falls)."""
     knee = model.m_t * ranks
+    fixed = model.overhead + delta
     if model.alpha <= 0:
         return 0.0, "smallest"
     if model.n_inf > 0:
-        m_star = math.sqrt(model.alpha * delta * ranks / (model.gamma * model.n_inf))
+        m_star = math.sqrt(model.alpha * fixed * ranks / (model.gamma * model.n_inf))
         return (m_star, "sqrt") if m_star > knee else (knee, "knee")
-    if model.n_inf == 0 and delta == 0:
+    if model.n_inf == 0 and fixed == 0:
         return knee, "knee"   # T = alpha gamma / P on the whole linear part: the knee is the smallest best M
     return math.inf, "unbounded"
 
 
 def closed_form_time(model: Model, ranks: int, delta: float) -> float | None:
-    """The paper's eq. 10, T_C at the continuous M_opt (N_inf > 0, alpha > 0 only)."""
+    """The paper's eq. 10 with delta + c for its delta: T_C at the continuous M_opt (N_inf > 0, alpha > 0 only)."""
     if model.n_inf <= 0 or model.alpha <= 0:
         return None
-    if ranks < model.alpha * delta / (model.gamma * model.m_t**2 * model.n_inf):
-        return (math.sqrt(delta * model.n_inf) + math.sqrt(model.alpha * model.gamma / ranks)) ** 2
-    return (model.n_inf + model.alpha / (model.m_t * ranks)) * (delta + model.gamma * model.m_t)
+    fixed = model.overhead + delta
+    if ranks < model.alpha * fixed / (model.gamma * model.m_t**2 * model.n_inf):
+        return (math.sqrt(fixed * model.n_inf) + math.sqrt(model.alpha * model.gamma / ranks)) ** 2
+    return (model.n_inf + model.alpha / (model.m_t * ranks)) * (fixed + model.gamma * model.m_t)
 
 
 def best_per_rank_batch(model: Model, ranks: int, delta: float, *, allowed: Sequence[int] | None = None,
@@ -203,5 +209,6 @@ def plan_rows(model: Model, comm: Communication, config: SolveConfig, ranges: Ra
                      "weak": _regime(model, weak * p, p, delta, ranges)})
     return {"strong_batch": strong, "weak_per_rank": weak, "max_batch": config.max_batch,
             "gradient_bytes": comm.gradient_bytes, "algorithms": sorted(comm.parameters),
-            "model": {"gamma": model.gamma, "m_t": model.m_t, "n_inf": model.n_inf, "alpha": model.alpha},
+            "model": {"overhead": model.overhead, "gamma": model.gamma, "m_t": model.m_t, "n_inf": model.n_inf,
+                      "alpha": model.alpha},
             "plan": rows}
