@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 from conftest import invoke_dimd, mpi_run, run_dimd, run_mpi_dimd
 
@@ -252,11 +253,10 @@ def test_convergence_under_mpi_hands_out_the_runs_and_fits_the_inverse_law(conv)
             assert run["images_to_target"] == run["updates"] * batch and run["train_seconds_to_target"] > 0
     rows = {row["batch"]: row for row in figures["batches"]}
     assert [rows[m]["median_updates"] for m in (4, 8, 16)] == [12, 8, 5] and not rows[48]["in_fit"]
-    # the medians (12, 8, 5) against 1/M: least squares by hand
-    x, y = [1 / 4, 1 / 8, 1 / 16], [12, 8, 5]
-    mx, my = sum(x) / 3, sum(y) / 3
-    alpha = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
-    assert figures["alpha"] == pytest.approx(alpha) and figures["n_inf"] == pytest.approx(my - alpha * mx)
+    # the medians (12, 8, 5) against 1/M: least squares of the relative residuals, (N_inf + alpha x) / y - 1
+    x, y = np.array([1 / 4, 1 / 8, 1 / 16]), np.array([12, 8, 5])
+    (n_inf, alpha), *_ = np.linalg.lstsq(np.column_stack([1 / y, x / y]), np.ones(3), rcond=None)
+    assert figures["alpha"] == pytest.approx(alpha) and figures["n_inf"] == pytest.approx(n_inf)
     assert 0.9 < figures["r2"] <= 1
 
 
