@@ -11,8 +11,11 @@
  * upsampling), so the crop resized from them is the same image.
  *
  * Only 3-component YCbCr JPEGs take this path; shape() says which, and the
- * caller decodes the others (grey, CMYK) with Pillow as before. Any libjpeg
- * warning (corrupt or truncated data inside the rows decoded) is an error.
+ * caller decodes the others (grey, CMYK) with Pillow as before. A libjpeg
+ * warning (corrupt or extraneous data inside the rows decoded) stops the
+ * decode with a message that starts "warning: ": the caller hands such an
+ * image to Pillow, which tolerates some warnings and refuses the rest, so
+ * what decodes is what decoded before.
  *
  * Python API (module dimd.shuffle._jpeg_region):
  *   shape(data) -> (width, height, region_ok)
@@ -49,8 +52,12 @@ static void on_error(j_common_ptr cinfo) {
 }
 
 static void on_message(j_common_ptr cinfo, int level) {
-    if (level < 0) {   /* a warning: corrupt data; libjpeg would go on with made-up pixels */
-        on_error(cinfo);
+    if (level < 0) {   /* a warning (corrupt or extraneous data): Pillow, which tolerates some, decides */
+        ErrorManager *err = (ErrorManager *)cinfo->err;
+        char message[JMSG_LENGTH_MAX];
+        (*cinfo->err->format_message)(cinfo, message);
+        snprintf(err->message, JMSG_LENGTH_MAX, "warning: %s", message);
+        longjmp(err->escape, 1);
     }
 }
 

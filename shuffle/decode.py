@@ -48,6 +48,8 @@ Box = tuple[float, float, float, float]
 #: Pixels decoded beyond the box on each side, on top of the bilinear filter's reach (``scale`` pixels
 #: when shrinking by ``scale``), so that the resize reads exactly what it reads in the full image.
 REGION_MARGIN = 2
+#: How the region decoder's message starts when libjpeg only warned (see shuffle/_jpeg_region.c).
+REGION_WARNING = "warning: "
 
 
 class DecodeError(DimdError):
@@ -111,8 +113,9 @@ def _resize(image, box: Box, size: int) -> np.ndarray:
 
 
 def _region_crop_resize(data: bytes | memoryview, width: int, height: int,
-                        box: Box, size: int) -> np.ndarray:
-    """Decode only the region around ``box`` (at Pillow's draft scale), crop+resize it to size x size."""
+                        box: Box, size: int) -> np.ndarray | None:
+    """Decode only the region around ``box`` (at Pillow's draft scale), crop+resize it to size x size;
+    None where libjpeg warned (the caller asks Pillow)."""
     from PIL import Image
 
     scale = draft_scale(width, height, box, size)
@@ -121,6 +124,8 @@ def _region_crop_resize(data: bytes | memoryview, width: int, height: int,
     try:
         x, _, w, _ = _jpeg_region.decode(data, scale, x0, y0, x1, y1, buffer)
     except ValueError as exc:
+        if str(exc).startswith(REGION_WARNING):
+            return None   # corrupt or extraneous data: Pillow decides, as it did before the region decode
         raise DecodeError(f"not a decodable image ({exc})") from None
     # the region from (x0, y0): the decoded rows start at x <= x0 (an iMCU boundary)
     view = Image.frombuffer("RGBX", (x1 - x0, y1 - y0), buffer[(x0 - x) * 4:], "raw", "RGBX", w * 4, 1)
@@ -157,7 +162,9 @@ def _decode_crop(data: bytes | memoryview, size: int, box_for: Callable[[int, in
     where it can, else by Pillow's full decode."""
     shape = _shape(data)
     if shape is not None:
-        return _region_crop_resize(data, *shape, box_for(*shape), size)
+        crop = _region_crop_resize(data, *shape, box_for(*shape), size)
+        if crop is not None:
+            return crop
     image = _open(data)
     return _crop_resize(image, box_for(*image.size), size)
 

@@ -76,11 +76,29 @@ def test_a_jpeg_cut_short_is_refused_whatever_rows_the_crop_needs():
             decode_train(data, 32, np.random.default_rng(seed))
 
 
-def test_corrupt_data_inside_the_region_is_a_decode_error():
-    data = bytearray(textured_jpeg(400, 300))
-    data[len(data) // 2: len(data) // 2 + 400] = b"\xff\x00" * 200 + b"\xd0\xff" * 100
+def test_where_libjpeg_warns_pillows_verdict_stands():
+    """libjpeg only warns about corrupt or extraneous data; the image goes to Pillow, which refuses
+    a broken stream and tolerates bytes before a marker, as before the region decode."""
+    clean = textured_jpeg(400, 300)
+    broken = bytearray(clean)
+    broken[len(broken) // 2: len(broken) // 2 + 400] = b"\xff\x00" * 200 + b"\xd0\xff" * 100
+    with pytest.raises(ValueError, match="^warning: "):
+        decoding._jpeg_region.decode(bytes(broken), 1, 0, 0, 400, 300, bytearray(1 << 20))
     with pytest.raises(DecodeError, match="not a decodable image"):
-        decode_eval(bytes(data), 224)
+        decode_eval(bytes(broken), 224)
+    scan = clean.index(b"\xff\xda")
+    extraneous = clean[:scan] + b"\x00" * 5 + clean[scan:]
+    with pytest.raises(ValueError, match="^warning: .*extraneous bytes"):
+        decoding._jpeg_region.decode(extraneous, 1, 0, 0, 400, 300, bytearray(1 << 20))
+    tries, position, _ = draw_crops(np.random.default_rng(0), 1).row(0)
+    left, top, w, h = crop_box(400, 300, tries, position)
+    assert np.array_equal(decoding.crop_hwc(extraneous, 224, tries, position),
+                          pillow_crop(extraneous, (left, top, left + w, top + h), 224))
+
+
+def test_a_record_that_is_no_jpeg_at_all_is_a_decode_error():
+    with pytest.raises(DecodeError, match="not a decodable image"):
+        decode_eval(b"\xff\xd8 not a jpeg at all \xff\xd9", 32)
 
 
 def test_a_region_outside_the_image_is_refused_in_one_line():
