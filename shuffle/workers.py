@@ -41,6 +41,12 @@ from dimd.shuffle.streams import CROPS, stream
 MESSAGE_BYTES = 1 << 20
 #: Environment variables of the launcher's process-management interface: a worker is not an MPI process.
 MPI_ENVIRONMENT = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "I_MPI_", "SLURM_STEP_", "MPICH_")
+#: glibc's allocator in a worker: every allocation from the heap, and the heap never trimmed. By default
+#: an allocation over 128 KiB (a resize's output and its intermediate image, a crop's array) is a fresh
+#: mapping, faulted in page by page and unmapped when freed; the threshold adapts upwards only after
+#: some frees, and in one of two workers it never settled: 98,000 page faults per epoch, 1.8x the CPU
+#: per image of its sibling (docs/shuffle.md, "Page faults in the workers"). Ignored by other C libraries.
+WORKER_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 #: The signals that ask a run to stop: the rank handles them (a checkpoint, then the end) and its
 #: workers ignore them, ending when the rank closes their sockets.
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
@@ -231,6 +237,7 @@ class DecodeWorkers:
         self._inbox = bytearray(MESSAGE_BYTES)
         env = {k: v for k, v in os.environ.items() if not k.startswith(MPI_ENVIRONMENT)}
         env["OMP_NUM_THREADS"] = "1"
+        env.update(WORKER_MALLOC)
         try:
             for _ in range(count):
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -333,3 +333,51 @@ def test_one_rank_takes_the_first_epoch_in_random_order_after_the_first_shuffle(
     assert not np.all(np.diff(taken) > 0)
     draws = [stream(purpose, 5, 0, 0).permutation(48) for purpose in (PLACEMENT, SAMPLER, CROPS)]
     assert not np.array_equal(draws[0], draws[1]) and not np.array_equal(draws[1], draws[2])
+
+
+
+def minor_faults(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[7])
+
+
+#: What a crop does to the allocator: two ~400 KB arrays (a resize's intermediate and its output), freed.
+CROP_ALLOCATIONS = """
+import numpy as np, resource
+def crop():
+    a = np.ones(400_000, np.uint8); b = np.ones(400_000, np.uint8)
+for _ in range(3):
+    crop()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(50):
+    crop()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_the_workers_allocator_keeps_a_crops_memory_instead_of_faulting_it_in_again():
+    """glibc by default gives such arrays back to the kernel (a trimmed heap, or a mapping of their own)
+    and faults them in page by page for the next crop: ~160 faults per crop. In a worker's environment
+    they stay in its heap."""
+    from dimd.shuffle.workers import WORKER_MALLOC
+
+    def faults(env):
+        run = subprocess.run([sys.executable, "-c", CROP_ALLOCATIONS], env=env, capture_output=True, text=True,
+                             check=True)
+        return int(run.stdout)
+
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    assert faults(plain) > 50 * 100
+    assert faults({**plain, **WORKER_MALLOC}) < 50
+
+
+def test_warm_workers_decode_without_page_faults(store):
+    """Crops at 224 px: each image's arrays come from the worker's heap, not from fresh pages."""
+    with BatchLoader(store, batch_size=8, image_size=224, workers=2, seed=1) as loader:
+        for epoch in range(2):   # warm: the heap has grown to what a batch needs
+            for _ in loader.epoch(epoch):
+                pass
+        before = {pid: minor_faults(pid) for pid in loader.worker_pids}
+        images = sum(len(labels) for _, labels in loader.epoch(2))
+        faults = {pid: minor_faults(pid) - count for pid, count in before.items()}
+    assert images >= 40
+    assert all(count < images for count in faults.values()), faults
