@@ -56,7 +56,7 @@ FORMATS = [("dimd", "dimd"), ("FFCV", "ffcv"), ("litdata", "litdata"), ("webdata
            ("files (ImageFolder)", "torchvision")]
 
 FULL = {"classes": 10, "per_class": 160, "seed": 1, "workers": 2, "batch_size": 64, "image_size": 224,
-        "warmup_epochs": 1, "epochs": 1, "runs": 3}
+        "warmup_epochs": 1, "epochs": 1, "runs": 5}
 QUICK = {"per_class": 12, "batch_size": 16, "runs": 2}
 COLOURS = {"dimd": "#d62728", "FFCV": "#1f77b4", "litdata": "#9467bd", "webdataset": "#2ca02c",
            "ImageFolder, 256 px files": "#ff7f0e", "files (ImageFolder)": "#ff7f0e",
