@@ -6,8 +6,8 @@ pack    the manifest's JPEG bytes into dimd's format with ``dimd.format.PackWrit
         resizes, is timed by bench/peer_loaders.py itself);
 verify  the records as ``dimd.format.PackedDataset`` reads them;
 load    ``dimd.shuffle.BatchLoader`` over the records held in this process's memory
-        (``DistributedStore`` on one rank): ``--workers`` decoding processes, DCT-domain
-        (draft) decoding, a permutation of the whole set each epoch.
+        (``DistributedStore`` on one rank): ``--workers`` decoding processes, the crop's region
+        decoded alone (DCT-domain draft scale), a permutation of the whole set each epoch.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def notes(options: LoadOptions) -> dict:
             "storage": "the records in the process's shared-memory segment (read once from the .dimd file), "
                        "read zero-copy by the workers",
             "shuffle": "a permutation of the whole set every epoch",
-            "decode": "Pillow (pillow-simd), DCT-domain draft decode at the smallest scale that keeps "
-                      "the crop at least the output size, crop and resize in one bilinear resize",
+            "decode": "libjpeg-turbo decode of the crop's region only, at the smallest DCT scale that keeps "
+                      "the crop at least the output size; crop and resize in one pillow-simd bilinear resize",
             "last_batch": "dropped (every batch full)"}
 
 
