@@ -188,7 +188,7 @@ def eval_hwc(data: bytes | memoryview, image_size: int) -> np.ndarray:
     return _decode_crop(data, image_size, box)
 
 
-def centre_crop_box(width: int, height: int, image_size: int) -> Box:
+def centre_crop_box(width: int, height: int, image_size: int) -> tuple[float, float, float, float]:
     """(left, top, side, side) of evaluation's centre crop: the square that, resized to ``image_size``,
     leaves the shorter side at ``image_size * 256 / 224`` (the GPU path cuts the same box)."""
     side = image_size * min(width, height) / round(image_size * EVAL_RESIZE_RATIO)
