@@ -39,3 +39,23 @@ def test_zero_init_residual_zeroes_each_blocks_last_bn(name):
 def test_unknown_model_names_the_choices():
     with pytest.raises(DimdError, match="unknown model 'alexnet'.*resnet20"):
         build_model("alexnet", 10)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_each_model_takes_its_smallest_image_and_nothing_smaller(name):
+    smallest = MODELS[name].smallest_image
+    model = build_model(name, num_classes=3).eval()
+    with torch.no_grad():
+        assert model(torch.zeros(1, 3, smallest, smallest)).shape == (1, 3)
+        if smallest > 8:
+            with pytest.raises(RuntimeError):
+                model(torch.zeros(1, 3, smallest - 1, smallest - 1))
+
+
+def test_a_model_given_too_small_an_image_is_refused_before_any_work():
+    from dimd.errors import ConfigError
+    from dimd.train.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="image_size.*must be at least 39 for nin \\(got 32\\)"):
+        TrainConfig(train="t", val="v", model="nin", image_size=32)
+    assert TrainConfig(train="t", val="v", model="nin", image_size=39).image_size == 39

@@ -91,6 +91,7 @@ class TrainConfig:
         for name in ("threads", "eval_batch_size", "decode_workers"):
             at_least(self, name, 1, optional=True)
         at_least(self, "image_size", 8)
+        self._check_model_size()
         in_range(self, "crop_scale", 0.0, 1.0, low_open=True)
         positive(self, "lr")
         in_range(self, "momentum", 0.0, 1.0, high_open=True)
@@ -118,6 +119,12 @@ class TrainConfig:
         require(not (self.resume or self.checkpoint_every) or self.checkpoint_dir is not None,
                 "checkpoint_dir", "is needed to resume or to checkpoint every N steps")
         self._check_sync()
+
+    def _check_model_size(self) -> None:
+        from dimd.train.models import image_size_problem
+
+        problem = image_size_problem(self.model, self.image_size)
+        require(problem is None, "image_size", problem or "")
 
     def _check_device_work(self) -> None:
         one_of(self, "precision", PRECISIONS)

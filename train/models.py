@@ -2,8 +2,9 @@
 
 CIFAR-style models (``lenet``, ``resnet20/32/56``, ``vgg16``) suit small images
 (32 px); ImageNet-style ones (``resnet18``, ``resnet50``, ``nin``,
-``googlenet-bn``) suit 224 px but accept any size from 32 px up (they end in
-global average pooling). The registry is an explicit dict, never discovered.
+``googlenet-bn``) suit 224 px but accept smaller ones (they end in global
+average pooling) down to each spec's ``smallest_image`` (``nin``: 39 px).
+The registry is an explicit dict, never discovered.
 """
 
 from __future__ import annotations
@@ -297,10 +298,11 @@ class ModelSpec:
     image_size: int          # the size it is designed for
     description: str
     has_batch_norm: bool = True
+    smallest_image: int = 8  # below it a pooling stage has no pixel left (found by building each model)
 
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
-    ModelSpec("lenet", lambda c, **_: LeNet(c), 32, "LeNet-5 (ReLU, max pool), no batch norm", False),
+    ModelSpec("lenet", lambda c, **_: LeNet(c), 32, "LeNet-5 (ReLU, max pool), no batch norm", False, 16),
     ModelSpec("resnet20", lambda c, zero_init_residual=False: CifarResNet(20, c, zero_init_residual),
               32, "CIFAR ResNet-20 (He et al.)"),
     ModelSpec("resnet32", lambda c, zero_init_residual=False: CifarResNet(32, c, zero_init_residual),
@@ -314,10 +316,18 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
                                                                      zero_init_residual),
               224, "ImageNet ResNet-50 v1.5 (DIMD, Goyal et al.)"),
     ModelSpec("vgg16", lambda c, **_: VGG(c), 32, "VGG-16 with batch norm, CIFAR variant"),
-    ModelSpec("nin", lambda c, **_: NiN(c), 224, "Network in Network (FireCaffe)", False),
+    ModelSpec("nin", lambda c, **_: NiN(c), 224, "Network in Network (FireCaffe)", False, 39),
     ModelSpec("googlenet-bn", lambda c, **_: GoogLeNetBN(c), 224,
-              "GoogLeNet with batch norm (DIMD, FireCaffe)"),
+              "GoogLeNet with batch norm (DIMD, FireCaffe)", smallest_image=15),
 )}
+
+
+def image_size_problem(model: str, image_size: int) -> str | None:
+    """Why ``model`` cannot take ``image_size`` px, or None (a user's own model is not checked)."""
+    spec = MODELS.get(model)
+    if spec is None or image_size >= spec.smallest_image:
+        return None
+    return f"must be at least {spec.smallest_image} for {model} (got {image_size}): its pooling leaves no pixel"
 
 
 def build_model(name: str, num_classes: int, *, zero_init_residual: bool = False) -> nn.Module:

@@ -55,13 +55,15 @@ class StepTimeConfig:
     crop_scale: float | None = None     # with ``data``: the training crop's smallest area share; None: dimd train's
 
     def __post_init__(self) -> None:
-        from dimd.train.models import MODELS
+        from dimd.train.models import MODELS, image_size_problem
 
         require(self.model in MODELS, "model", f"{self.model!r} is unknown; choose from {', '.join(MODELS)}")
         require(len(set(self.batch_sizes)) >= 2, "batch_sizes", "needs at least 2 distinct batch sizes to fit "
                 f"the knee, got {','.join(map(str, self.batch_sizes)) or 'none'}")
         require(min(self.batch_sizes) >= 1, "batch_sizes", f"must be positive, got {min(self.batch_sizes)}")
         at_least(self, "image_size", 8)
+        problem = image_size_problem(self.model, self.image_size)
+        require(problem is None, "image_size", problem or "")
         at_least(self, "steps", 1)
         at_least(self, "warmup", 0)
         at_least(self, "classes", 2, optional=True)
