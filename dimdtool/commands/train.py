@@ -76,12 +76,13 @@ def print_models() -> None:
     from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
     from dimd.units import format_bytes
 
-    click.echo(f"{'model':<14}{'parameters':>12}{'gradients':>12}{'size':>6}  description")
+    click.echo(f"{'model':<14}{'parameters':>12}{'gradients':>12}{'size':>6}{'min':>5}  description")
     for name, spec in MODELS.items():
         model = build_model(name, 1000)
         click.echo(f"{name:<14}{parameter_count(model):>12,}{format_bytes(gradient_bytes(model)):>12}"
-                   f"{spec.image_size:>6}  {spec.description}")
-    click.echo("(parameters for 1000 classes; `size` is the image size the model is designed for)")
+                   f"{spec.image_size:>6}{spec.smallest_image:>5}  {spec.description}")
+    click.echo("(parameters for 1000 classes; `size` is the image size the model is designed for, "
+               "`min` the smallest it takes)")
 
 
 @click.command("train")
