@@ -109,3 +109,17 @@ def test_a_region_outside_the_image_is_refused_in_one_line():
         decoding._jpeg_region.decode(data, 3, 0, 0, 10, 10, bytearray(1 << 16))
     with pytest.raises(ValueError, match="output buffer of 16 bytes"):
         decoding._jpeg_region.decode(data, 1, 0, 0, 50, 50, bytearray(16))
+
+
+def test_the_region_benchmark_times_both_ways_on_equal_crops(packed_sample, tmp_path):
+    import json
+
+    from conftest import BENCH, run_python
+
+    out = tmp_path / "region.json"
+    run_python(BENCH / "region_decode.py", packed_sample, "--runs", "2", "--images", "12", "--image-size", "48",
+               "--json", out, check=True, timeout=200)
+    results = json.loads(out.read_text())["results"]
+    for kind in ("train", "eval"):
+        assert results[kind]["full_us"] > 0 and results[kind]["region_us"] > 0
+        assert len(results[kind]["runs"]) == 2
