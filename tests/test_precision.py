@@ -11,7 +11,8 @@ from torch import nn
 from dimd.errors import ConfigError
 from dimd.train.config import TrainConfig
 from dimd.train.flatgrad import FlatGradients
-from dimd.train.precision import LossScale, Precision, memory_format
+from dimd.train.layout import memory_format
+from dimd.train.precision import LossScale, Precision
 
 CPU = torch.device("cpu")
 
