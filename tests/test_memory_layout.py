@@ -8,12 +8,12 @@ from dimd.train.models import build_model
 CPU = torch.device("cpu")
 
 
-def test_on_a_cpu_the_faster_layout_is_measured_on_copies_of_the_model(world):
+def test_on_a_cpu_the_faster_layout_is_measured_on_a_copy_of_the_model(world):
     torch.manual_seed(0)
     model = build_model("lenet", 10)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    layout, figures = measured_memory_format(model, 10, 32, batch=16, device=CPU, comm=world)
+    layout, figures = measured_memory_format(model, 10, 32, batch=16, comm=world)
     assert layout in (torch.channels_last, torch.contiguous_format)
     clearly = figures["channels_last_s"] * CHANNELS_LAST_MARGIN < figures["contiguous_s"]
     assert layout_name(layout) == ("channels_last" if clearly else "contiguous") and figures["images"] == 16

@@ -278,7 +278,7 @@ class Trainer:
             cfg.channels_last, cfg.sync, self.model, self.device, len(self.store.classes), cfg.image_size,
             cfg.batch_size, comm)
         if "contiguous_s" in layout_choice:
-            self.hooks.on_event(f"memory layout: {layout_name(self.memory_format)} (an S-SGD step of "
+            self.hooks.on_event(f"memory layout: {layout_name(self.memory_format)} (forward + backward of "
                                 f"{layout_choice['images']} images: {1e3 * layout_choice['channels_last_s']:.1f} ms "
                                 f"channels-last, {1e3 * layout_choice['contiguous_s']:.1f} ms contiguous)")
         self.model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]  # torch's stub lacks it

@@ -5,9 +5,9 @@ on tensor cores. On a CPU neither layout wins everywhere: one torch thread,
 forward + backward + SGD step, oneDNN's channels-last was 1.21x faster for
 resnet20 at 32 px, 1.13x for resnet50 and 1.48x for googlenet-bn, but 0.93x
 for resnet18 at 64 px and even for vgg16 (docs/train.md). So on a CPU the
-layout is measured at start-up: the whole S-SGD step, on throwaway copies of
-the model, and every rank takes the one that is faster on its slowest rank
-(channels-last only by a clear margin).
+layout is measured at start-up, on a throwaway copy of the model, and every
+rank takes the one that is faster on its slowest rank (channels-last only by
+a clear margin).
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from torch import nn
 #: Images per rank the start-up trial steps on (the training batch up to this), and its timed steps per layout.
 TRIAL_BATCH = 32
 TRIAL_STEPS = 2
-#: The trial's learning rate: small, its copies are thrown away.
-TRIAL_LR = 1e-3
 #: How much faster channels-last must be to be taken: near a tie the trial's noise would decide, and runs
 #: of the same configuration would differ in layout (and so, slightly, in their floating-point results).
 CHANNELS_LAST_MARGIN = 1.05
@@ -41,36 +39,25 @@ def memory_format(choice: bool | None, device: torch.device, model: nn.Module) -
     return torch.channels_last if use else torch.contiguous_format
 
 
-def _step_seconds(model: nn.Module, layout: torch.memory_format, images: torch.Tensor, labels: torch.Tensor,
-                  device: torch.device) -> float:
-    """The best of TRIAL_STEPS timed S-SGD steps of a copy of ``model`` in ``layout``, after one untimed.
-
-    The whole step as training takes it: the uint8 batch normalised into the
-    layout, forward, backward into the flat gradient buffer, the optimizer;
-    forward + backward alone chose channels-last for LeNet at 28 px, whose
-    whole step is no faster in it (4.5-5.3 ms either way for 32 images).
-    """
-    from dimd.train.sgd import SSGD, Normalize, make_optimizer
-
-    trial = copy.deepcopy(model).to(device, memory_format=layout)  # type: ignore[call-overload]  # torch's stub
-    optimizer = make_optimizer(trial, lr=TRIAL_LR, momentum=0.9, weight_decay=0.0)
-    sgd = SSGD(trial, optimizer, lambda array: None, 1, normalize=Normalize(device, layout))
+def _step_seconds(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+    """The best of TRIAL_STEPS timed forward + backward passes, after one untimed."""
     best = float("inf")
     for step in range(TRIAL_STEPS + 1):
         start = time.perf_counter()
-        sgd.step([(images, labels)], TRIAL_LR)
+        model.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(images), labels).backward()
         if step:
             best = min(best, time.perf_counter() - start)
     return best
 
 
-def measured_memory_format(model: nn.Module, classes: int, image_size: int, batch: int, device: torch.device,
+def measured_memory_format(model: nn.Module, classes: int, image_size: int, batch: int,
                            comm: Any) -> tuple[torch.memory_format, dict[str, Any]]:
-    """Collective: the layout whose S-SGD step is faster on the slowest rank, on a CPU: channels-last
-    where it is at least CHANNELS_LAST_MARGIN faster, else contiguous.
+    """Collective: the layout whose forward + backward is faster on the slowest rank, on a CPU:
+    channels-last where it is at least CHANNELS_LAST_MARGIN faster, else contiguous.
 
-    Times deep copies of ``model`` (the model itself, its statistics and the
-    random state are left as they were) on random uint8 inputs of
+    Times a deep copy of ``model`` (the model itself, its statistics and its
+    random state are left as they were) on random inputs of
     ``min(batch, TRIAL_BATCH)`` images, each layout in turn; returns the
     layout and what was measured.
     """
@@ -78,16 +65,20 @@ def measured_memory_format(model: nn.Module, classes: int, image_size: int, batc
     from mpi4py import MPI
 
     rng_state = torch.get_rng_state()
+    trial = copy.deepcopy(model).train()
     n = max(1, min(batch, TRIAL_BATCH))
-    images = torch.randint(0, 256, (n, 3, image_size, image_size), dtype=torch.uint8)
+    images = torch.randn(n, 3, image_size, image_size)
     labels = torch.randint(0, classes, (n,))
-    slowest = np.array([_step_seconds(model, layout, images, labels, device)
-                        for layout in (torch.contiguous_format, torch.channels_last)])
+    seconds = {}
+    for layout in (torch.contiguous_format, torch.channels_last):
+        trial.to(memory_format=layout)  # type: ignore[call-overload]  # torch's stub lacks it
+        seconds[layout] = _step_seconds(trial, images.contiguous(memory_format=layout), labels)
     torch.set_rng_state(rng_state)
+    slowest = np.array([seconds[torch.contiguous_format], seconds[torch.channels_last]])
     comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)   # MPI: every rank decides on the same figures
     contiguous, channels_last = (float(s) for s in slowest)
     chosen = torch.channels_last if channels_last * CHANNELS_LAST_MARGIN < contiguous else torch.contiguous_format
-    return chosen, {"how": "faster S-SGD step measured at start-up", "images": n,
+    return chosen, {"how": "faster forward + backward measured at start-up", "images": n,
                     "contiguous_s": contiguous, "channels_last_s": channels_last}
 
 
@@ -101,7 +92,7 @@ def choose_memory_format(choice: bool | None, sync: str, model: nn.Module, devic
         how = "requested" if choice is not None else ("CUDA: convolutional models" if is_convolutional(model)
                                                       else "no convolutions")
         return memory_format(choice, device, model), {"how": how}
-    return measured_memory_format(model, classes, image_size, batch, device, comm)
+    return measured_memory_format(model, classes, image_size, batch, comm)
 
 
 def layout_name(layout: torch.memory_format) -> str:
