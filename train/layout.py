@@ -6,8 +6,7 @@ forward + backward + SGD step, oneDNN's channels-last was 1.21x faster for
 resnet20 at 32 px, 1.13x for resnet50 and 1.48x for googlenet-bn, but 0.93x
 for resnet18 at 64 px and even for vgg16 (docs/train.md). So on a CPU the
 layout is measured at start-up, on a throwaway copy of the model, and every
-rank takes the one that is faster on its slowest rank (channels-last only by
-a clear margin).
+rank takes the one that is faster on its slowest rank.
 """
 
 from __future__ import annotations
@@ -19,12 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-#: Images per rank the start-up trial steps on (the training batch up to this), and its timed steps per layout.
-TRIAL_BATCH = 32
+#: Images per rank the start-up trial steps on (at most the training batch), and its timed steps per layout.
+TRIAL_BATCH = 8
 TRIAL_STEPS = 2
-#: How much faster channels-last must be to be taken: near a tie the trial's noise would decide, and runs
-#: of the same configuration would differ in layout (and so, slightly, in their floating-point results).
-CHANNELS_LAST_MARGIN = 1.05
 
 
 def is_convolutional(model: nn.Module) -> bool:
@@ -53,8 +49,7 @@ def _step_seconds(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) 
 
 def measured_memory_format(model: nn.Module, classes: int, image_size: int, batch: int,
                            comm: Any) -> tuple[torch.memory_format, dict[str, Any]]:
-    """Collective: the layout whose forward + backward is faster on the slowest rank, on a CPU:
-    channels-last where it is at least CHANNELS_LAST_MARGIN faster, else contiguous.
+    """Collective: the layout whose forward + backward is faster on the slowest rank, on a CPU.
 
     Times a deep copy of ``model`` (the model itself, its statistics and its
     random state are left as they were) on random inputs of
@@ -77,7 +72,7 @@ def measured_memory_format(model: nn.Module, classes: int, image_size: int, batc
     slowest = np.array([seconds[torch.contiguous_format], seconds[torch.channels_last]])
     comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)   # MPI: every rank decides on the same figures
     contiguous, channels_last = (float(s) for s in slowest)
-    chosen = torch.channels_last if channels_last * CHANNELS_LAST_MARGIN < contiguous else torch.contiguous_format
+    chosen = torch.channels_last if channels_last < contiguous else torch.contiguous_format
     return chosen, {"how": "faster forward + backward measured at start-up", "images": n,
                     "contiguous_s": contiguous, "channels_last_s": channels_last}
 
