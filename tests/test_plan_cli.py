@@ -40,8 +40,7 @@ def test_step_time_writes_gamma_knee_and_medians(chain):
     doc = json.loads(chain["step"].read_text())
     assert doc["command"] == "plan-batch step-time" and doc["mpi"]["world_size"] == 2
     figures = doc["result"]
-    assert figures["gamma"] > 0 and 1 <= figures["m_t"] <= 16 and figures["overhead"] >= 0
-    assert figures["layout"] in ("channels_last", "contiguous")   # as dimd train would take it, on 2 ranks
+    assert figures["gamma"] > 0 and 1 <= figures["m_t"] <= 16
     assert [r["batch"] for r in figures["batches"]] == [1, 4, 16]
     for row in figures["batches"]:
         assert len(row["seconds"]["runs"]) == 2 and len(row["rank_medians"]) == 2

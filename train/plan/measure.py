@@ -2,8 +2,7 @@
 
 The step is ``dimd train``'s own S-SGD step (:class:`dimd.train.sgd.SSGD`)
 with its allreduce left out of the time (the communication model times that):
-the same model zoo, memory layout (on a CPU measured as ``dimd train``
-measures it), optimizer (:func:`dimd.train.sgd.make_optimizer` with
+the same model zoo, optimizer (:func:`dimd.train.sgd.make_optimizer` with
 ``dimd train``'s momentum and weight decay), input normalisation, gradients
 held in one flat buffer, and the same torch threads per rank (cores / ranks on the node,
 unless ``--threads`` or OMP_NUM_THREADS says otherwise). The inputs are
@@ -72,7 +71,6 @@ class StepTimes:
     num_classes: int
     parameters: int
     gradient_bytes: int
-    layout: str                          # the memory layout dimd train would take (measured on a CPU)
     inputs: str = "synthetic (random uint8 images and labels)"
     step: str = "dimd train's S-SGD step (forward + backward + optimizer step), less its allreduce"
 
@@ -99,19 +97,12 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
 
         store = DistributedStore.load(config.data, comm)   # MPI: collective; each rank holds its share
     classes = len(store.classes) if store is not None else config.num_classes
-    model = build_model(config.model, classes)
-    from dimd.train.layout import choose_memory_format, layout_name
-
-    # MPI: the layout dimd train would take (on a CPU measured, every rank alike), so Gamma is its step's
-    layout, _ = choose_memory_format(None, "ssgd", model, device, classes, config.image_size,
-                                     max(config.batch_sizes), comm)
-    model = model.to(device, memory_format=layout)  # type: ignore[call-overload]  # torch's stub lacks it
+    model = build_model(config.model, classes).to(device)
     momentum, weight_decay = float(defaults["momentum"]), float(defaults["weight_decay"])  # type: ignore[arg-type]
     optimizer = make_optimizer(model, lr=LR, momentum=momentum, weight_decay=weight_decay)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else None
     # One rank's step, its allreduce a no-op: the ranks run at once but each times its own step.
-    sgd = SSGD(model, optimizer, lambda array: None, 1, normalize=Normalize(device, layout),
-               synchronize=synchronize)
+    sgd = SSGD(model, optimizer, lambda array: None, 1, normalize=Normalize(device), synchronize=synchronize)
 
     from dimd.host import available_memory
     from dimd.mpi import agree_or_raise, node_local_ranks
@@ -157,7 +148,7 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
         per_step.append(tuple(slowest.tolist()))
         medians.append(tuple(float(m) for m in comm.allgather(float(np.median(times)))))
     return StepTimes(tuple(config.batch_sizes), tuple(per_step), tuple(medians), comm.Get_size(), threads,
-                     str(device), classes, parameter_count(model), gradient_bytes(model), layout_name(layout),
+                     str(device), classes, parameter_count(model), gradient_bytes(model),
                      **({} if config.data is None else {
                          "inputs": f"{config.data} through dimd train's loader "
                                    f"({workers} decoding worker(s) "
@@ -209,7 +200,6 @@ def step_time_figures(measured: StepTimes) -> dict[str, Any]:
                      "images_per_s": batch * measured.world_size / float(np.median(steps)),
                      "fit_s": model_s, "residual": residual})
     return {**fit.figures(), "batches": rows, "world_size": measured.world_size, "threads": measured.threads,
-            "device": measured.device, "layout": measured.layout, "classes": measured.num_classes,
-            "parameters": measured.parameters,
+            "device": measured.device, "classes": measured.num_classes, "parameters": measured.parameters,
             "gradient_bytes": measured.gradient_bytes, "inputs": measured.inputs,
             "step": f"{measured.step}; the slowest rank's time per step"}
