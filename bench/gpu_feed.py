@@ -84,8 +84,7 @@ def model_and_step(name: str, classes: int, precision: str) -> tuple[Any, Any]:
     import torch.nn.functional as F
 
     from dimd.train.models import build_model
-    from dimd.train.layout import memory_format
-    from dimd.train.precision import Precision
+    from dimd.train.precision import Precision, memory_format
     from dimd.train.sgd import Normalize, make_optimizer
 
     device = torch.device("cuda")

@@ -11,8 +11,7 @@ from torch import nn
 from dimd.errors import ConfigError
 from dimd.train.config import TrainConfig
 from dimd.train.flatgrad import FlatGradients
-from dimd.train.layout import memory_format
-from dimd.train.precision import LossScale, Precision
+from dimd.train.precision import LossScale, Precision, memory_format
 
 CPU = torch.device("cpu")
 

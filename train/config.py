@@ -82,7 +82,7 @@ class TrainConfig:
     noise_scale: bool = False
     # How the step computes (dimd.train.precision) and where images are decoded.
     precision: str = "32-true"            # "32-true", "bf16-mixed" (autocast) or "16-mixed" (autocast + loss scale)
-    channels_last: bool | None = None     # None: conv models on CUDA channels-last; on a CPU the faster, measured
+    channels_last: bool | None = None     # None: channels-last for convolutional models on CUDA
     decode: str = "cpu"                   # "gpu": nvJPEG on the rank's GPU, then crop and resize there
 
     def __post_init__(self) -> None:

@@ -44,8 +44,7 @@ from dimd.train.evaluate import EvalResult, local_counts, summarize
 from dimd.train.hardware import default_decode_workers, pick_device, set_threads
 from dimd.train.model_source import recorded_source
 from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
-from dimd.train.layout import choose_memory_format, layout_name
-from dimd.train.precision import Precision
+from dimd.train.precision import Precision, memory_format
 from dimd.train.results import NOISE_FIELDS, EpochMetrics, EpochTally, Evaluation, TrainResult
 from dimd.train.schedule import Schedule, make_schedule
 from dimd.train.signals import StopRequest, stop_request
@@ -273,22 +272,15 @@ class Trainer:
         # -- model and synchronisation
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, len(self.store.classes), zero_init_residual=cfg.zero_init_residual)
-        # MPI: on a CPU the layout is measured on every rank, and they take the same
-        self.memory_format, layout_choice = choose_memory_format(
-            cfg.channels_last, cfg.sync, self.model, self.device, len(self.store.classes), cfg.image_size,
-            cfg.batch_size, comm)
-        if "contiguous_s" in layout_choice:
-            self.hooks.on_event(f"memory layout: {layout_name(self.memory_format)} (forward + backward of "
-                                f"{layout_choice['images']} images: {1e3 * layout_choice['channels_last_s']:.1f} ms "
-                                f"channels-last, {1e3 * layout_choice['contiguous_s']:.1f} ms contiguous)")
+        self.memory_format = memory_format(cfg.channels_last if cfg.sync == "ssgd" else False, self.device,
+                                           self.model)
         self.model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]  # torch's stub lacks it
         self.precision = Precision(cfg.precision, self.device)
         broadcast_state(self.model, comm)   # MPI: every rank starts from rank 0's weights
         self.normalize = Normalize(self.device, self.memory_format)
         nbytes = gradient_bytes(self.model)
         self.model_info = {"name": cfg.model, "parameters": parameter_count(self.model),
-                           "gradient_bytes": nbytes, "classes": len(self.store.classes), **recorded_source(cfg.model),
-                           "layout": layout_name(self.memory_format), "layout_choice": layout_choice}
+                           "gradient_bytes": nbytes, "classes": len(self.store.classes), **recorded_source(cfg.model)}
         # MPI: the allreduce algorithm, measured for this message size if not given
         self.algorithm, self.algorithm_choice = choose_allreduce(cfg, nbytes, comm)
         self.overlap = overlap_choice(cfg, self.device, comm)

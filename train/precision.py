@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, ContextManager
 
 import torch
+from torch import nn
 
 from dimd.train.config import PRECISIONS
 
@@ -160,3 +161,15 @@ class Precision:
                     f"loss scale starts afresh at {self.loss_scale.scale:g}"]
         self.loss_scale.load_state_dict(saved)
         return []
+
+
+def is_convolutional(model: nn.Module) -> bool:
+    """Whether ``model`` has 2-d convolutions (channels-last pays off only for those)."""
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def memory_format(choice: bool | None, device: torch.device, model: nn.Module) -> torch.memory_format:
+    """``choice`` None: channels-last for convolutional models on CUDA, where cuDNN's NHWC kernels
+    run on tensor cores; contiguous (NCHW) elsewhere. True/False: as asked."""
+    use = choice if choice is not None else (torch.device(device).type == "cuda" and is_convolutional(model))
+    return torch.channels_last if use else torch.contiguous_format

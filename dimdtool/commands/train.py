@@ -166,8 +166,7 @@ def print_models() -> None:
                     "loss scale (steps with overflowing gradients are skipped on every rank and counted).")
 @config_option(TrainConfig, "channels_last", "--channels-last/--no-channels-last", default=None,
                help="Channels-last (NHWC) activations and weights [default: on for convolutional models "
-                    "on CUDA; on a CPU whichever layout a forward + backward of 8 images runs faster in, "
-                    "measured at start-up on every rank (S-SGD); off for SMA].")
+                    "on CUDA, off elsewhere].")
 @shared_option(TrainConfig, "decode_workers")
 @shared_option(TrainConfig, "threads")
 @config_option(TrainConfig, "seed")
