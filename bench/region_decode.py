@@ -5,8 +5,9 @@ The same records, the same crops (one generator per run, the same draws for both
 process, one thread: ``region`` is :func:`dimd.shuffle.decode.crop_hwc` as the workers run it,
 ``full`` the same call with the region decoder switched off (Pillow's full decode of the image at
 its draft scale, then the same crop and resize). Both ways are timed by this process's CPU time,
-interleaved run by run; the ratio full / region is taken within each run, and the medians over runs
-are reported. The crops are asserted equal to the bit on every image, so the speed is all that differs.
+interleaved run by run; the ratio full / region is taken within each run, and the medians are
+reported with min, max and every run (``dimd.report.spread``, as dimd reports repeated measurements).
+The crops are asserted equal to the bit on every image, so the speed is all that differs.
 
     python bench/region_decode.py TRAIN_STEM --image-size 224 --runs 5 --json build/region_decode.json
 """
@@ -14,8 +15,6 @@ are reported. The crops are asserted equal to the bit on every image, so the spe
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ def one_way(records: list[bytes], crops: list[tuple], size: int, evaluation: boo
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from dimd.format import PackedDataset
+    from dimd.report import spread
     from dimd.shuffle import decode
     from dimd.shuffle.crop import draw_crops
 
@@ -63,9 +63,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                          "ratio": timing["full"] / timing["region"]})
             print(f"{kind} run {run + 1}/{args.runs}: full {runs[-1]['full_us']:.0f} µs, region "
                   f"{runs[-1]['region_us']:.0f} µs per image: {runs[-1]['ratio']:.2f}x", file=sys.stderr)
-        results[kind] = {key: statistics.median(r[key] for r in runs) for key in ("full_us", "region_us", "ratio")}
-        results[kind]["runs"] = runs
-    return {"images": count, "image_size": args.image_size, "train": str(args.train), "results": results}
+        results[kind] = {key: spread(r[key] for r in runs) for key in ("full_us", "region_us", "ratio")}
+    return {"images": count, "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,10 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     document = measure(args)
     for kind, figures in document["results"].items():
-        print(f"{kind}: full decode {figures['full_us']:.0f} µs, region {figures['region_us']:.0f} µs per image "
-              f"(medians of {args.runs}); full / region {figures['ratio']:.2f}x")
+        print(f"{kind}: full decode {figures['full_us']['median']:.0f} µs, region "
+              f"{figures['region_us']['median']:.0f} µs per image (medians of {args.runs}); full / region "
+              f"{figures['ratio']['median']:.2f}x ({figures['ratio']['min']:.2f}-{figures['ratio']['max']:.2f})")
     if args.json is not None:
-        args.json.write_text(json.dumps(document, indent=1) + "\n")
+        from dimd.report import result_document, write_json
+
+        write_json(args.json, result_document("bench/region_decode.py", {**vars(args), "json": str(args.json)},
+                                              document))
     return 0
 
 
