@@ -14,7 +14,11 @@ receive them in a shuffle, ``--reps`` times each way in turn:
 - ``alltoallw``: no packing: one ``MPI_Type_create_hindexed`` of the records
   per destination, over the store's segment, one ``Alltoallw``;
 - ``isend-records``: no packing: one ``Isend``/``Irecv`` per record, straight
-  from the segment.
+  from the segment;
+- ``gather-pipelined``: packed into the kept buffer one destination at a
+  time, each block sent (``Isend``) as soon as it is packed, starting with
+  the next rank; the ``Irecv`` are posted after every block is packed, as the
+  shuffle can only receive once its leaving records are out of the segment.
 
 Every way receives into one shared-memory segment, as the shuffle does, and
 must deliver the same bytes. Each time is the slowest rank's; the figures are
@@ -29,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-PATHS = ("gather-new", "gather-kept", "alltoallw", "isend-records")
+PATHS = ("gather-new", "gather-kept", "alltoallw", "isend-records", "gather-pipelined")
 
 
 def leaving_round(store: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -83,9 +87,23 @@ def senders(store: Any, recv: np.ndarray) -> dict[str, Callable[[], None]]:
                      for a, n, d in zip(starts.tolist(), lengths.tolist(), dest.tolist())]
         MPI.Request.Waitall(requests)
 
+    def gather_pipelined() -> None:
+        rank = comm.Get_rank()
+        send_at = displacements(send_bytes)
+        requests = []
+        for d in [(rank + k) % size for k in range(1, size)]:
+            a, b = edges[d], edges[d + 1]
+            gather_bytes(segment, starts[a:b], lengths[a:b], out=kept[send_at[d]:])
+            requests.append(comm.Isend([kept[send_at[d] : send_at[d] + send_bytes[d]], MPI.BYTE], dest=d, tag=6))
+        recv_displs = displacements(recv_bytes)
+        requests += [comm.Irecv([recv[recv_displs[s] : recv_displs[s] + recv_bytes[s]], MPI.BYTE], source=s, tag=6)
+                     for s in range(size) if recv_bytes[s]]
+        MPI.Request.Waitall(requests)
+
     return {"gather-new": lambda: alltoallv(gather_bytes(segment, starts, lengths)),
             "gather-kept": lambda: alltoallv(gather_bytes(segment, starts, lengths, out=kept)),
-            "alltoallw": alltoallw, "isend-records": isend_records}
+            "alltoallw": alltoallw, "isend-records": isend_records,
+            "gather-pipelined": gather_pipelined}
 
 
 def main() -> None:
