@@ -55,3 +55,12 @@ def test_dimd_help_does_not_import_heavy_modules():
             "print('HEAVY', heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert "HEAVY []" in out
+
+
+def test_quiet_drops_the_progress_lines_and_keeps_the_results(packed_sample, tmp_path):
+    loud = run_dimd("verify", packed_sample, check=True)
+    quiet = run_dimd("verify", packed_sample, "-q", check=True)
+    assert "verify: " in loud.stderr and quiet.stderr == ""
+    assert quiet.stdout.startswith("ok: 48 records")
+    made = run_dimd("sample-data", tmp_path / "sample", "--classes", "2", "--per-class", "2", "--quiet", check=True)
+    assert made.stderr == "" and made.stdout.startswith("wrote 4 images")

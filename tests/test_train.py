@@ -98,6 +98,14 @@ def test_resume_mid_epoch_continues_exactly(straight_run, packed_sample, tmp_pat
 
 
 @pytest.mark.mpi
+def test_quiet_training_prints_its_epochs_but_no_progress(straight_run, packed_sample, tmp_path):
+    _, loud = straight_run
+    quiet = run_dimd(*train_args(packed_sample, tmp_path, "--epochs", "1", "--quiet"), timeout=180, check=True)
+    assert "train: " in loud.stderr and "train: " not in quiet.stderr
+    assert "epoch 1/1" in quiet.stdout and "done: val top1" in quiet.stdout
+
+
+@pytest.mark.mpi
 def test_resume_on_another_rank_count_at_an_epoch_boundary(straight_run, packed_sample, tmp_path):
     """Two epochs on 2 ranks, the rest on 1: the schedule continues by epochs, not by raw steps."""
     out, _ = straight_run

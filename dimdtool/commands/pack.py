@@ -169,7 +169,8 @@ def _stats_line(label: str, stats: dict, unit: str) -> str:
 @processes_option()
 @click.option("--crc-only", is_flag=True, help="Check the crc32s only, do not decode the images.")
 @json_option("the findings")
-def verify_command(dataset: Path, workers: int | None, crc_only: bool, json_path: Path | None) -> None:
+@quiet_option()
+def verify_command(dataset: Path, workers: int | None, crc_only: bool, json_path: Path | None, quiet: bool) -> None:
     """Check that every record of a packed data set is intact: crc32 and a full decode.
 
     Exits with status 1 and names every bad record (index, name, problem).
@@ -184,7 +185,7 @@ def verify_command(dataset: Path, workers: int | None, crc_only: bool, json_path
     from dimd.report import result_document, write_json
 
     total = len(PackedDataset(dataset, check_size=False))
-    with progress(total, "verify", unit="rec") as advance:
+    with progress(total, "verify", unit="rec", enabled=not quiet) as advance:
         result = verify(dataset, workers=workers or available_cores(), decode=not crc_only,
                         advance=advance)
     if json_path is not None:

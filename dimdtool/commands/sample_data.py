@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from dimd.console import progress
-from dimd.options import OUTPUT_DIR, build_config, config_option, processes_option
+from dimd.options import OUTPUT_DIR, build_config, config_option, processes_option, quiet_option
 from dimd.sample_data import LAYOUTS, MAX_CLASSES, SampleSpec
 
 
@@ -23,7 +23,8 @@ from dimd.sample_data import LAYOUTS, MAX_CLASSES, SampleSpec
                     "DIR/labels.txt ('file label' lines) and DIR/classes.txt (like ImageNet val).")
 @config_option(SampleSpec, "large_share", help="Share of images larger than 1000 px.")
 @processes_option("Processes")
-def sample_data(directory: Path, workers: int | None, **fields: Any) -> None:
+@quiet_option()
+def sample_data(directory: Path, workers: int | None, quiet: bool, **fields: Any) -> None:
     """Generate a small ImageNet-style tree of real, learnable JPEG images.
 
     Each class is a coloured shape (e.g. red-circle) at a random position, scale
@@ -39,7 +40,7 @@ def sample_data(directory: Path, workers: int | None, **fields: Any) -> None:
 
     spec = build_config(SampleSpec, root=directory, **fields)
     start = time.perf_counter()
-    with progress(spec.classes * spec.per_class, "sample-data", unit="img") as advance:
+    with progress(spec.classes * spec.per_class, "sample-data", unit="img", enabled=not quiet) as advance:
         result = generate(spec, workers=workers, advance=advance)
     seconds = time.perf_counter() - start
     click.echo(f"wrote {result.images} images in {len(result.classes)} classes to {result.root} "

@@ -15,7 +15,7 @@ import click
 
 from dimd.console import progress
 from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
-                          config_option, defer_output_checks, json_option, shared_option)
+                          config_option, defer_output_checks, json_option, quiet_option, shared_option)
 from dimd.train.config import DECODES, DEVICES, LEARNER_COMPUTES, PRECISIONS, READ_FROM, SYNCS, TrainConfig
 from dimd.train.schedule import SCHEDULES
 
@@ -197,9 +197,10 @@ def print_models() -> None:
 @click.option("--metrics", "metrics_path", type=OUTPUT_FILE, default=None,
               help="Append one JSON line per epoch here.")
 @json_option("the run's summary")
+@quiet_option()
 @defer_output_checks  # --metrics and --json: checked on rank 0 once MPI is up (mpi_command)
 def train(train_set: str | None, val_set: str | None, list_models: bool, metrics_path: Path | None,
-          json_path: Path | None, **fields: Any) -> None:
+          json_path: Path | None, quiet: bool, **fields: Any) -> None:
     """Synchronous data-parallel SGD or model averaging on packed data held in memory (run under mpirun).
 
     Every rank holds its share of TRAIN (a `dimd pack` output) in memory,
@@ -238,7 +239,7 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, metrics
     # while the main thread runs backward and makes no MPI call); the loader decodes in worker processes.
     # The stop signals (a scheduler's warning, scancel) are caught from MPI's start-up on.
     mpi_command("serialized", install_handlers=install_stop_handlers)(_run)(
-        train_set=train_set, val_set=val_set, metrics_path=metrics_path, json_path=json_path,
+        train_set=train_set, val_set=val_set, metrics_path=metrics_path, json_path=json_path, quiet=quiet,
         fields=fields)
 
 
@@ -270,7 +271,7 @@ def _layout_line(trainer) -> str:
 
 
 def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | None,
-         json_path: Path | None, fields: dict[str, Any]) -> None:
+         json_path: Path | None, quiet: bool, fields: dict[str, Any]) -> None:
     from dimd.commands.mpi_job import check_outputs
     from dimd.report import result_document, write_json
     from dimd.train.engine import Hooks, Trainer
@@ -300,7 +301,7 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
             f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {trainer.algorithm}; "
             f"device {trainer.device}, {trainer.threads} thread(s) per rank")
         remaining = trainer.steps_per_epoch * config.epochs - trainer.state.step
-        advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader))
+        advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader and not quiet))
 
     # The flag mpi_command's handlers set since MPI started: a signal while loading is not lost.
     try:
