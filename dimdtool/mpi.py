@@ -121,6 +121,14 @@ def node_local_ranks(comm: Any) -> int:
         local.Free()
 
 
+class AgreedError(DimdError):
+    """A problem every rank of the communicator raised at the same collective, with the same text.
+
+    Every rank knows it, so the job can end in order (``MPI_Finalize`` and an
+    exit status) rather than by ``MPI_Abort`` (dimd.commands.mpi_job).
+    """
+
+
 def agree_or_raise(comm: Any, problem: str | None) -> None:
     """Collective: if any rank has a problem, every rank raises it (the first one's text).
 
@@ -130,7 +138,7 @@ def agree_or_raise(comm: Any, problem: str | None) -> None:
     problems = comm.allgather(problem)
     for found in problems:
         if found is not None:
-            raise DimdError(found)
+            raise AgreedError(found)
 
 
 def local_rank_count(environ: MutableMapping[str, str] = os.environ) -> int | None:
@@ -240,7 +248,7 @@ def launch_mismatch(world_size: int, library: str,
 
 
 def require_on_every_rank(comm: Any, path: str, what: str) -> None:
-    """Collective: a DimdError on every rank unless every rank sees ``path`` (a checkpoint, a data set).
+    """Collective: an :class:`AgreedError` on every rank unless every rank sees ``path`` (a checkpoint, a data set).
 
     A folder on one node's own disk is found by that node's ranks only; the
     others would each fail with "not found" and no hint why.
@@ -252,9 +260,9 @@ def require_on_every_rank(comm: Any, path: str, what: str) -> None:
     if not missing:
         return
     if len(missing) == len(seen):
-        raise DimdError(f"{path}: {what} not found")
+        raise AgreedError(f"{path}: {what} not found")
     where = ", ".join(f"rank {rank} on {host}" for rank, host in missing[:4]) + (", ..." if len(missing) > 4 else "")
-    raise DimdError(f"{path}: {what} not found by {where} (rank 0 on {seen[0][1]} sees it): its folder must "
+    raise AgreedError(f"{path}: {what} not found by {where} (rank 0 on {seen[0][1]} sees it): its folder must "
                     f"be visible on every node, on a file system they share")
 
 

@@ -1,12 +1,14 @@
-"""The MPIs' shared-memory files a killed or aborted job left in /dev/shm, and their removal.
+"""What killed or aborted MPI jobs left behind: shared-memory files and MPICH's hydra topology files.
 
 MPICH unlinks its segment once every local rank has attached, Open MPI at the
 job's end (and now and then not even then: its PMIx clean-up is known to miss
 some); a job whose ranks are killed or aborted before that, as the tests that
 end jobs do, leaves it behind, 1-16 MB of memory each, until the machine
-restarts. The test session (``conftest.pytest_sessionfinish``) and
-``tests/openmpi/run.sh`` remove those made since they started that no process
-maps any more. Standard library only: run.sh calls it with any Python 3::
+restarts. MPICH's hydra also leaves a 5.5 KB ``/tmp/hydra_hwloc_xmlfile_*``
+behind every job that ends in ``MPI_Abort``. The test session
+(``conftest.pytest_sessionfinish``) and ``tests/openmpi/run.sh`` remove those
+made since they started that no process maps or holds open any more.
+Standard library only: run.sh calls it with any Python 3::
 
     python3 tests/mpi_segments.py SINCE     # SINCE: seconds since the epoch
 """
@@ -14,24 +16,42 @@ maps any more. Standard library only: run.sh calls it with any Python 3::
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
-#: The shared-memory files of the MPIs the tests run: MPICH's, and Open MPI's (``tests/openmpi/run.sh``).
-MPI_SEGMENTS = ("mpich_shm_*", "sm_segment.*")
+#: The files the MPIs the tests run leave: MPICH's and Open MPI's (``tests/openmpi/run.sh``) shared memory,
+#: and MPICH hydra's topology file (its path is fixed: TMPDIR does not move it).
+MPI_LEFTOVERS = ((Path("/dev/shm"), "mpich_shm_*"), (Path("/dev/shm"), "sm_segment.*"),
+                 (Path("/tmp"), "hydra_hwloc_xmlfile_*"))
+
+
+def in_use() -> set[str]:
+    """Every file some process maps or holds open."""
+    used = set()
+    for process in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            used.update(line.split(maxsplit=5)[5] for line in (process / "maps").read_text().splitlines()
+                        if len(line.split(maxsplit=5)) == 6)
+        with contextlib.suppress(OSError):
+            for fd in (process / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    used.add(os.readlink(fd))
+    return used
 
 
 def leftover_mpi_segments(since: float) -> list[Path]:
-    """The MPIs' files in /dev/shm made since ``since`` that no process maps any more."""
-    candidates = [path for pattern in MPI_SEGMENTS for path in Path("/dev/shm").glob(pattern)
-                  if path.stat().st_mtime >= since - 1]
+    """The MPIs' leftover files made since ``since`` that no process maps or holds open any more."""
+    candidates = []
+    for folder, pattern in MPI_LEFTOVERS:
+        for path in folder.glob(pattern):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime >= since - 1:
+                    candidates.append(path)
     if not candidates:
         return []
-    mapped = ""
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        with contextlib.suppress(OSError):
-            mapped += maps.read_text()
-    return [path for path in candidates if str(path) not in mapped]
+    used = in_use()
+    return [path for path in candidates if str(path) not in used]
 
 
 def remove_leftover_mpi_segments(since: float) -> None:

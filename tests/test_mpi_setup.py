@@ -108,10 +108,12 @@ def test_a_test_that_starts_ranks_must_be_marked_mpi():
         launcher(2)
 
 
-@pytest.mark.parametrize("name", ["mpich_shm_dimdtest_{pid}_{use}", "sm_segment.dimdtest.0.{pid}.{use}"])
-def test_the_harness_finds_the_mpi_segments_killed_jobs_left_but_not_those_in_use(name):
+@pytest.mark.parametrize("name", ["/dev/shm/mpich_shm_dimdtest_{pid}_{use}",
+                                  "/dev/shm/sm_segment.dimdtest.0.{pid}.{use}",
+                                  "/tmp/hydra_hwloc_xmlfile_dimdtest{pid}{use}"])
+def test_the_harness_finds_the_files_killed_mpi_jobs_left_but_not_those_in_use(name):
     started = time.time()
-    left, used = (f"/dev/shm/{name.format(pid=os.getpid(), use=use)}" for use in ("left", "used"))
+    left, used = (name.format(pid=os.getpid(), use=use) for use in ("left", "used"))
     try:
         for path in (left, used):
             with open(path, "wb") as f:

@@ -6,7 +6,10 @@ rank 0 checks the command's output locations (every option of type
 bad ``--json`` path fails the job at start-up with one line. A
 :class:`DimdError` becomes a one-line message, any other exception a
 traceback; then the job is aborted (``MPI_Abort``), so no rank is left
-waiting in a collective. A launch that gave every process a world of its
+waiting in a collective. An error every rank raised together
+(:class:`dimd.mpi.AgreedError`: a bad option, output path or data set) ends
+the job in order instead: one line, then every rank exits through
+``MPI_Finalize``. A launch that gave every process a world of its
 own (plain ``srun`` without a PMI) stops at once, with one line from the
 launcher's first process.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -23,12 +27,15 @@ import click
 
 from dimd.console import write_line
 from dimd.errors import DimdError
-from dimd.mpi import FORWARD_GRACE_S, LaunchMismatch, ThreadLevel, agree_or_raise, init_mpi
+from dimd.mpi import FORWARD_GRACE_S, AgreedError, LaunchMismatch, ThreadLevel, agree_or_raise, init_mpi
 from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, output_problems
 
 #: Ranks other than 0 wait this long before reporting, so that an error every
 #: rank hits (a bad option) is printed once, by rank 0, whose abort ends them.
 _NONZERO_RANK_GRACE_S = 1.0
+#: After an error every rank agreed on, a rank still running this long later (one that took another
+#: path, so the others wait for it in MPI_Finalize) is aborted with the job.
+AGREED_EXIT_S = 30.0
 
 
 def mpi_command(thread_level: ThreadLevel = "single", *,
@@ -62,6 +69,8 @@ def mpi_command(thread_level: ThreadLevel = "single", *,
                 abort_job(comm, f"exit status {exc.code}", 1)
             except click.UsageError as exc:
                 abort_job(comm, exc.format_message(), 2)
+            except AgreedError as exc:
+                leave_together(comm, cli_message(str(exc)), 1)
             except DimdError as exc:
                 abort_job(comm, cli_message(str(exc)), 1)
             except KeyboardInterrupt as exc:
@@ -107,6 +116,25 @@ def start_mpi(thread_level: ThreadLevel):
         else:
             write_line(sys.stderr, f"dimd: error: {exc}")
         sys.exit(1)
+
+
+def leave_together(comm: Any, message: str, code: int) -> None:
+    """Every rank met the same error at the same point: rank 0 says it once, every rank exits ``code``.
+
+    The ranks finalise MPI as at a normal end, so the launcher prints no abort
+    notice and cleans up after itself (MPICH's hydra leaves a
+    ``/tmp/hydra_hwloc_xmlfile_*`` behind every ``MPI_Abort``), and nobody
+    waits out a grace period. A rank not gone after :data:`AGREED_EXIT_S` is
+    aborted with the job, so a rank that took another path cannot hang it.
+    """
+    if comm.Get_rank() == 0:
+        write_line(sys.stderr, "dimd: error: " + message)
+    sys.stdout.flush()
+    if comm.Get_size() > 1:   # alone, there is nobody to wait for (and a caller may catch the exit)
+        overdue = threading.Timer(AGREED_EXIT_S, comm.Abort, args=(code,))
+        overdue.daemon = True
+        overdue.start()
+    sys.exit(code)
 
 
 def abort_job(comm: Any, message: str, code: int) -> None:
