@@ -89,8 +89,11 @@ def one_rank_fails(collective: str, failing_rank: str, dataset: str = "") -> Non
     """Under dimd's ``mpi_command``, one rank fails while the others wait in a collective.
 
     The collective is ``barrier`` or ``shuffle`` (the failing rank raises a
-    DimdError first; the shuffle needs a packed DATASET) or ``allreduce`` (the
-    failing rank hands the ring a read-only buffer, and the library refuses it).
+    DimdError first; the shuffle needs a packed DATASET), ``allreduce`` (the
+    failing rank hands the ring a read-only buffer, and the library refuses it)
+    or ``agreed-barrier`` (the failing rank alone raises an error meant to be
+    raised by every rank at once, as if a handler had let the others go on;
+    the ranks wait 2 s for each other, then the job is aborted).
     dimd must end the whole job with that rank's one-line error, no rank says ``done``::
 
         mpiexec -n 3 python -m mpi4py tests/mpi_cases.py one_rank_fails barrier 2
@@ -102,11 +105,14 @@ def one_rank_fails(collective: str, failing_rank: str, dataset: str = "") -> Non
     import numpy as np
 
     from dimd.allreduce import allreduce
+    from dimd.commands import mpi_job
     from dimd.commands.mpi_job import mpi_command
     from dimd.errors import DimdError
+    from dimd.mpi import AgreedError
     from dimd.shuffle import DistributedStore
 
     failing = int(failing_rank)
+    mpi_job.AGREED_EXIT_S = 2.0
 
     @mpi_command("funneled")
     def job(comm: Any, mpi_setup: Any) -> None:
@@ -123,8 +129,12 @@ def one_rank_fails(collective: str, failing_rank: str, dataset: str = "") -> Non
             buf = np.ones(1000)
             buf.flags.writeable = comm.rank != failing
             allreduce(buf, comm, "ring")
+        elif collective == "agreed-barrier":
+            if comm.rank == failing:
+                raise AgreedError("gives up alone before the barrier")
+            comm.Barrier()
         else:
-            raise ValueError(f"no collective {collective!r}: barrier, shuffle or allreduce")
+            raise ValueError(f"no collective {collective!r}: barrier, shuffle, allreduce or agreed-barrier")
         say(f"done {comm.rank}")
 
     job()

@@ -56,6 +56,7 @@ def test_clean_job_reports_thread_level_and_its_mpis_idle_remedy():
     ("barrier", 2, "dimd: error: rank 2: gives up before the barrier"),
     ("shuffle", 1, "dimd: error: rank 1: gives up before the shuffle"),
     ("allreduce", 2, "dimd: error: rank 2: allreduce needs a writeable buffer"),
+    ("agreed-barrier", 1, "dimd: error: rank 1: gives up alone before the barrier"),
 ])
 def test_an_error_on_one_rank_ends_the_job(packed_sample, collective, rank, message):
     """The other ranks wait in the collective: dimd must end them, not leave them hanging."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -33,8 +32,8 @@ from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, output_problems
 #: Ranks other than 0 wait this long before reporting, so that an error every
 #: rank hits (a bad option) is printed once, by rank 0, whose abort ends them.
 _NONZERO_RANK_GRACE_S = 1.0
-#: After an error every rank agreed on, a rank still running this long later (one that took another
-#: path, so the others wait for it in MPI_Finalize) is aborted with the job.
+#: After an error every rank agreed on, the ranks wait this long for each other before they exit in
+#: order; should one not come (it took another path), the job is aborted instead.
 AGREED_EXIT_S = 30.0
 
 
@@ -58,6 +57,7 @@ def mpi_command(thread_level: ThreadLevel = "single", *,
             from mpi4py import MPI
 
             comm = MPI.COMM_WORLD
+            leaving = comm.Dup()   # MPI: only the exit after an agreed error meets here
             try:
                 agree_or_raise(comm, output_problems() if comm.Get_rank() == 0 else None)
                 return callback(*args, comm=comm, mpi_setup=setup, **kwargs)
@@ -70,7 +70,7 @@ def mpi_command(thread_level: ThreadLevel = "single", *,
             except click.UsageError as exc:
                 abort_job(comm, exc.format_message(), 2)
             except AgreedError as exc:
-                leave_together(comm, cli_message(str(exc)), 1)
+                leave_together(comm, leaving, cli_message(str(exc)), 1)
             except DimdError as exc:
                 abort_job(comm, cli_message(str(exc)), 1)
             except KeyboardInterrupt as exc:
@@ -118,22 +118,27 @@ def start_mpi(thread_level: ThreadLevel):
         sys.exit(1)
 
 
-def leave_together(comm: Any, message: str, code: int) -> None:
+def leave_together(comm: Any, leaving: Any, message: str, code: int) -> None:
     """Every rank met the same error at the same point: rank 0 says it once, every rank exits ``code``.
 
     The ranks finalise MPI as at a normal end, so the launcher prints no abort
     notice and cleans up after itself (MPICH's hydra leaves a
     ``/tmp/hydra_hwloc_xmlfile_*`` behind every ``MPI_Abort``), and nobody
-    waits out a grace period. A rank not gone after :data:`AGREED_EXIT_S` is
-    aborted with the job, so a rank that took another path cannot hang it.
+    waits out a grace period. First they meet in a barrier on ``leaving``, a
+    communicator nothing else uses: a rank that does not arrive within
+    :data:`AGREED_EXIT_S` (it took another path and may be waiting in a
+    collective) gets the job aborted as for one rank's error, so the exit in
+    order cannot hang it.
     """
+    everyone = leaving.Ibarrier()
+    deadline = time.monotonic() + AGREED_EXIT_S
+    while not everyone.Test():
+        if time.monotonic() > deadline:
+            abort_job(comm, message, code)
+        time.sleep(0.005)
     if comm.Get_rank() == 0:
         write_line(sys.stderr, "dimd: error: " + message)
     sys.stdout.flush()
-    if comm.Get_size() > 1:   # alone, there is nobody to wait for (and a caller may catch the exit)
-        overdue = threading.Timer(AGREED_EXIT_S, comm.Abort, args=(code,))
-        overdue.daemon = True
-        overdue.start()
     sys.exit(code)
 
 
