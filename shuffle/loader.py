@@ -38,6 +38,14 @@ from dimd.shuffle.workers import DecodeWorkers, Task, int64_bytes
 STATE_VERSION = 2
 
 
+def too_few_for_a_batch(path: Any, records: int, ranks: int, batch_size: int) -> str | None:
+    """Why ``records`` training records cannot give each of ``ranks`` ranks one batch, or None."""
+    if records >= ranks * batch_size:
+        return None
+    return (f"{path}: {records} records are fewer than one batch per rank ({ranks} rank{'s' * (ranks != 1)} x "
+            f"batch size {batch_size}); use a smaller batch")
+
+
 class BatchLoader:
     """Iterate uint8 image batches (N x 3 x H x W) and int64 labels from a :class:`DistributedStore`.
 
@@ -71,9 +79,9 @@ class BatchLoader:
         self.world_size = store.comm.Get_size()
         if train:
             self.steps_per_epoch = store.total // (self.world_size * batch_size)
-            if self.steps_per_epoch == 0:
-                raise DimdError(f"{store.path}: {store.total} records are fewer than one batch per rank "
-                                f"({self.world_size} ranks x batch size {batch_size}); use a smaller batch")
+            problem = too_few_for_a_batch(store.path, store.total, self.world_size, batch_size)
+            if problem:
+                raise DimdError(problem)
         else:
             self.steps_per_epoch = -(-len(store) // batch_size)
         self._pin = pin_memory and _cuda_available()

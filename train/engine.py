@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from dimd.errors import DimdError
+from dimd.mpi import agree_or_raise
 from dimd.shuffle.memory import describe_ranks, gather_rank_memory
 from dimd.stall import StallWatchdog, job_ender
 from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
@@ -79,6 +80,21 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
                         "average (run under mpirun -n 2 or more)")
     if config.model not in MODELS:
         build_model(config.model, 1)  # raises the clear "unknown model" error
+
+
+def check_inputs_before_loading(config: TrainConfig, comm: Any) -> None:
+    """Collective: the training set's size for one batch per rank (from its index) and the checkpoint to resume
+    from, each named in one line before the load (which the loader and the resume would only find after it)."""
+    from dimd.format import PackedDataset
+    from dimd.shuffle.loader import too_few_for_a_batch
+
+    problem = None
+    if comm.Get_rank() == 0:
+        with contextlib.suppress(DimdError):   # a set that cannot be opened: the load names the problem
+            records = len(PackedDataset(config.train, check_size=False))
+            problem = too_few_for_a_batch(f"{config.train}.dimd", records, comm.Get_size(), config.batch_size)
+    agree_or_raise(comm, problem)   # MPI: rank 0 read the index for every rank
+    resume_point(config, comm)      # MPI: a checkpoint that is named but missing stops every rank
 
 
 def check_decode(config: TrainConfig, device: torch.device) -> None:
@@ -249,6 +265,7 @@ class Trainer:
             self.hooks.on_event(f"note: {binding}")
         self.device = device if device is not None else pick_device(cfg.device, comm)
         check_decode(cfg, self.device)
+        check_inputs_before_loading(cfg, comm)
 
         # -- data: each rank's share in memory, and the loaders over it
         t0 = time.perf_counter()
