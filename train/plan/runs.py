@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dimd.errors import DimdError
+from dimd.mpi import AgreedError, agree_or_raise
 from dimd.train.plan.config import ConvergenceConfig
 from dimd.train.plan.convergence import Run, convergence_figures, first_reached, unfitted_figures
 
@@ -196,7 +197,6 @@ def next_run(comm: Any, sub: Any, dispatcher: Dispatcher | None) -> int:
 
 def training_set_size(config: ConvergenceConfig, comm: Any) -> int:
     """Collective: the training set's record count (rank 0 opens both indexes; every rank gets the answer)."""
-    from dimd.mpi import agree_or_raise
 
     count, problem = 0, None
     if comm.Get_rank() == 0:
@@ -222,14 +222,14 @@ def run_convergence(config: ConvergenceConfig, comm: Any, *,
 
     size, rank = comm.Get_size(), comm.Get_rank()
     g = config.ranks_per_run
-    if size % g:
-        raise DimdError(f"`ranks_per_run` {g} does not divide the job's {size} rank(s): run under "
-                        f"mpirun -n with a multiple of {g}")
+    if size % g:   # every rank knows: the job ends in order
+        raise AgreedError(f"`ranks_per_run` {g} does not divide the job's {size} rank(s): run under "
+                          f"mpirun -n with a multiple of {g}")
     groups = size // g
-    total = training_set_size(config, comm)
+    total = training_set_size(config, comm)   # MPI: rank 0 read it for every rank
     if max(config.batch_sizes) > total:
-        raise DimdError(f"`batch_sizes`: {max(config.batch_sizes)} is more than the {total} records of "
-                        f"{config.train}: every batch must fit in the training set")
+        raise AgreedError(f"`batch_sizes`: {max(config.batch_sizes)} is more than the {total} records of "
+                          f"{config.train}: every batch must fit in the training set")
     every = config.eval_every_images or max(1, total // DEFAULT_EVALUATIONS_PER_EPOCH)
     # MPI: the node's cores are shared by all the job's ranks, whatever group they train in
     threads = config.threads or default_threads(comm)
