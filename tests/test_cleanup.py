@@ -63,9 +63,15 @@ def alive(pid: int) -> bool:
 
 
 def start_pack(slow_list, out: Path, *extra: str) -> subprocess.Popen:
+    """The pack as from a terminal: SIGINT at its default, which Python turns into KeyboardInterrupt.
+
+    A suite started in the background of a script inherits SIGINT ignored, and Python keeps an
+    ignored SIGINT ignored: the pack would finish as if no Ctrl-C had come.
+    """
     root, listing = slow_list
     return subprocess.Popen([*DIMD, "pack", root, "--list", listing, "-o", out, "-q", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_records(out: Path, proc: subprocess.Popen, timeout: float = 120) -> set[int]:
