@@ -192,21 +192,28 @@ class RegistryChoice(click.Choice):
 class NameListType(click.ParamType):
     """Comma-separated names; ``all`` expands to every name of the registry ``load`` returns.
 
-    The library checks each name (its error names the unknown one), so a
-    typo reads the same from Python and from the command line.
+    A name outside it is a usage error while the command line is parsed, so
+    under mpirun it is refused before MPI starts, once; the message lists the
+    names there are.
     """
 
     name = "names"
 
-    def __init__(self, load: Callable[[], Any]) -> None:
+    def __init__(self, load: Callable[[], Any], what: str = "name") -> None:
         self._load = load
+        self._what = what
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple:
         if isinstance(value, tuple):
             return value
+        known = tuple(self._load())
         if str(value).strip() == "all":
-            return tuple(self._load())
-        return tuple(v.strip() for v in str(value).split(",") if v.strip())
+            return known
+        names = tuple(v.strip() for v in str(value).split(",") if v.strip())
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            self.fail(f"{self._what} {unknown[0]!r} is not one of {', '.join(known)}, or all", param, ctx)
+        return names
 
 
 SIZE = SizeType()

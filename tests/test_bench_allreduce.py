@@ -69,11 +69,11 @@ def test_gloo_peer_in_the_same_job(tmp_path):
 
 
 @pytest.mark.mpi
-def test_unknown_algorithm_is_one_clear_error():
+def test_unknown_algorithm_is_one_usage_error_before_mpi_starts():
     proc = run_mpi_dimd(2, "bench-allreduce", "--algorithms", "mpi,nope", timeout=60)
-    assert proc.returncode == 1
-    assert "unknown allreduce algorithm 'nope'" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr.count("algorithm 'nope' is not one of mpi, ring,") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "MPI_Abort" not in proc.stderr
 
 
 @pytest.mark.mpi

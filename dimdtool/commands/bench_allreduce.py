@@ -38,7 +38,7 @@ def _line(row) -> str:
 
 
 @click.command("bench-allreduce")
-@config_option(BenchConfig, "algorithms", "--algorithms", "-a", type=NameListType(lambda: STANDALONE),
+@config_option(BenchConfig, "algorithms", "--algorithms", "-a", type=NameListType(lambda: STANDALONE, "algorithm"),
                default="all", show_default=True,
                help=f"Comma list of algorithms, or 'all' ({', '.join(STANDALONE)}).")
 @config_option(BenchConfig, "min_bytes", "--min-bytes", "-b", type=SIZE, help="Smallest message (8, 64K, 1M...).")
