@@ -122,11 +122,23 @@ def node_local_ranks(comm: Any) -> int:
 
 
 class AgreedError(DimdError):
-    """A problem every rank of the communicator raised at the same collective, with the same text.
+    """A problem every rank of the job raised at the same point, with the same text.
 
     Every rank knows it, so the job can end in order (``MPI_Finalize`` and an
     exit status) rather than by ``MPI_Abort`` (dimd.commands.mpi_job).
     """
+
+
+def agreed(comm: Any, problem: str) -> DimdError:
+    """The error for a problem every rank of ``comm`` raises at once.
+
+    An :class:`AgreedError` where ``comm`` spans the whole job; over a part of
+    it (a shuffle group, a convergence run's ranks) the other ranks know
+    nothing, so a plain :class:`DimdError`, which aborts the job.
+    """
+    from mpi4py import MPI
+
+    return AgreedError(problem) if comm.Get_size() == MPI.COMM_WORLD.Get_size() else DimdError(problem)
 
 
 def agree_or_raise(comm: Any, problem: str | None) -> None:
@@ -138,7 +150,7 @@ def agree_or_raise(comm: Any, problem: str | None) -> None:
     problems = comm.allgather(problem)
     for found in problems:
         if found is not None:
-            raise AgreedError(found)
+            raise agreed(comm, found)
 
 
 def local_rank_count(environ: MutableMapping[str, str] = os.environ) -> int | None:
@@ -248,7 +260,7 @@ def launch_mismatch(world_size: int, library: str,
 
 
 def require_on_every_rank(comm: Any, path: str, what: str) -> None:
-    """Collective: an :class:`AgreedError` on every rank unless every rank sees ``path`` (a checkpoint, a data set).
+    """Collective: an error on every rank (:func:`agreed`) unless every rank sees ``path`` (a checkpoint, a data set).
 
     A folder on one node's own disk is found by that node's ranks only; the
     others would each fail with "not found" and no hint why.
@@ -260,10 +272,10 @@ def require_on_every_rank(comm: Any, path: str, what: str) -> None:
     if not missing:
         return
     if len(missing) == len(seen):
-        raise AgreedError(f"{path}: {what} not found")
+        raise agreed(comm, f"{path}: {what} not found")
     where = ", ".join(f"rank {rank} on {host}" for rank, host in missing[:4]) + (", ..." if len(missing) > 4 else "")
-    raise AgreedError(f"{path}: {what} not found by {where} (rank 0 on {seen[0][1]} sees it): its folder must "
-                    f"be visible on every node, on a file system they share")
+    raise agreed(comm, f"{path}: {what} not found by {where} (rank 0 on {seen[0][1]} sees it): its folder must "
+                       f"be visible on every node, on a file system they share")
 
 
 def launcher_rank(environ: Mapping[str, str] = os.environ) -> int | None:

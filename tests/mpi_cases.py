@@ -141,6 +141,25 @@ def one_rank_fails(collective: str, failing_rank: str, dataset: str = "") -> Non
 
 
 @case
+def agreed_only_over_the_whole_job() -> None:
+    """A problem all ranks of the job raise is an AgreedError (the job may end in order); one all ranks
+    of a group raise is a plain DimdError (the other groups know nothing: the job must be aborted)::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py agreed_only_over_the_whole_job
+        -> agreed 0, agreed 1
+    """
+    from dimd.errors import DimdError
+    from dimd.mpi import AgreedError, agreed
+
+    comm = world()
+    group = comm.Split(comm.rank, 0)   # a group of one rank each
+    assert type(agreed(comm, "x")) is AgreedError
+    assert type(agreed(group, "x")) is DimdError
+    group.Free()
+    say(f"agreed {comm.rank}")
+
+
+@case
 def dimd_warned_right_after_mpi_starts(*args: str) -> None:
     """``dimd ARGS``, with a SIGUSR1 (a scheduler's time-limit warning) sent to each rank just after MPI_Init.
 

@@ -67,6 +67,12 @@ def test_an_error_on_one_rank_ends_the_job(packed_sample, collective, rank, mess
 
 
 @pytest.mark.mpi
+def test_only_a_problem_the_whole_job_shares_lets_it_end_in_order():
+    proc = mpi_run("agreed_only_over_the_whole_job", 2, timeout=60, check=True)
+    assert proc.stdout.count("agreed") == 2
+
+
+@pytest.mark.mpi
 def test_a_rank_left_waiting_for_a_silent_peer_ends_the_job_with_one_line():
     """The stall watchdog: rank 1 stops answering, rank 0 names itself, its host and the wait, and the job ends."""
     proc = mpi_run("a_peer_stops_answering", 2, 1, timeout=60)

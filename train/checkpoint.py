@@ -37,7 +37,7 @@ from torch import nn
 
 from dimd.errors import DimdError
 from dimd.fsutil import atomic_path
-from dimd.mpi import AgreedError, require_on_every_rank
+from dimd.mpi import agreed, require_on_every_rank
 from dimd.train.config import TrainConfig
 from dimd.train.model_source import recorded_source
 from dimd.train.results import EpochMetrics, EpochTally, Evaluation
@@ -267,7 +267,7 @@ def save_run(run: Run, state: RunState, *, last_good: str | None = None) -> str 
                 outcome = (None, str(exc))
     path, problem = comm.bcast(outcome, root=0)   # MPI: every rank learns the outcome
     if problem is not None:
-        raise AgreedError(problem)
+        raise agreed(comm, problem)
     return path
 
 

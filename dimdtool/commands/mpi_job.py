@@ -7,7 +7,7 @@ bad ``--json`` path fails the job at start-up with one line. A
 :class:`DimdError` becomes a one-line message, any other exception a
 traceback; then the job is aborted (``MPI_Abort``), so no rank is left
 waiting in a collective. An error every rank raised together
-(:class:`dimd.mpi.AgreedError`: a bad option, output path or data set) ends
+(:class:`dimd.mpi.AgreedError`: an output path, a data set, a checkpoint) ends
 the job in order instead: one line, then every rank exits through
 ``MPI_Finalize``. A launch that gave every process a world of its
 own (plain ``srun`` without a PMI) stops at once, with one line from the

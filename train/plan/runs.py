@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dimd.errors import DimdError
-from dimd.mpi import AgreedError, agree_or_raise
+from dimd.mpi import agree_or_raise, agreed
 from dimd.train.plan.config import ConvergenceConfig
 from dimd.train.plan.convergence import Run, convergence_figures, first_reached, unfitted_figures
 
@@ -223,13 +223,13 @@ def run_convergence(config: ConvergenceConfig, comm: Any, *,
     size, rank = comm.Get_size(), comm.Get_rank()
     g = config.ranks_per_run
     if size % g:   # every rank knows: the job ends in order
-        raise AgreedError(f"`ranks_per_run` {g} does not divide the job's {size} rank(s): run under "
-                          f"mpirun -n with a multiple of {g}")
+        raise agreed(comm, f"`ranks_per_run` {g} does not divide the job's {size} rank(s): run under "
+                           f"mpirun -n with a multiple of {g}")
     groups = size // g
     total = training_set_size(config, comm)   # MPI: rank 0 read it for every rank
     if max(config.batch_sizes) > total:
-        raise AgreedError(f"`batch_sizes`: {max(config.batch_sizes)} is more than the {total} records of "
-                          f"{config.train}: every batch must fit in the training set")
+        raise agreed(comm, f"`batch_sizes`: {max(config.batch_sizes)} is more than the {total} records of "
+                           f"{config.train}: every batch must fit in the training set")
     every = config.eval_every_images or max(1, total // DEFAULT_EVALUATIONS_PER_EPOCH)
     # MPI: the node's cores are shared by all the job's ranks, whatever group they train in
     threads = config.threads or default_threads(comm)
