@@ -80,6 +80,8 @@ def mpi_command(thread_level: ThreadLevel = "single", *,
                 abort_job(comm, message, code)
             except BaseException:  # a bug: show where, then end every rank
                 abort_job(comm, traceback.format_exc().rstrip(), 1)
+            finally:   # reached by every rank alike (an abort never returns): the command's end, or the ordered exit
+                leaving.Free()
 
         setattr(run, DEFERS_OUTPUT_CHECKS, True)
         return run
