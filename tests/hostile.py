@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import io
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,6 +28,16 @@ def one_error_line(proc: subprocess.CompletedProcess, code: int = 1) -> str:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("dimd: error: "), lines[0]
     return lines[0][len("dimd: error: "):].removeprefix("rank 0: ")
+
+
+def mpi_error(proc: subprocess.CompletedProcess) -> str:
+    """An MPI job's one error message: printed by rank 0 (another rank may repeat it if the abort is slow),
+    whatever the launcher adds (MPICH's abort notice, Open MPI's box about a non-zero exit)."""
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    messages = {re.sub(r"^dimd: error: (rank \d+: )?", "", line)
+                for line in proc.stderr.splitlines() if line.startswith("dimd: error:")}
+    assert len(messages) == 1, proc.stderr
+    return messages.pop()
 
 
 def temporaries(folder: Path) -> list[str]:

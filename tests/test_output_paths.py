@@ -10,11 +10,10 @@ checks its three locations at start-up (:func:`dimd.commands.mpi_job.check_outpu
 
 from __future__ import annotations
 
-import re
 
 import pytest
 from conftest import DIMD, run_dimd, run_mpi_dimd
-from hostile import can_mount_tmpfs, in_tmpfs, one_error_line, small_tree, temporaries
+from hostile import can_mount_tmpfs, in_tmpfs, mpi_error, one_error_line, small_tree, temporaries
 
 from dimd.format import PackedDataset
 from dimd.pack.packer import PackConfig, pack
@@ -97,15 +96,6 @@ def test_other_commands_refuse_bad_outputs_in_one_line(packed_sample, tmp_path, 
     fill = {"data": packed_sample, "tmp": tmp_path}
     proc = run_dimd(*[a.format(**fill) for a in args], timeout=120)
     assert one_error_line(proc) == message.format(**fill)
-
-
-def mpi_error(proc) -> str:
-    """The job's error: printed by rank 0 (another rank may repeat it if the abort is slow)."""
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
-    messages = {re.sub(r"^dimd: error: (rank \d+: )?", "", line)
-                for line in proc.stderr.splitlines() if line.startswith("dimd: error:")}
-    assert len(messages) == 1, proc.stderr
-    return messages.pop()
 
 
 @pytest.mark.mpi

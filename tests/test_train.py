@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import DIMD, invoke_dimd, mpi_command, pack_tree_as_is, run_dimd, run_mpi_dimd, signal_at
-from hostile import one_error_line
+from hostile import mpi_error
 
 EPOCHS = 4
 STEPS_PER_EPOCH = 3          # 48 records // (2 ranks x 8)
@@ -176,8 +176,8 @@ def test_bad_inputs_give_one_clear_error_and_write_nothing(packed_sample, foreig
 @pytest.mark.mpi
 def test_an_error_on_every_rank_ends_the_mpi_job_once_before_the_load(packed_sample, tmp_path):
     proc = run_mpi_dimd(2, *train_args(packed_sample, tmp_path), "--batch-size", "64", timeout=120)
-    assert one_error_line(proc) == (f"{packed_sample}.dimd: 48 records are fewer than one batch per rank "
-                                    f"(2 ranks x batch size 64); use a smaller batch")
+    assert mpi_error(proc) == (f"{packed_sample}.dimd: 48 records are fewer than one batch per rank "
+                               f"(2 ranks x batch size 64); use a smaller batch")
     assert "loaded" not in proc.stdout and "MPI_Abort" not in proc.stderr
     assert not (tmp_path / "train.json").exists()
 
@@ -186,7 +186,7 @@ def test_an_error_on_every_rank_ends_the_mpi_job_once_before_the_load(packed_sam
 def test_a_missing_checkpoint_to_resume_from_is_named_before_the_load(packed_sample, tmp_path):
     missing = tmp_path / "nowhere" / "checkpoint-e0001-s00000003.pt"
     proc = run_mpi_dimd(2, *train_args(packed_sample, tmp_path, "--resume-from", missing), timeout=120)
-    assert one_error_line(proc) == f"{missing}: checkpoint not found"
+    assert mpi_error(proc) == f"{missing}: checkpoint not found"
     assert "loaded" not in proc.stdout
 
 
