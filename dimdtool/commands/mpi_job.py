@@ -132,15 +132,19 @@ def leave_together(comm: Any, leaving: Any, message: str, code: int) -> None:
     collective) gets the job aborted as for one rank's error, so the exit in
     order cannot hang it.
     """
+    rank = comm.Get_rank()
+    if rank == 0:   # before the barrier: a launcher may end the job at the first rank's non-zero exit (Open MPI's)
+        write_line(sys.stderr, "dimd: error: " + message)
+    sys.stdout.flush()
     everyone = leaving.Ibarrier()
     deadline = time.monotonic() + AGREED_EXIT_S
     while not everyone.Test():
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline:   # a rank took another path: end the job as for one rank's error
+            if rank == 0:                 # (its line is out already)
+                time.sleep(FORWARD_GRACE_S)
+                comm.Abort(code)
             abort_job(comm, message, code)
         time.sleep(0.005)
-    if comm.Get_rank() == 0:
-        write_line(sys.stderr, "dimd: error: " + message)
-    sys.stdout.flush()
     sys.exit(code)
 
 
