@@ -42,6 +42,25 @@ from dimd.shuffle.partition import memory_problem, split_groups
 READ_CHUNK = 64 << 20
 
 
+def packed_record_count(comm: Any, path: str | os.PathLike, *also: str | os.PathLike) -> int:
+    """Collective: the records of the packed set ``path``, read from its index by rank 0 for every rank.
+
+    Cheap next to a load (the index only), so a job can check what depends on
+    the set's size before it reads the data; ``also`` are sets that must open
+    too. A set that does not open is every rank's error, as in the load.
+    """
+    count, problem = 0, None
+    if comm.Get_rank() == 0:
+        try:
+            count = len(PackedDataset(path))
+            for other in also:
+                PackedDataset(other)
+        except DimdError as exc:
+            problem = str(exc)
+    agree_or_raise(comm, problem)   # MPI: rank 0's problem stops every rank
+    return int(comm.bcast(count, root=0))
+
+
 @dataclass(frozen=True)
 class ShuffleStats:
     """One rank's view of one shuffle (bytes and records exchanged with other ranks)."""

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from dimd.errors import DimdError
-from dimd.mpi import agree_or_raise
+from dimd.mpi import agreed
 from dimd.shuffle.memory import describe_ranks, gather_rank_memory
 from dimd.stall import StallWatchdog, job_ender
 from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
@@ -82,19 +82,18 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
         build_model(config.model, 1)  # raises the clear "unknown model" error
 
 
-def check_inputs_before_loading(config: TrainConfig, comm: Any) -> None:
+def check_inputs_before_loading(config: TrainConfig, comm: Any) -> str | None:
     """Collective: the training set's size for one batch per rank (from its index) and the checkpoint to resume
-    from, each named in one line before the load (which the loader and the resume would only find after it)."""
-    from dimd.format import PackedDataset
+    from, each named in one line before the load (which the loader and the resume would only find after it).
+    Returns the checkpoint to resume from, if any."""
     from dimd.shuffle.loader import too_few_for_a_batch
+    from dimd.shuffle.store import packed_record_count
 
-    problem = None
-    if comm.Get_rank() == 0:
-        with contextlib.suppress(DimdError):   # a set that cannot be opened: the load names the problem
-            records = len(PackedDataset(config.train, check_size=False))
-            problem = too_few_for_a_batch(f"{config.train}.dimd", records, comm.Get_size(), config.batch_size)
-    agree_or_raise(comm, problem)   # MPI: rank 0 read the index for every rank
-    resume_point(config, comm)      # MPI: a checkpoint that is named but missing stops every rank
+    records = packed_record_count(comm, config.train)   # MPI: rank 0 read the index for every rank
+    problem = too_few_for_a_batch(f"{config.train}.dimd", records, comm.Get_size(), config.batch_size)
+    if problem:
+        raise agreed(comm, problem)
+    return resume_point(config, comm)   # MPI: a checkpoint that is named but missing stops every rank
 
 
 def check_decode(config: TrainConfig, device: torch.device) -> None:
@@ -265,7 +264,7 @@ class Trainer:
             self.hooks.on_event(f"note: {binding}")
         self.device = device if device is not None else pick_device(cfg.device, comm)
         check_decode(cfg, self.device)
-        check_inputs_before_loading(cfg, comm)
+        self.resume_path = check_inputs_before_loading(cfg, comm)
 
         # -- data: each rank's share in memory, and the loaders over it
         t0 = time.perf_counter()
@@ -435,7 +434,7 @@ class Trainer:
 
     def resume(self) -> None:
         """Continue from the checkpoint that ``resume``/``resume_from`` name, if there is one."""
-        path = resume_point(self.config, self.comm)
+        path = self.resume_path
         if path is None:
             return
         self.state, notes = restore_run(self, path)

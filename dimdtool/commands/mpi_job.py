@@ -140,21 +140,19 @@ def leave_together(comm: Any, leaving: Any, message: str, code: int) -> None:
     deadline = time.monotonic() + AGREED_EXIT_S
     while not everyone.Test():
         if time.monotonic() > deadline:   # a rank took another path: end the job as for one rank's error
-            if rank == 0:                 # (its line is out already)
-                time.sleep(FORWARD_GRACE_S)
-                comm.Abort(code)
-            abort_job(comm, message, code)
+            abort_job(comm, message, code, said=rank == 0)
         time.sleep(0.005)
     sys.exit(code)
 
 
-def abort_job(comm: Any, message: str, code: int) -> None:
-    """Print ``message`` once and end every rank of ``comm``'s job."""
+def abort_job(comm: Any, message: str, code: int, *, said: bool = False) -> None:
+    """Print ``message`` once (unless this rank ``said`` it already) and end every rank of ``comm``'s job."""
     rank, size = comm.Get_rank(), comm.Get_size()
     if rank != 0:
         time.sleep(_NONZERO_RANK_GRACE_S)
     prefix = "dimd: error: " if size == 1 else f"dimd: error: rank {rank}: "
-    write_line(sys.stderr, prefix + message)   # one write: under -u, print's two may be split by stdout
+    if not said:
+        write_line(sys.stderr, prefix + message)   # one write: under -u, print's two may be split by stdout
     sys.stdout.flush()
     if size == 1:
         sys.exit(code)

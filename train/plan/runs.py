@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dimd.errors import DimdError
-from dimd.mpi import agree_or_raise, agreed
+from dimd.mpi import agreed
+from dimd.shuffle.store import packed_record_count
 from dimd.train.plan.config import ConvergenceConfig
 from dimd.train.plan.convergence import Run, convergence_figures, first_reached, unfitted_figures
 
@@ -195,22 +196,6 @@ def next_run(comm: Any, sub: Any, dispatcher: Dispatcher | None) -> int:
     return int(index)
 
 
-def training_set_size(config: ConvergenceConfig, comm: Any) -> int:
-    """Collective: the training set's record count (rank 0 opens both indexes; every rank gets the answer)."""
-
-    count, problem = 0, None
-    if comm.Get_rank() == 0:
-        from dimd.format import PackedDataset
-
-        try:
-            count = len(PackedDataset(config.train))
-            PackedDataset(config.val)
-        except DimdError as exc:
-            problem = str(exc)
-    agree_or_raise(comm, problem)
-    return int(comm.bcast(count, root=0))
-
-
 def run_convergence(config: ConvergenceConfig, comm: Any, *,
                     on_run: Callable[[RunRecord, int, int], None] | None = None) -> ConvergenceRuns:
     """Collective over ``comm``: train every run of ``config``; the records gathered on rank 0.
@@ -226,7 +211,7 @@ def run_convergence(config: ConvergenceConfig, comm: Any, *,
         raise agreed(comm, f"`ranks_per_run` {g} does not divide the job's {size} rank(s): run under "
                            f"mpirun -n with a multiple of {g}")
     groups = size // g
-    total = training_set_size(config, comm)   # MPI: rank 0 read it for every rank
+    total = packed_record_count(comm, config.train, config.val)   # MPI: rank 0 read it for every rank
     if max(config.batch_sizes) > total:
         raise agreed(comm, f"`batch_sizes`: {max(config.batch_sizes)} is more than the {total} records of "
                            f"{config.train}: every batch must fit in the training set")
