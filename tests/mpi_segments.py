@@ -31,8 +31,8 @@ def in_use() -> set[str]:
     used = set()
     for process in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError):
-            used.update(line.split(maxsplit=5)[5] for line in (process / "maps").read_text().splitlines()
-                        if len(line.split(maxsplit=5)) == 6)
+            fields = (line.split(maxsplit=5) for line in (process / "maps").read_text().splitlines())
+            used.update(parts[5] for parts in fields if len(parts) == 6)   # the mapped file's path
         with contextlib.suppress(OSError):
             for fd in (process / "fd").iterdir():
                 with contextlib.suppress(OSError):

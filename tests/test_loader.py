@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -335,9 +336,8 @@ def test_one_rank_takes_the_first_epoch_in_random_order_after_the_first_shuffle(
     assert not np.array_equal(draws[0], draws[1]) and not np.array_equal(draws[1], draws[2])
 
 
-
 def minor_faults(pid: int) -> int:
-    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[7])
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
 #: What a crop does to the allocator: two ~400 KB arrays (a resize's intermediate and its output), freed.

@@ -10,7 +10,6 @@ checks its three locations at start-up (:func:`dimd.commands.mpi_job.check_outpu
 
 from __future__ import annotations
 
-
 import pytest
 from conftest import DIMD, run_dimd, run_mpi_dimd
 from hostile import can_mount_tmpfs, in_tmpfs, mpi_error, one_error_line, small_tree, temporaries

@@ -178,6 +178,7 @@ def test_an_error_on_every_rank_ends_the_mpi_job_once_before_the_load(packed_sam
     proc = run_mpi_dimd(2, *train_args(packed_sample, tmp_path), "--batch-size", "64", timeout=120)
     assert mpi_error(proc) == (f"{packed_sample}.dimd: 48 records are fewer than one batch per rank "
                                f"(2 ranks x batch size 64); use a smaller batch")
+    assert proc.stderr.count("fewer than one batch per rank") == 1, proc.stderr
     assert "loaded" not in proc.stdout and "MPI_Abort" not in proc.stderr
     assert not (tmp_path / "train.json").exists()
 
