@@ -54,12 +54,11 @@ class LazyGroup(click.Group):
         signals.install()  # SIGTERM (a scheduler's time limit) cleans up like Ctrl-C
         try:
             return super().invoke(ctx)
-        except click.UsageError as exc:
-            from dimd.mpi import launcher_rank
+        except click.UsageError:
+            from dimd.mpi import launcher_rank, leave_it_to_the_first_task
 
-            if launcher_rank() in (0, None):
-                raise
-            ctx.exit(exc.exit_code)  # MPI: every rank parsed the same line; the first one says it
+            leave_it_to_the_first_task(launcher_rank() in (0, None))  # MPI: every rank parsed the same line
+            raise
         except DimdError as exc:
             from dimd.options import cli_message
 

@@ -16,6 +16,7 @@ silent, separate jobs.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Mapping, MutableMapping
 
@@ -282,13 +283,27 @@ def launcher_rank(environ: Mapping[str, str] = os.environ) -> int | None:
     """This process's rank as its launcher exported it (before MPI starts), None outside a launcher.
 
     For what every rank would print alike before MPI starts (a usage error):
-    the first rank says it, the others only exit.
+    the first rank says it (:func:`leave_it_to_the_first_task`).
     """
     for key in (*(rank_key for _, rank_key, _ in LAUNCHER_SIZES), "PMIX_RANK"):
         rank = _count(environ, key)
         if rank is not None:
             return rank
     return None
+
+
+def leave_it_to_the_first_task(first: bool) -> None:
+    """Exit 0 at once, silently, unless this is the launcher's first task (then return).
+
+    For a failure every process of a launch meets alike before MPI can order
+    them (a usage error, the singleton trap): the first task prints the line
+    and its non-zero exit gives the job its status. The others must not exit
+    non-zero before it has: a launcher that ends the job at the first non-zero
+    exit (Open MPI's ``mpirun``, ``srun --kill-on-bad-exit``) would cut it off
+    with its line unsaid.
+    """
+    if not first:
+        sys.exit(0)
 
 
 _setup: MpiSetup | None = None

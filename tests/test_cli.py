@@ -4,6 +4,8 @@ Most run in this process through click's CliRunner; what only a real process
 shows (the entry point, no traceback, no heavy imports) runs in one.
 """
 
+import os
+
 from conftest import invoke_dimd, run_dimd
 
 from dimd import __version__
@@ -43,6 +45,15 @@ def test_a_value_the_config_refuses_is_a_usage_error_naming_the_flag(tmp_path):
 
 def test_usage_error_exit_code_is_2():
     assert invoke_dimd("no-such-command").returncode == 2
+
+
+def test_under_a_launcher_the_first_task_reports_a_usage_error_and_the_others_leave_it_to_it():
+    """Every task parsed the same line; a second one failing first could get the job ended unsaid."""
+    bad = ("bench-allreduce", "--algorithms", "mpi,nope")
+    first = run_dimd(*bad, env={**os.environ, "PMI_SIZE": "2", "PMI_RANK": "0"})
+    assert first.returncode == 2 and "algorithm 'nope' is not one of" in first.stderr
+    second = run_dimd(*bad, env={**os.environ, "PMI_SIZE": "2", "PMI_RANK": "1"})
+    assert (second.returncode, second.stdout, second.stderr) == (0, "", "")
 
 
 def test_dimd_help_does_not_import_heavy_modules():

@@ -60,7 +60,7 @@ def test_other_launchers_that_start_singletons_are_named(env, launcher):
 
 
 def test_every_mpi_command_stops_at_start_under_plain_srun(tmp_path):
-    """What each of a plain `srun -n 2`'s tasks sees: task 0 says why, task 1 exits quietly."""
+    """What each of a plain `srun -n 2`'s tasks sees: task 0 says why and fails, task 1 leaves it to task 0."""
     env = {**os.environ, **PLAIN_SRUN}
     for command in (["train", tmp_path / "missing", "--val", tmp_path / "missing"],
                     ["shuffle", tmp_path / "missing"], ["bench-allreduce", "--max-bytes", "64"]):
@@ -70,7 +70,7 @@ def test_every_mpi_command_stops_at_start_under_plain_srun(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("dimd: error: srun started 2 processes"), lines
         assert proc.stdout == ""   # nothing ran: not the data check, not one benchmark row
     proc = run_dimd("bench-allreduce", env={**env, "SLURM_PROCID": "1"}, timeout=120)
-    assert proc.returncode == 1 and proc.stderr == "" and proc.stdout == ""
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == ""   # exit 1 could cut task 0 off
 
 
 @pytest.mark.mpi

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from dimd.errors import DimdError
-from dimd.mpi import FORWARD_GRACE_S, LaunchMismatch, ThreadLevel, init_mpi
+from dimd.mpi import FORWARD_GRACE_S, LaunchMismatch, ThreadLevel, init_mpi, leave_it_to_the_first_task
 
 
 class Job(NamedTuple):
@@ -43,16 +43,17 @@ def init(*, device: str = "auto", threads: int | None = None,
     while the main thread does not (what DistributedGradients needs); ask for
     ``multiple`` if the script calls MPI itself between backward and step.
     ``abort_on_error``: an uncaught exception on any rank prints its
-    traceback (a :class:`DimdError`: one line) and aborts every rank. A
-    launcher that started N processes each in a world of one rank ends them
-    all, with one line from the first.
+    traceback (a :class:`DimdError`: one line) and aborts every rank. When a
+    launcher started N processes each in a world of one rank, none starts: the
+    first prints one line and exits 1, the others exit 0 at once.
     """
     from dimd.train.hardware import pick_device, set_threads
 
     try:
         init_mpi(thread_level)
     except LaunchMismatch as exc:   # N processes that would each train alone: none may start
-        sys.exit(f"dimd: error: {exc}" if exc.first_task else 1)   # one line, from the first task
+        leave_it_to_the_first_task(exc.first_task)
+        sys.exit(f"dimd: error: {exc}")
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

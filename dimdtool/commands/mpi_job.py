@@ -26,11 +26,12 @@ import click
 
 from dimd.console import write_line
 from dimd.errors import DimdError
-from dimd.mpi import FORWARD_GRACE_S, AgreedError, LaunchMismatch, ThreadLevel, agree_or_raise, init_mpi
+from dimd.mpi import (FORWARD_GRACE_S, AgreedError, LaunchMismatch, ThreadLevel, agree_or_raise, init_mpi,
+                      leave_it_to_the_first_task)
 from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, output_problems
 
 #: Ranks other than 0 wait this long before reporting, so that an error every
-#: rank hits (a bad option) is printed once, by rank 0, whose abort ends them.
+#: rank hits alike is printed once, by rank 0, whose abort ends them.
 _NONZERO_RANK_GRACE_S = 1.0
 #: After an error every rank agreed on, the ranks wait this long for each other before they exit in
 #: order; should one not come (it took another path), the job is aborted instead.
@@ -113,10 +114,8 @@ def start_mpi(thread_level: ThreadLevel):
     try:
         return init_mpi(thread_level)
     except LaunchMismatch as exc:
-        if not exc.first_task:
-            time.sleep(_NONZERO_RANK_GRACE_S)  # the first task says it; let it, then go
-        else:
-            write_line(sys.stderr, f"dimd: error: {exc}")
+        leave_it_to_the_first_task(exc.first_task)
+        write_line(sys.stderr, f"dimd: error: {exc}")
         sys.exit(1)
 
 
