@@ -20,6 +20,7 @@ from dimd.format import PackedRecord, PackWriter, dataset_paths, escape_name
 from dimd.host import available_cores
 from dimd.pack.config import PackConfig
 from dimd.pack.labels import LabelBound, numbered_classes
+from dimd.pack.process_pool import ending_within_deadline
 from dimd.pack.sources import Source, Task, open_source
 
 #: A file larger than this is not read as an image (a 1 GiB JPEG would be ~ 10^9 pixels).
@@ -133,8 +134,8 @@ def _processed(source: Source, config: PackConfig, workers: int) -> Generator[tu
     _preload_imaging()  # once here, not once per forked worker
     # Bound the tasks in flight: the pool's feeder thread would otherwise read a whole LMDB ahead.
     throttle = _Throttle(workers * config.chunksize * 4)
-    with multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn").Pool(
-            workers, _init_pool_worker, settings) as pool:
+    context = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+    with ending_within_deadline(context.Pool(workers, _init_pool_worker, settings)) as pool:
         try:
             for item in pool.imap(process_task, throttle.feed(source.tasks()), config.chunksize):
                 throttle.release()

@@ -105,6 +105,24 @@ def test_a_signal_mid_pack_leaves_nothing_and_no_workers(slow_list, tmp_path, si
     assert not [pid for pid in workers if alive(pid)]
 
 
+def test_a_pool_teardown_that_hangs_is_cut_off_and_its_workers_killed():
+    """Pool.terminate() waits forever on a result-queue lock that a killed worker held (cpython#96995).
+
+    Holding that lock here does to the teardown what such a worker does.
+    """
+    import multiprocessing
+
+    from dimd.pack.process_pool import terminate_within_deadline
+
+    pool = multiprocessing.get_context("fork").Pool(2)
+    workers = [worker.pid for worker in pool._pool]
+    assert pool._outqueue._wlock.acquire(timeout=5)    # what a worker killed mid-put leaves taken
+    began = time.monotonic()
+    terminate_within_deadline(pool, deadline_s=0.5)
+    assert time.monotonic() - began < 5
+    assert not [pid for pid in workers if alive(pid)]
+
+
 def test_a_killed_packs_temporaries_are_removed_by_the_next_pack(slow_list, tmp_path):
     out = tmp_path / "x"
     proc = start_pack(slow_list, out, "--workers", "1")
