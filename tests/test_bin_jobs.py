@@ -176,6 +176,43 @@ def test_lsf_job_under_open_mpi_turns_a_term_into_usr2_for_mpirun(packed_sample,
     assert "stopped by SIGUSR2" in out and "not requeued" in out and "killing the ranks" not in out
 
 
+#: Open MPI 5.0.11's mpirun after it ended a job that lost a node (docs/mpi.md): the ranks are gone,
+#: dimd wrote nothing, and the launcher's exit status is 0.
+LAUNCHER_LOST_A_NODE = """#!/usr/bin/env bash
+[[ ${1:-} == --version ]] && { echo "mpirun (Open MPI) 5.0.11"; exit 0; }
+echo "PRTE has lost communication with a remote daemon." >&2
+exit 0
+"""
+TRAIN_JOBS = {"slurm/train.sbatch": ("srun", {"SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "test", "SLURM_NTASKS": "2"}),
+              "lsf/train.lsf": ("mpirun", {"LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "2"})}
+
+
+def run_train_job(script: str, tmp: Path, launcher_text: str, *args: str) -> subprocess.CompletedProcess:
+    launcher, scheduler_env = TRAIN_JOBS[script]
+    fake = tmp / "fakebin"
+    fake.mkdir(exist_ok=True)
+    (fake / launcher).write_text(launcher_text)
+    (fake / launcher).chmod(0o755)
+    env = {**os.environ, **dimd_on_path(fake), **scheduler_env, "OUT": str(tmp), "RUN_DIR": str(tmp / "run")}
+    data = [str(tmp)] if script.startswith("slurm/") else []   # the LSF job reads OUT
+    return subprocess.run(["bash", str(BIN / script), *data, *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("script", TRAIN_JOBS)
+def test_a_train_job_fails_when_its_launcher_exits_0_but_dimd_did_not_finish(script, tmp_path):
+    proc = run_train_job(script, tmp_path, LAUNCHER_LOST_A_NODE)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"the launcher exited 0 but {tmp_path / 'run' / 'train.json'} is missing" in proc.stderr
+
+
+@pytest.mark.parametrize("script", TRAIN_JOBS)
+def test_a_train_job_keeps_its_own_json(script, tmp_path):
+    proc = run_train_job(script, tmp_path, "#!/bin/sh\nexit 0\n", "--json=mine.json")
+    assert proc.returncode == 2 and "--json is this script's own" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("script", ["slurm/train.sbatch", "slurm/pack.sbatch", "lsf/train.lsf",
                                     "lsf/pack.lsf", "pipeline.sh"])
 def test_jobs_say_when_dimd_is_not_on_path(script, tmp_path):
