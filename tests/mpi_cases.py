@@ -888,6 +888,70 @@ def sma_losses_around_a_reshuffle(data: str) -> None:
     DistributedStore.shuffle = shuffle  # type: ignore[method-assign]
 
 
+#: The communicator methods that wait for other ranks.
+COMMUNICATING = frozenset({
+    "Allgather", "Allgatherv", "Allreduce", "Alltoall", "Alltoallv", "Alltoallw", "Barrier", "Bcast", "Gather",
+    "Gatherv", "Iallreduce", "Ialltoallv", "Ibarrier", "Ibcast", "Irecv", "Isend", "Recv", "Reduce", "Scatter",
+    "Scatterv", "Send", "Sendrecv", "allgather", "allreduce", "alltoall", "barrier", "bcast", "gather", "irecv",
+    "isend", "recv", "reduce", "scatter", "send", "sendrecv"})
+
+
+class WatchedComm:
+    """``comm``, noting for every communicating call whether ``watchdog`` (once set) had it marked as a wait."""
+
+    def __init__(self, comm: Any) -> None:
+        self._comm = comm
+        self.watchdog: Any = None
+        self.calls: list[tuple[str, bool]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._comm, name)
+        if name not in COMMUNICATING:
+            return attribute
+
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            if self.watchdog is not None:
+                self.calls.append((name, self.watchdog._what is not None))
+            return attribute(*args, **kwargs)
+
+        return noted
+
+
+@case
+def every_wait_of_training_is_watched(data: str) -> None:
+    """Training runs (shuffles, evaluations, checkpoints; S-SGD, then SMA) make no call that waits for the
+    other ranks outside the stall watchdog's marked waits: a peer lost there would hang the job for ever.
+    (The allreduce algorithms talk on a private duplicate of the communicator, inside the marked step.)
+
+    Each rank prints, per run, its count of communicating calls and those not marked::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py every_wait_of_training_is_watched colours
+        -> {"sync": "ssgd", "rank": 0, "calls": 11, "unwatched": []}
+    """
+    import shutil
+    import tempfile
+
+    from dimd.train.config import TrainConfig
+    from dimd.train.engine import Trainer
+
+    comm = world("serialized")
+    for sync in ("ssgd", "sma"):
+        folder = comm.bcast(tempfile.mkdtemp(prefix="dimd-watched-") if comm.Get_rank() == 0 else None)
+        config = TrainConfig(train=data, val=data, model="lenet", image_size=16, epochs=2, batch_size=4, lr=0.05,
+                             decode_workers=1, threads=1, allreduce="ring", sync=sync, checkpoint_dir=folder,
+                             shuffle_every=2)
+        watched = WatchedComm(comm)
+        trainer = Trainer(config, watched)
+        watched.watchdog = trainer.watchdog   # from here on every wait belongs to the run
+        trainer.run()
+        watched.watchdog = None
+        unwatched = sorted({name for name, marked in watched.calls if not marked})
+        say(json.dumps({"sync": sync, "rank": comm.Get_rank(), "calls": len(watched.calls), "unwatched": unwatched}))
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            shutil.rmtree(folder)
+
+
 # -- plan-batch: the gradient noise scale and the convergence step ---------------------------
 
 @case

@@ -1,12 +1,15 @@
 """The stall watchdog notices a wait for the other ranks that outlasts its timeout (dimd.stall).
 
 The whole job it ends is tested on real ranks (test_mpi_setup.py) and across two hosts, one of them
-cut off (tests/multihost/); here its clock is a counter the test moves by hand.
+cut off (tests/multihost/); here its clock is a counter the test moves by hand, and a real 2-rank
+training run shows that each of its waits for the other ranks is one the watchdog sees.
 """
 
+import json
 import threading
 
 import pytest
+from conftest import mpi_run
 
 from dimd.errors import DimdError
 from dimd.stall import StallWatchdog
@@ -70,3 +73,12 @@ def test_the_watchdog_thread_calls_on_stall_once():
 def test_a_negative_stall_timeout_is_refused():
     with pytest.raises(DimdError, match="stall_timeout"):
         TrainConfig(train="t", val="v", stall_timeout=-1)
+
+
+@pytest.mark.mpi
+def test_every_wait_of_a_training_run_is_watched(colour_set):
+    """A collective outside the marked waits is where a lost peer would hang the job past any timeout."""
+    proc = mpi_run("every_wait_of_training_is_watched", 2, str(colour_set), timeout=240, check=True)
+    runs = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert {(run["sync"], run["rank"]) for run in runs} == {(s, r) for s in ("ssgd", "sma") for r in (0, 1)}
+    assert all(run["calls"] > 0 and run["unwatched"] == [] for run in runs), runs

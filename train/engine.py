@@ -344,13 +344,15 @@ class Trainer:
                         self.finish_epoch()
                 if self.stopped_by is not None and self.stopped_by != "target":
                     self.save()
+                with self.watchdog.waiting("the check that the replicas agree"):
+                    replicas_identical = self.strategy.identical(self.comm)   # MPI: the ranks' models agree
         finally:
             self.loader.close()
             self.val_loader.close()
             if self.calibration is not None:
                 self.calibration.close()
             self.strategy.close()
-        return self.result()
+        return self.result(replicas_identical)
 
     def train_epoch(self) -> None:
         """Train the rest of the current epoch: steps while the rank has a batch for every learner."""
@@ -412,11 +414,12 @@ class Trainer:
         state = self.state
         evaluation = self.evaluate()
         state.epoch += 1
-        state.history.append(self.epoch_metrics(evaluation))
+        first = not self.memory
+        with self.watchdog.waiting(f"the figures of epoch {state.epoch}"):
+            state.history.append(self.epoch_metrics(evaluation))   # MPI: the time split averaged over ranks
+            self.memory = gather_rank_memory(self.comm, self.loader.worker_pids)   # MPI: each rank's, the store once
         self.record_evaluation(evaluation)
         state.tally = EpochTally()
-        first = not self.memory
-        self.memory = gather_rank_memory(self.comm, self.loader.worker_pids)   # MPI: each rank's, the store once
         if first:
             self.hooks.on_event(describe_ranks(self.memory))
         self.save()
@@ -437,7 +440,8 @@ class Trainer:
         path = self.resume_path
         if path is None:
             return
-        self.state, notes = restore_run(self, path)
+        with self.watchdog.waiting(f"the resume from {path}"):
+            self.state, notes = restore_run(self, path)   # MPI: the store's shuffle replayed
         self.resumed_from = path
         self.hooks.on_event(f"resumed from {path} at epoch {self.state.epoch}, step {self.state.step} "
                             f"(run {self.state.run_id})")
@@ -538,7 +542,7 @@ class Trainer:
             learners_per_rank=self.strategy.learners, alpha=strategy.get("alpha"),
             synchronisations=tally.synchronisations, **{k: strategy[k] for k in NOISE_FIELDS if k in strategy})
 
-    def result(self) -> TrainResult:
+    def result(self, replicas_identical: bool) -> TrainResult:
         figures = self.strategy.figures()
         schedule = self.schedule
         result = TrainResult(
@@ -553,7 +557,7 @@ class Trainer:
             epochs=self.state.history, evaluations=self.state.evaluations, resumed_from=self.resumed_from,
             stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads,
             run_id=self.state.run_id, memory=self.memory)
-        result.replicas_identical = self.strategy.identical(self.comm)   # MPI: the ranks' models agree
+        result.replicas_identical = replicas_identical
         result.seconds = time.perf_counter() - self.started
         return result
 
