@@ -17,7 +17,8 @@
 #   MODEL=resnet50 IMAGE_SIZE=224 EPOCHS=90 BATCH_SIZE=64 LR=0.1
 #   STEPS="pack shuffle bench train"  the steps to run, in this order
 #
-# Every step writes its outputs under WORKDIR; a step that fails stops the pipeline.
+# Every step writes its outputs under WORKDIR; a step that fails stops the pipeline, and so does an MPI
+# step whose launcher exits 0 though dimd did not write the step's JSON (its last act).
 set -euo pipefail
 
 if [[ $# -lt 3 ]]; then
@@ -48,12 +49,32 @@ for s in $STEPS; do   # every name checked before the first step runs: a typo co
     }
 done
 
+for arg in "$@"; do   # the extra `dimd train` options
+    if [[ $arg == --json || $arg == --json=* ]]; then
+        echo "pipeline.sh: --json is this script's own ($work/train.json: it shows the step ended); leave it out" >&2
+        exit 2
+    fi
+done
+
 command -v "${DIMD%% *}" >/dev/null || {
     echo "pipeline.sh: '${DIMD%% *}' is not on PATH; activate dimd's environment (or set DIMD)" >&2
     exit 127
 }
 mkdir -p "$work"
 step() { printf '\n== %s ==\n' "$*"; }
+# An MPI step, `mpi_step OUT.json dimd ... --json OUT.json`: dimd writes OUT.json at the step's end only, and
+# the launcher's status 0 alone does not prove that end came (Open MPI 5's mpirun exits 0 after it ended a
+# job that lost a node; docs/mpi.md).
+mpi_step() {
+    local out=$1
+    shift
+    rm -f "$out"
+    "${launch[@]}" "$@"
+    if [[ ! -f $out ]]; then
+        echo "pipeline.sh: the launcher exited 0 but $out is missing (it is written at the step's end): the step did not end normally" >&2
+        exit 1
+    fi
+}
 workers=()
 [[ -n ${PACK_WORKERS:-} ]] && workers=(--workers "$PACK_WORKERS")
 
@@ -72,16 +93,17 @@ for s in $STEPS; do
         ;;
     shuffle)
         step "shuffle --verify on $NP ranks"
-        "${launch[@]}" $DIMD shuffle "$work/train" --rounds 3 --verify --json "$work/shuffle.json"
+        mpi_step "$work/shuffle.json" $DIMD shuffle "$work/train" --rounds 3 --verify --json "$work/shuffle.json"
         ;;
     bench)
         step "bench-allreduce --check on $NP ranks"
-        "${launch[@]}" $DIMD bench-allreduce --check --max-bytes 4M --factor 4 --json "$work/allreduce.json"
+        mpi_step "$work/allreduce.json" $DIMD bench-allreduce --check --max-bytes 4M --factor 4 \
+            --json "$work/allreduce.json"
         ;;
     train)
         step "train $MODEL on $NP ranks"
         [[ ${FRESH:-0} == 1 ]] && rm -rf "$work/checkpoints" "$work/metrics.jsonl"
-        "${launch[@]}" $DIMD train "$work/train" --val "$work/val" --model "$MODEL" \
+        mpi_step "$work/train.json" $DIMD train "$work/train" --val "$work/val" --model "$MODEL" \
             --image-size "$IMAGE_SIZE" --epochs "$EPOCHS" --batch-size "$BATCH_SIZE" --lr "$LR" \
             --checkpoint-dir "$work/checkpoints" --resume \
             --metrics "$work/metrics.jsonl" --json "$work/train.json" "$@"

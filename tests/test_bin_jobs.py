@@ -206,11 +206,32 @@ def test_a_train_job_fails_when_its_launcher_exits_0_but_dimd_did_not_finish(scr
     assert f"the launcher exited 0 but {tmp_path / 'run' / 'train.json'} is missing" in proc.stderr
 
 
+def test_the_pipeline_stops_when_a_launcher_exits_0_but_dimd_did_not_finish(tmp_path):
+    launcher = tmp_path / "fakebin" / "mpirun"
+    launcher.parent.mkdir()
+    launcher.write_text(LAUNCHER_LOST_A_NODE)
+    launcher.chmod(0o755)
+    env = {**os.environ, **dimd_on_path(launcher.parent), "LAUNCH": f"{launcher} -n 2", "STEPS": "bench train"}
+    proc = subprocess.run(["bash", str(BIN / "pipeline.sh"), str(tmp_path), str(tmp_path), str(tmp_path / "work")],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"the launcher exited 0 but {tmp_path / 'work' / 'allreduce.json'} is missing" in proc.stderr
+    assert "== train" not in proc.stdout       # the next step never starts
+
+
 @pytest.mark.parametrize("script", TRAIN_JOBS)
 def test_a_train_job_keeps_its_own_json(script, tmp_path):
     proc = run_train_job(script, tmp_path, "#!/bin/sh\nexit 0\n", "--json=mine.json")
     assert proc.returncode == 2 and "--json is this script's own" in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_pipeline_keeps_its_own_json(tmp_path):
+    proc = subprocess.run(["bash", str(BIN / "pipeline.sh"), str(tmp_path), str(tmp_path), str(tmp_path / "work"),
+                           "--json", "mine.json"], env={**os.environ, **dimd_on_path(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--json is this script's own" in proc.stderr, proc.stderr
+    assert not (tmp_path / "work").exists()
 
 
 @pytest.mark.parametrize("script", ["slurm/train.sbatch", "slurm/pack.sbatch", "lsf/train.lsf",
