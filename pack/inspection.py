@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from dimd.format import PackedDataset, crc32
-from dimd.pack.process_pool import ending_within_deadline
+from dimd.pack.process_pool import worker_pool
 
 Advance = Callable[[int], None]
 
@@ -89,10 +89,7 @@ def verify(out: str | os.PathLike, *, workers: int = 1, decode: bool = True,
             if advance:
                 advance(stop - start)
     else:
-        import multiprocessing
-
-        context = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
-        with ending_within_deadline(context.Pool(workers, _open_in_worker, (str(ds.data_path),))) as pool:
+        with worker_pool(workers, _open_in_worker, (str(ds.data_path),)) as pool:
             args = [(start, stop, decode) for start, stop in spans]
             for (start, stop), found in zip(spans, pool.imap(_check_in_worker, args)):
                 problems.extend(found)

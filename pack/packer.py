@@ -20,7 +20,7 @@ from dimd.format import PackedRecord, PackWriter, dataset_paths, escape_name
 from dimd.host import available_cores
 from dimd.pack.config import PackConfig
 from dimd.pack.labels import LabelBound, numbered_classes
-from dimd.pack.process_pool import ending_within_deadline
+from dimd.pack.process_pool import worker_pool
 from dimd.pack.sources import Source, Task, open_source
 
 #: A file larger than this is not read as an image (a 1 GiB JPEG would be ~ 10^9 pixels).
@@ -129,13 +129,10 @@ def _processed(source: Source, config: PackConfig, workers: int) -> Generator[tu
         _init_worker(*settings)
         yield from map(process_task, source.tasks())
         return
-    import multiprocessing
-
     _preload_imaging()  # once here, not once per forked worker
     # Bound the tasks in flight: the pool's feeder thread would otherwise read a whole LMDB ahead.
     throttle = _Throttle(workers * config.chunksize * 4)
-    context = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
-    with ending_within_deadline(context.Pool(workers, _init_pool_worker, settings)) as pool:
+    with worker_pool(workers, _init_pool_worker, settings) as pool:
         try:
             for item in pool.imap(process_task, throttle.feed(source.tasks()), config.chunksize):
                 throttle.release()

@@ -1,4 +1,4 @@
-"""A process pool whose teardown cannot hang: ``dimd pack`` and ``dimd verify`` end theirs through it.
+"""The worker pool of ``dimd pack`` and ``dimd verify``: forked processes, and a teardown that cannot hang.
 
 ``multiprocessing.Pool.terminate()`` kills the workers and then joins the
 pool's task thread. When a worker is killed while it holds the result queue's
@@ -13,17 +13,22 @@ outputs.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import threading
 from multiprocessing.pool import Pool
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 #: How long a pool's teardown may take before its workers are killed.
 TEARDOWN_S = 5.0
 
 
 @contextlib.contextmanager
-def ending_within_deadline(pool: Pool) -> Iterator[Pool]:
-    """``with Pool(...) as pool``, except that leaving the block takes at most :data:`TEARDOWN_S`."""
+def worker_pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> Iterator[Pool]:
+    """``with Pool(workers, initializer, initargs) as pool``, forked where the OS can (the parent's imports
+    come for free), except that leaving the block takes at most :data:`TEARDOWN_S`."""
+    context = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+    pool = context.Pool(workers, initializer, initargs)
     try:
         yield pool
     finally:
