@@ -11,20 +11,24 @@ check runs separately on values with a known sum.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 import numpy as np
 
 from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, STANDALONE, SUPPORTED_DTYPES, AllreduceError,
                                 allreduce, get_algorithm)
-from dimd.checks import at_least, one_of, require
+from dimd.checks import at_least, finite, one_of, require
+from dimd.stall import STALL_TIMEOUT_S, watch_job
 
 DTYPE_NAMES = tuple(d.name for d in SUPPORTED_DTYPES)
 PEERS = ("gloo",)  # torch.distributed backends timed in the same job
 
 #: An allreduce under test: sums a 1-D array in place across the job.
 Reducer = Callable[[np.ndarray], None]
+#: Marks a wait for the other ranks, named (a :class:`dimd.stall.StallWatchdog`'s ``waiting``).
+Waiting = Callable[[str], ContextManager[None]]
 
 _AUTO_BUDGET_BYTES = 128 << 20  # default iterations move about this much per row
 
@@ -136,8 +140,12 @@ def bandwidths(nbytes: int, seconds: float, size: int) -> tuple[float, float]:
 
 def sweep(comm: Any, reducers: dict[str, Reducer], sizes: Iterable[int], dtype: np.dtype, *,
           iters: int | None = None, warmup: int | None = None, check: bool = False,
-          on_row: Callable[[Row], None] | None = None) -> list[Row]:
-    """Time every reducer at every size (size-major, so drift hits all alike); return the rows."""
+          on_row: Callable[[Row], None] | None = None, waiting: Waiting = lambda what: contextlib.nullcontext(),
+          ) -> list[Row]:
+    """Time every reducer at every size (size-major, so drift hits all alike); return the rows.
+
+    Each (size, reducer) is one wait for the other ranks, marked with ``waiting``.
+    """
     dtype = np.dtype(dtype)
     size = comm.Get_size()
     rows: list[Row] = []
@@ -148,9 +156,10 @@ def sweep(comm: Any, reducers: dict[str, Reducer], sizes: Iterable[int], dtype: 
         n_warmup = warmup if warmup is not None else auto_warmup(n_iters)
         baseline = None
         for name, run in reducers.items():
-            wrong = count_wrong(run, count, dtype, comm) if check else None
-            buf.fill(0)
-            avg, low, high = time_reducer(run, buf, comm, n_iters, n_warmup)
+            with waiting(f"{name}'s allreduce of {count * dtype.itemsize} bytes"):
+                wrong = count_wrong(run, count, dtype, comm) if check else None
+                buf.fill(0)
+                avg, low, high = time_reducer(run, buf, comm, n_iters, n_warmup)
             if name == "mpi":
                 baseline = avg
             algbw, busbw = bandwidths(count * dtype.itemsize, avg, size)
@@ -211,6 +220,7 @@ class BenchConfig:
     check: bool = False
     peer: str | None = None      # "gloo": also time torch.distributed all_reduce
     extra_sizes: tuple[int, ...] = ()  # message sizes to add to the sweep (e.g. a model's gradients)
+    stall_timeout: float = STALL_TIMEOUT_S   # seconds a rank waits for the others in a row; 0: forever
 
     def __post_init__(self) -> None:
         for name in self.algorithms:
@@ -233,6 +243,8 @@ class BenchConfig:
                 f"(got {self.min_bytes}): a row is labelled with the bytes it reduces")
         require(all(size >= 0 for size in self.extra_sizes), "extra_sizes",
                 f"must be sizes of at least 0 bytes (got {list(self.extra_sizes)})")
+        at_least(self, "stall_timeout", 0)
+        finite(self, "stall_timeout")
 
     def sizes(self) -> list[int]:
         """The sweep's sizes (-b, x -f, ... up to -e) and the extra ones, in increasing order."""
@@ -279,6 +291,8 @@ def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | No
     Refused on every rank, before anything is allocated, when the largest
     message does not fit the node's available memory per rank (:func:`check_memory`);
     ``on_start`` runs once it is accepted, before the first row (a table's header).
+    A row that waits longer than ``config.stall_timeout`` for the other ranks
+    ends the job with a line naming it (:mod:`dimd.stall`).
     """
     check_memory(config, comm)
     if on_start is not None:
@@ -292,8 +306,9 @@ def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | No
         reducers["gloo"], close = gloo_reducer(comm)
         closers.append(close)
     try:
-        rows = sweep(comm, reducers, config.sizes(), np.dtype(config.dtype), iters=config.iters,
-                     warmup=config.warmup, check=config.check, on_row=on_row)
+        with watch_job(comm, config.stall_timeout) as watchdog:   # MPI: a lost peer ends the job, not hangs it
+            rows = sweep(comm, reducers, config.sizes(), np.dtype(config.dtype), iters=config.iters,
+                         warmup=config.warmup, check=config.check, on_row=on_row, waiting=watchdog.waiting)
     finally:
         for close in closers:
             close()

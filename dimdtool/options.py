@@ -345,6 +345,13 @@ def json_option(what: str = "the figures") -> Callable[[F], F]:
                              "MPI set-up, git commit, date; the figures under 'result').")
 
 
+def stall_timeout_option(config_cls: type, waits: str) -> Callable[[F], F]:
+    """``--stall-timeout SECONDS`` of every MPI command; ``waits`` names the command's waits for the others."""
+    return config_option(config_cls, "stall_timeout", metavar="SECONDS",
+                         help=f"A rank that waits this long for the others in {waits} ends the job with a line "
+                              "naming it (a peer's host may be gone; docs/mpi.md); 0: wait forever.")
+
+
 def quiet_option() -> Callable[[F], F]:
     return click.option("-q", "--quiet", is_flag=True, help="No progress output; only results and errors.")
 

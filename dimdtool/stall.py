@@ -33,6 +33,9 @@ from dimd.mpi import FORWARD_GRACE_S
 
 #: After MPI_Abort: a rank whose abort cannot reach its launcher (the host is cut off) ends by itself.
 _EXIT_AFTER_ABORT_S = 3.0
+#: How long a rank of an MPI command waits for the others by default (their `stall_timeout`): long enough
+#: for a rank's lead over the slowest, or rank 0's checkpoint write, short of a batch job's time limit.
+STALL_TIMEOUT_S = 600.0
 
 
 class StallWatchdog:
@@ -95,6 +98,15 @@ class StallWatchdog:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+def watch_job(comm: Any, timeout: float) -> StallWatchdog:
+    """The watchdog of a job on ``comm`` that ends it (:func:`job_ender`); off for one rank, who waits for nobody.
+
+    Build it in the main thread (see :func:`job_ender`); enter it once the
+    waits that may legitimately take any time (the load's reads) are over.
+    """
+    return StallWatchdog(timeout if comm.Get_size() > 1 else 0, job_ender(comm))
 
 
 def job_ender(comm: Any, code: int = 1) -> Callable[[str], None]:

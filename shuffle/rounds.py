@@ -14,8 +14,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dimd.checks import at_least, positive
+from dimd.checks import at_least, finite, positive
 from dimd.host import resident_memory
+from dimd.stall import STALL_TIMEOUT_S, watch_job
 from dimd.shuffle.store import DistributedStore
 from dimd.shuffle.verify import check_group
 
@@ -29,12 +30,15 @@ class ShuffleConfig:
     verify: bool = False
     save_order: Path | None = None
     memory_limit: int | None = None   # bytes per rank
+    stall_timeout: float = STALL_TIMEOUT_S   # seconds a rank waits for the others after the load; 0: forever
 
     def __post_init__(self) -> None:
         at_least(self, "groups", 1)
         at_least(self, "rounds", 0)
         at_least(self, "seed", 0)
         positive(self, "memory_limit", optional=True)
+        at_least(self, "stall_timeout", 0)
+        finite(self, "stall_timeout")
 
 
 @dataclass(frozen=True)
@@ -93,40 +97,58 @@ class ShuffleRun:
 def run_shuffle(config: ShuffleConfig, comm: Any, *, advance_load: Callable[[int], None] | None = None,
                 on_load: Callable[[ShuffleRun], None] | None = None,
                 on_round: Callable[[RoundFigures], None] | None = None) -> ShuffleRun:
-    """Collective: load ``config.dataset`` over ``comm``, then shuffle it ``config.rounds`` times."""
-    from mpi4py import MPI
+    """Collective: load ``config.dataset`` over ``comm``, then shuffle it ``config.rounds`` times.
 
+    After the load (whose reads may lag each other by any time), every wait for
+    the other ranks is watched: one that outlasts ``config.stall_timeout`` ends
+    the job with a line naming it (:mod:`dimd.stall`).
+    """
     comm.Barrier()
     store = DistributedStore.load(config.dataset, comm, config.groups, config.memory_limit,
                                   advance=advance_load)
     if config.save_order is not None:
         os.makedirs(config.save_order, exist_ok=True)
-    verified = False
+    with watch_job(comm, config.stall_timeout) as watchdog:   # MPI: a lost peer ends the job, not hangs it
+        with watchdog.waiting("the figures of the load"):
+            run = _load_figures(config, store, comm)
+        if on_load is not None:
+            on_load(run)
+        for r in range(config.rounds):
+            with watchdog.waiting(f"the shuffle of round {r}"):
+                figures = _shuffle_round(config, store, comm, r)
+            run.rounds.append(figures)
+            if on_round is not None:
+                on_round(figures)
+    return run
+
+
+def _load_figures(config: ShuffleConfig, store: DistributedStore, comm: Any) -> ShuffleRun:
+    """Collective: the load's figures over the job, after the optional check that no record was lost."""
+    from mpi4py import MPI
+
     if config.verify:
         check_group(store, "the load")
-        verified = True
-    run = ShuffleRun(config=config, world_size=comm.Get_size(), groups=config.groups,
-                     group_size=store.group_comm.Get_size(), records=store.total,
-                     data_bytes=int(comm.allreduce(store.nbytes) // config.groups),
-                     load_seconds=comm.allreduce(store.load_stats.seconds, op=MPI.MAX),
-                     load_reads=comm.allreduce(store.load_stats.reads),
-                     load_resident_bytes=comm.allgather(resident_memory()), load_verified=verified)
-    if on_load is not None:
-        on_load(run)
-    for r in range(config.rounds):
-        comm.Barrier()
-        stats = store.shuffle(config.seed, r)
-        if config.save_order is not None:
-            np.save(Path(config.save_order) / f"round{r}_rank{comm.Get_rank()}.npy", store.global_index)
-        if config.verify:
-            check_group(store, f"round {r}")
-        seconds = comm.allreduce(stats.seconds, op=MPI.MAX)
-        moved = comm.allreduce(stats.bytes_sent)
-        figures = RoundFigures(round=r, seconds=seconds, records_moved=comm.allreduce(stats.records_sent),
-                               bytes_moved=moved, gb_per_s=moved / seconds / 1e9 if seconds > 0 else 0.0,
-                               resident_bytes=comm.allgather(resident_memory()),
-                               records_held=comm.allgather(stats.records_held), verified=config.verify)
-        run.rounds.append(figures)
-        if on_round is not None:
-            on_round(figures)
-    return run
+    return ShuffleRun(config=config, world_size=comm.Get_size(), groups=config.groups,
+                      group_size=store.group_comm.Get_size(), records=store.total,
+                      data_bytes=int(comm.allreduce(store.nbytes) // config.groups),
+                      load_seconds=comm.allreduce(store.load_stats.seconds, op=MPI.MAX),
+                      load_reads=comm.allreduce(store.load_stats.reads),
+                      load_resident_bytes=comm.allgather(resident_memory()), load_verified=config.verify)
+
+
+def _shuffle_round(config: ShuffleConfig, store: DistributedStore, comm: Any, r: int) -> RoundFigures:
+    """Collective: shuffle round ``r`` (timed from a barrier), save and check it as asked, its figures over the job."""
+    from mpi4py import MPI
+
+    comm.Barrier()
+    stats = store.shuffle(config.seed, r)
+    if config.save_order is not None:
+        np.save(Path(config.save_order) / f"round{r}_rank{comm.Get_rank()}.npy", store.global_index)
+    if config.verify:
+        check_group(store, f"round {r}")
+    seconds = comm.allreduce(stats.seconds, op=MPI.MAX)
+    moved = comm.allreduce(stats.bytes_sent)
+    return RoundFigures(round=r, seconds=seconds, records_moved=comm.allreduce(stats.records_sent),
+                        bytes_moved=moved, gb_per_s=moved / seconds / 1e9 if seconds > 0 else 0.0,
+                        resident_bytes=comm.allgather(resident_memory()),
+                        records_held=comm.allgather(stats.records_held), verified=config.verify)

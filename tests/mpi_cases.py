@@ -897,12 +897,41 @@ COMMUNICATING = frozenset({
 
 
 class WatchedComm:
-    """``comm``, noting for every communicating call whether ``watchdog`` (once set) had it marked as a wait."""
+    """``comm``, noting for every communicating call made while a stall watchdog runs whether it was marked a wait.
+
+    Use it as a context manager: inside, :class:`dimd.stall.StallWatchdog` tells it when one runs.
+    """
 
     def __init__(self, comm: Any) -> None:
         self._comm = comm
-        self.watchdog: Any = None
         self.calls: list[tuple[str, bool]] = []
+        self._running: list[Any] = []
+
+    def __enter__(self) -> "WatchedComm":
+        from dimd.stall import StallWatchdog
+
+        enter, leave, running = StallWatchdog.__enter__, StallWatchdog.__exit__, self._running
+        self._restore = enter, leave
+
+        def entered(watchdog: Any) -> Any:
+            running.append(watchdog)
+            return enter(watchdog)
+
+        def left(watchdog: Any, *exc: object) -> None:
+            running.remove(watchdog)
+            leave(watchdog, *exc)
+
+        StallWatchdog.__enter__, StallWatchdog.__exit__ = entered, left  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from dimd.stall import StallWatchdog
+
+        StallWatchdog.__enter__, StallWatchdog.__exit__ = self._restore  # type: ignore[method-assign]
+
+    def unwatched(self) -> list[str]:
+        """The names of the calls made outside every marked wait."""
+        return sorted({name for name, marked in self.calls if not marked})
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._comm, name)
@@ -910,8 +939,8 @@ class WatchedComm:
             return attribute
 
         def noted(*args: Any, **kwargs: Any) -> Any:
-            if self.watchdog is not None:
-                self.calls.append((name, self.watchdog._what is not None))
+            if self._running:
+                self.calls.append((name, any(watchdog._what is not None for watchdog in self._running)))
             return attribute(*args, **kwargs)
 
         return noted
@@ -940,16 +969,34 @@ def every_wait_of_training_is_watched(data: str) -> None:
         config = TrainConfig(train=data, val=data, model="lenet", image_size=16, epochs=2, batch_size=4, lr=0.05,
                              decode_workers=1, threads=1, allreduce="ring", sync=sync, checkpoint_dir=folder,
                              shuffle_every=2)
-        watched = WatchedComm(comm)
-        trainer = Trainer(config, watched)
-        watched.watchdog = trainer.watchdog   # from here on every wait belongs to the run
-        trainer.run()
-        watched.watchdog = None
-        unwatched = sorted({name for name, marked in watched.calls if not marked})
-        say(json.dumps({"sync": sync, "rank": comm.Get_rank(), "calls": len(watched.calls), "unwatched": unwatched}))
+        with WatchedComm(comm) as watched:
+            Trainer(config, watched).run()
+        say(json.dumps({"run": sync, "rank": comm.Get_rank(), "calls": len(watched.calls),
+                        "unwatched": watched.unwatched()}))
         comm.Barrier()
         if comm.Get_rank() == 0:
             shutil.rmtree(folder)
+
+
+@case
+def every_wait_of_shuffle_and_bench_allreduce_is_watched(data: str) -> None:
+    """``dimd shuffle`` after its load (verified) and ``dimd bench-allreduce`` (checked, every standalone
+    algorithm) make no call that waits for the other ranks outside a marked wait.
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py every_wait_of_shuffle_and_bench_allreduce_is_watched colours
+        -> {"run": "shuffle", "rank": 0, "calls": 12, "unwatched": []}
+    """
+    from dimd.allreduce.bench import BenchConfig, run_bench
+    from dimd.shuffle.rounds import ShuffleConfig, run_shuffle
+
+    comm = world("serialized")
+    runs = {"shuffle": lambda c: run_shuffle(ShuffleConfig(dataset=data, rounds=2, verify=True), c),
+            "bench-allreduce": lambda c: run_bench(BenchConfig(max_bytes=4096, factor=64, iters=2, check=True), c)}
+    for name, run in runs.items():
+        with WatchedComm(comm) as watched:
+            run(watched)
+        say(json.dumps({"run": name, "rank": comm.Get_rank(), "calls": len(watched.calls),
+                        "unwatched": watched.unwatched()}))
 
 
 # -- plan-batch: the gradient noise scale and the convergence step ---------------------------

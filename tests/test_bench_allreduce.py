@@ -23,7 +23,7 @@ def test_checked_sweep_of_every_algorithm_writes_table_and_json(tmp_path):
 
     doc = json.loads(out.read_text())
     assert doc["command"] == "bench-allreduce" and doc["result"]["world_size"] == 2
-    assert doc["mpi"]["thread_level_provided"] == "single"
+    assert doc["mpi"]["thread_level_provided"] == "serialized"
     assert "progress_throttle" in doc["mpi"] and doc["versions"]["mpi"].startswith(("MPICH", "Open MPI"))
     assert doc["versions"]["mpi"] == doc["mpi"]["library_version"] and "\0" not in out.read_text()
     assert doc["parameters"]["algorithms"] == list(STANDALONE)

@@ -11,7 +11,9 @@ import threading
 import pytest
 from conftest import mpi_run
 
+from dimd.allreduce.bench import BenchConfig
 from dimd.errors import DimdError
+from dimd.shuffle.rounds import ShuffleConfig
 from dimd.stall import StallWatchdog
 from dimd.train.config import TrainConfig
 
@@ -70,9 +72,13 @@ def test_the_watchdog_thread_calls_on_stall_once():
     assert lines == ["no progress for 6 s in the evaluation's allreduce; a peer may be unreachable"]
 
 
-def test_a_negative_stall_timeout_is_refused():
+@pytest.mark.parametrize("config", [lambda **kw: TrainConfig(train="t", val="v", **kw),
+                                    lambda **kw: ShuffleConfig(dataset="t", **kw), BenchConfig],
+                         ids=["train", "shuffle", "bench-allreduce"])
+@pytest.mark.parametrize("timeout", [-1, float("inf")])
+def test_a_negative_or_endless_stall_timeout_is_refused_by_every_mpi_command(config, timeout):
     with pytest.raises(DimdError, match="stall_timeout"):
-        TrainConfig(train="t", val="v", stall_timeout=-1)
+        config(stall_timeout=timeout)
 
 
 @pytest.mark.mpi
@@ -80,5 +86,16 @@ def test_every_wait_of_a_training_run_is_watched(colour_set):
     """A collective outside the marked waits is where a lost peer would hang the job past any timeout."""
     proc = mpi_run("every_wait_of_training_is_watched", 2, str(colour_set), timeout=240, check=True)
     runs = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert {(run["sync"], run["rank"]) for run in runs} == {(s, r) for s in ("ssgd", "sma") for r in (0, 1)}
+    assert {(run["run"], run["rank"]) for run in runs} == {(s, r) for s in ("ssgd", "sma") for r in (0, 1)}
+    assert all(run["calls"] > 0 and run["unwatched"] == [] for run in runs), runs
+
+
+@pytest.mark.mpi
+def test_every_wait_of_a_shuffle_and_an_allreduce_bench_after_start_up_is_watched(colour_set):
+    """The load's reads may lag each other by any time, so its waits are not watched; everything after is."""
+    proc = mpi_run("every_wait_of_shuffle_and_bench_allreduce_is_watched", 2, str(colour_set), timeout=120,
+                   check=True)
+    runs = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert {(run["run"], run["rank"]) for run in runs} == {(c, r) for c in ("shuffle", "bench-allreduce")
+                                                         for r in (0, 1)}
     assert all(run["calls"] > 0 and run["unwatched"] == [] for run in runs), runs

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dimd.checks import at_least, finite, in_range, one_of, positive, require
+from dimd.stall import STALL_TIMEOUT_S
 from dimd.train.schedule import SCHEDULES
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -67,7 +68,7 @@ class TrainConfig:
     resume_from: str | None = None        # continue from this checkpoint file
     force: bool = False                   # a fresh run deletes an earlier run's checkpoints in checkpoint_dir
     memory_limit: int | None = None       # bytes per rank
-    stall_timeout: float = 600.0          # seconds a rank waits in a collective before it ends the job; 0: forever
+    stall_timeout: float = STALL_TIMEOUT_S  # seconds a rank waits in a collective before it ends the job; 0: forever
     read_from: str = "memory"             # "files"/"files-cold": read each image from its original file
     files_root: str | None = None         # the folder the set was packed from (default: the index's source)
     # Synchronisation: S-SGD, or Crossbow's synchronous model averaging (docs/sma.md).

@@ -38,7 +38,7 @@ import torch
 from dimd.errors import DimdError
 from dimd.mpi import agreed
 from dimd.shuffle.memory import describe_ranks, gather_rank_memory
-from dimd.stall import StallWatchdog, job_ender
+from dimd.stall import watch_job
 from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
 from dimd.train.config import TrainConfig
 from dimd.train.evaluate import EvalResult, local_counts, summarize
@@ -256,7 +256,7 @@ class Trainer:
         self.hooks = hooks or Hooks()
         self.eval_every_images, self.target_top1 = eval_every_images, target_top1
         # MPI: a wait for the other ranks that outlasts `stall_timeout` (a peer's host is gone) ends the job
-        self.watchdog = StallWatchdog(cfg.stall_timeout if self.world > 1 else 0, job_ender(comm))
+        self.watchdog = watch_job(comm, cfg.stall_timeout)
 
         # -- hardware: threads and device
         self.threads, binding = set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks

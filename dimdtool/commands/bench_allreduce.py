@@ -12,7 +12,7 @@ import click
 from dimd.allreduce.api import STANDALONE
 from dimd.allreduce.bench import DTYPE_NAMES, PEERS, BenchConfig
 from dimd.commands.mpi_job import mpi_command
-from dimd.options import SIZE, NameListType, build_config, config_option, json_option
+from dimd.options import SIZE, NameListType, build_config, config_option, json_option, stall_timeout_option
 
 
 def idle_ranks(mpi_setup) -> str:
@@ -65,8 +65,9 @@ def _line(row) -> str:
                    "allreduces it; `dimd train --list-models`).")
 @click.option("--classes", type=click.IntRange(min=2), default=None,
               help="--model's output classes [default: 1000 for ImageNet-style models, 10 for the others].")
+@stall_timeout_option(BenchConfig, "a row (its warm-up and timed loop: raise it for rows that take longer)")
 @json_option("parameters, MPI set-up, versions and every row (rank 0)")
-@mpi_command("single")
+@mpi_command("serialized")   # the stall watchdog's thread may end the job
 def bench_allreduce(json_path: Path | None, model: str | None, classes: int | None, comm, mpi_setup,
                     **fields: Any) -> None:
     """Time allreduce algorithms over message sizes, like nccl-tests and osu_allreduce.

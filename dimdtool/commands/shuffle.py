@@ -9,7 +9,8 @@ from typing import Any
 import click
 
 from dimd.commands.mpi_job import mpi_command
-from dimd.options import OUTPUT_DIR, SIZE, build_config, config_option, json_option, quiet_option
+from dimd.options import (OUTPUT_DIR, SIZE, build_config, config_option, json_option, quiet_option,
+                          stall_timeout_option)
 from dimd.shuffle.rounds import ShuffleConfig
 from dimd.units import format_bytes
 
@@ -34,9 +35,10 @@ def _memory(rss: list[int]) -> str:
                     "DIR/round{r}_rank{k}.npy.")
 @config_option(ShuffleConfig, "memory_limit", type=SIZE, metavar="SIZE",
                help="Refuse to load more than this per rank (e.g. 8G), besides the node's available memory.")
+@stall_timeout_option(ShuffleConfig, "a round's exchange, its check or its figures")
 @json_option("the figures (rank 0)")
 @quiet_option()
-@mpi_command("single")
+@mpi_command("serialized")   # the stall watchdog's thread may end the job
 def shuffle_command(dataset: Path, json_path: Path | None, quiet: bool, comm, mpi_setup,
                     **fields: Any) -> None:
     """Load a packed DATASET into the memory of the MPI ranks and shuffle it between them.

@@ -15,7 +15,8 @@ import click
 
 from dimd.console import progress
 from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
-                          config_option, defer_output_checks, json_option, quiet_option, shared_option)
+                          config_option, defer_output_checks, json_option, quiet_option, shared_option,
+                          stall_timeout_option)
 from dimd.train.config import DECODES, DEVICES, LEARNER_COMPUTES, PRECISIONS, READ_FROM, SYNCS, TrainConfig
 from dimd.train.schedule import SCHEDULES
 
@@ -180,10 +181,7 @@ def print_models() -> None:
 @config_option(TrainConfig, "force",
                help="A fresh run (no --resume) into a --checkpoint-dir that holds an earlier run's "
                     "checkpoints deletes them first (without it such a start is refused).")
-@config_option(TrainConfig, "stall_timeout", metavar="SECONDS",
-               help="A rank that waits this long for the others in a step's allreduce, the shuffle, an "
-                    "evaluation or a checkpoint ends the job with a line naming it (a peer's host may be "
-                    "gone; docs/mpi.md); 0: wait forever.")
+@stall_timeout_option(TrainConfig, "a step's allreduce, the shuffle, an evaluation or a checkpoint")
 @config_option(TrainConfig, "memory_limit", type=SIZE, metavar="SIZE",
                help="Refuse to load more than this per rank (e.g. 8G).")
 @config_option(TrainConfig, "read_from", type=click.Choice(READ_FROM),

@@ -151,22 +151,35 @@ def cut_h2():
         hosts_sh("hosts_link")
 
 
+#: Each MPI command, endless, with the line of its output after which it is in its waits for the other host.
+CUT_OFF_JOBS = {
+    "train": (("train", "{data}", "--val", "{data}", *TRAIN, "--epochs", "200", "--checkpoint-dir", "{tmp}/ckpt"),
+              "thread(s) per rank"),
+    "shuffle": (("shuffle", "{data}", "--rounds", "1000000"), "resident memory per rank"),
+    # rows of about a second at first (a row is one wait: none may outlast the timeout before the cut)
+    "bench-allreduce": (("bench-allreduce", "-a", "ring", "--min-bytes", "8", "--max-bytes", "1M", "--iters",
+                         "10000"), "busbw"),
+}
+
+
 @pytest.mark.skipif(MPI == "openmpi", reason="Open MPI's mpirun (PRRTE) waits for the cut-off host's daemon until "
                     "the kernel drops the connection (949 s here) and then exits 0 (docs/mpi.md)")
-def test_a_host_cut_off_mid_training_ends_the_job_with_one_line(packed_sample, tmp_path, cut_h2):
-    """h2 leaves the network mid-training: no rank or launcher can learn it from MPI, which waits forever.
+@pytest.mark.parametrize("command", CUT_OFF_JOBS)
+def test_a_host_cut_off_mid_job_ends_the_job_with_one_line(packed_sample, tmp_path, cut_h2, command):
+    """h2 leaves the network mid-job: no rank or launcher can learn it from MPI, which waits forever.
     The stall watchdog of the rank on h1 names itself, its host and the wait, and every process ends,
     the launcher on h1 and the proxy and rank on h2 too."""
     before = set(processes_on("h1") + processes_on("h2"))    # none, unless an earlier test left some
-    job = on_hosts("h1,h2", "train", packed_sample, "--val", packed_sample, *TRAIN, "--epochs", "200",
-                   "--stall-timeout", "5", "--checkpoint-dir", tmp_path / "ckpt", popen=True)
+    words, started = CUT_OFF_JOBS[command]
+    args = [word.format(data=packed_sample, tmp=tmp_path) for word in words]
+    job = on_hosts("h1,h2", *args, "--stall-timeout", "5", popen=True)
     seen = []
     try:
-        for line in job.stdout:          # up to the run's header: training starts
+        for line in job.stdout:          # up to the line after which the job waits for the other host
             seen.append(line)
-            if "thread(s) per rank" in line:
+            if started in line:
                 break
-        time.sleep(2)                    # a few steps in
+        time.sleep(2)                    # a few steps, rounds or rows in
         cut_h2()
         out, err = job.communicate(timeout=120)
     finally:
