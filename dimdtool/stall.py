@@ -88,6 +88,7 @@ class StallWatchdog:
                 return
 
     def __enter__(self) -> "StallWatchdog":
+        self._closing.clear()   # a watchdog may watch one run after another
         if self.timeout:
             self._thread = threading.Thread(target=self._watch, name="dimd-stall-watchdog", daemon=True)
             self._thread.start()

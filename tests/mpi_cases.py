@@ -979,19 +979,25 @@ def every_wait_of_training_is_watched(data: str) -> None:
 
 
 @case
-def every_wait_of_shuffle_and_bench_allreduce_is_watched(data: str) -> None:
-    """``dimd shuffle`` after its load (verified) and ``dimd bench-allreduce`` (checked, every standalone
-    algorithm) make no call that waits for the other ranks outside a marked wait.
+def every_wait_of_the_other_mpi_commands_is_watched(data: str) -> None:
+    """``dimd shuffle`` after its load (verified), ``dimd bench-allreduce`` (checked, every standalone
+    algorithm) and ``dimd plan-batch step-time`` (real batches) make no call that waits for the other ranks
+    outside a marked wait. (``plan-batch convergence`` runs dimd train's engine.)
 
-        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py every_wait_of_shuffle_and_bench_allreduce_is_watched colours
-        -> {"run": "shuffle", "rank": 0, "calls": 12, "unwatched": []}
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py every_wait_of_the_other_mpi_commands_is_watched colours
+        -> {"run": "shuffle", "rank": 0, "calls": 19, "unwatched": []}
     """
     from dimd.allreduce.bench import BenchConfig, run_bench
     from dimd.shuffle.rounds import ShuffleConfig, run_shuffle
+    from dimd.train.plan.config import StepTimeConfig
+    from dimd.train.plan.measure import measure_step_times
 
     comm = world("serialized")
+    steps = StepTimeConfig(model="lenet", image_size=16, batch_sizes=(1, 2), steps=2, warmup=1, threads=1,
+                           data=data, decode_workers=1)
     runs = {"shuffle": lambda c: run_shuffle(ShuffleConfig(dataset=data, rounds=2, verify=True), c),
-            "bench-allreduce": lambda c: run_bench(BenchConfig(max_bytes=4096, factor=64, iters=2, check=True), c)}
+            "bench-allreduce": lambda c: run_bench(BenchConfig(max_bytes=4096, factor=64, iters=2, check=True), c),
+            "plan-batch step-time": lambda c: measure_step_times(steps, c)}
     for name, run in runs.items():
         with WatchedComm(comm) as watched:
             run(watched)

@@ -16,6 +16,7 @@ from dimd.errors import DimdError
 from dimd.shuffle.rounds import ShuffleConfig
 from dimd.stall import StallWatchdog
 from dimd.train.config import TrainConfig
+from dimd.train.plan.config import StepTimeConfig
 
 
 class Clock:
@@ -48,6 +49,17 @@ def test_time_between_waits_is_not_a_stall():
         assert watchdog.stalled() is None
 
 
+def test_a_watchdog_watches_one_run_after_another():
+    fired = threading.Event()
+    clock = Clock()
+    watchdog = StallWatchdog(5, lambda line: fired.set(), clock=clock, poll=0.01)
+    with watchdog:
+        pass
+    with watchdog, watchdog.waiting("the barrier before step 1 at 8 images per rank"):
+        clock.now += 6
+        assert fired.wait(30)
+
+
 def test_a_timeout_of_zero_never_reports_and_starts_no_thread():
     clock = Clock()
     watchdog = StallWatchdog(0, lambda line: None, clock=clock)
@@ -73,8 +85,9 @@ def test_the_watchdog_thread_calls_on_stall_once():
 
 
 @pytest.mark.parametrize("config", [lambda **kw: TrainConfig(train="t", val="v", **kw),
-                                    lambda **kw: ShuffleConfig(dataset="t", **kw), BenchConfig],
-                         ids=["train", "shuffle", "bench-allreduce"])
+                                    lambda **kw: ShuffleConfig(dataset="t", **kw), BenchConfig,
+                                    lambda **kw: StepTimeConfig(model="lenet", **kw)],
+                         ids=["train", "shuffle", "bench-allreduce", "plan-batch step-time"])
 @pytest.mark.parametrize("timeout", [-1, float("inf")])
 def test_a_negative_or_endless_stall_timeout_is_refused_by_every_mpi_command(config, timeout):
     with pytest.raises(DimdError, match="stall_timeout"):
@@ -91,11 +104,10 @@ def test_every_wait_of_a_training_run_is_watched(colour_set):
 
 
 @pytest.mark.mpi
-def test_every_wait_of_a_shuffle_and_an_allreduce_bench_after_start_up_is_watched(colour_set):
+def test_every_wait_of_the_other_mpi_commands_after_their_load_is_watched(colour_set):
     """The load's reads may lag each other by any time, so its waits are not watched; everything after is."""
-    proc = mpi_run("every_wait_of_shuffle_and_bench_allreduce_is_watched", 2, str(colour_set), timeout=120,
-                   check=True)
+    proc = mpi_run("every_wait_of_the_other_mpi_commands_is_watched", 2, str(colour_set), timeout=120, check=True)
     runs = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert {(run["run"], run["rank"]) for run in runs} == {(c, r) for c in ("shuffle", "bench-allreduce")
-                                                         for r in (0, 1)}
+    commands = ("shuffle", "bench-allreduce", "plan-batch step-time")
+    assert {(run["run"], run["rank"]) for run in runs} == {(c, r) for c in commands for r in (0, 1)}
     assert all(run["calls"] > 0 and run["unwatched"] == [] for run in runs), runs

@@ -21,7 +21,7 @@ from dimd.commands.mpi_job import mpi_command
 from dimd.commands.train import allreduce_algorithms
 from dimd.console import print_table
 from dimd.options import (INT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config, config_option, json_option,
-                          quiet_option, shared_option)
+                          quiet_option, shared_option, stall_timeout_option)
 from dimd.train.config import DEVICES, TrainConfig
 from dimd.train.plan.config import (POWERS_OF_TWO_TO_1024, CommFitConfig, ConvergenceConfig, SolveConfig,
                                     StepTimeConfig)
@@ -60,9 +60,10 @@ def plan_batch() -> None:
                     "batch; what training sees [default: synthetic inputs, compute only].")
 @shared_option(StepTimeConfig, "decode_workers", when="With --data", default_from=TrainConfig)
 @shared_option(StepTimeConfig, "crop_scale", when="With --data", default_from=TrainConfig)
+@stall_timeout_option(StepTimeConfig, "a step (from its barrier) or a batch size's figures")
 @json_option("c, gamma, M_T and the per-batch medians")
 @quiet_option()
-@mpi_command("funneled")   # only the main thread calls MPI (the loader decodes in worker processes)
+@mpi_command("serialized")   # the stall watchdog's thread may end the job
 def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: Any) -> None:
     """Time forward + backward + optimizer step per batch size and fit Gamma(m) = c + gamma * max(m, M_T).
 
@@ -238,7 +239,7 @@ def _print_comm(figures: dict[str, Any]) -> None:
                help="Validation batch per rank [default: the training batch per rank, at least 128].")
 @json_option("N_inf, alpha, R², every batch's runs (reached or not) and each run's evaluations")
 @quiet_option()
-@mpi_command("funneled")   # only the main thread calls MPI (the loaders decode in worker processes)
+@mpi_command("serialized")   # each run's stall watchdog (dimd train's) may end the job from its thread
 def convergence(train_set: str, val_set: str, json_path: Path | None, quiet: bool, comm, mpi_setup,
                 **values: Any) -> None:
     """Train at each global batch M until validation top-1 first reaches the target; fit N_update = N_inf + alpha/M.

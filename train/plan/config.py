@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dimd.checks import at_least, in_range, one_of, positive, require
+from dimd.checks import at_least, finite, in_range, one_of, positive, require
+from dimd.stall import STALL_TIMEOUT_S
 from dimd.train.config import DEVICES
 #: Delta(P) is predicted for P = 1, 2, 4, ... up to this by default.
 DEFAULT_MAX_RANKS = 1024
@@ -53,6 +54,7 @@ class StepTimeConfig:
     data: str | None = None
     decode_workers: int | None = None   # with ``data``: the loader's processes per rank; None: dimd train's
     crop_scale: float | None = None     # with ``data``: the training crop's smallest area share; None: dimd train's
+    stall_timeout: float = STALL_TIMEOUT_S   # seconds a rank waits for the others in a step; 0: forever
 
     def __post_init__(self) -> None:
         from dimd.train.models import MODELS, image_size_problem
@@ -74,6 +76,8 @@ class StepTimeConfig:
         for name in ("decode_workers", "crop_scale"):
             require(self.data is not None or getattr(self, name) is None, name,
                     "goes with `data` (real batches from the loader)")
+        at_least(self, "stall_timeout", 0)
+        finite(self, "stall_timeout")
 
     @property
     def num_classes(self) -> int:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from dimd.errors import DimdError
+from dimd.stall import watch_job
 from dimd.train.plan.config import StepTimeConfig, default_classes
 
 
@@ -111,42 +112,46 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     agree_or_raise(comm, input_memory_problem(config, available_memory() // node_local_ranks(comm)))
     workers = config.decode_workers or default_decode_workers(comm)   # MPI: the node's cores, shared by its ranks
     per_step, medians = [], []
-    for batch in config.batch_sizes:
-        loader = None
-        if store is not None:   # real batches, the loader's decoding workers running beside the step
-            from dimd.shuffle import BatchLoader
+    with watch_job(comm, config.stall_timeout) as watchdog:   # MPI: a lost peer ends the job, not hangs it
+        for batch in config.batch_sizes:
+            loader = None
+            if store is not None:   # real batches, the loader's decoding workers running beside the step
+                from dimd.shuffle import BatchLoader
 
-            loader = BatchLoader(store, batch, config.image_size, train=True, seed=config.seed,
-                                 workers=workers,
-                                 crop_scale=config.crop_scale or TrainConfig.crop_scale,
-                                 pin_memory=device.type == "cuda")
-            batches = endless(loader)
-        else:
-            images = torch.randint(0, 256, (batch, 3, config.image_size, config.image_size), dtype=torch.uint8)
-            labels = torch.randint(0, classes, (batch,))
-            if device.type == "cuda":
-                images, labels = images.pin_memory(), labels.pin_memory()
-        times = np.empty(config.steps)
-        try:
-            for i in range(config.warmup + config.steps):
-                comm.Barrier()
-                start = time.perf_counter()
+                loader = BatchLoader(store, batch, config.image_size, train=True, seed=config.seed,
+                                     workers=workers,
+                                     crop_scale=config.crop_scale or TrainConfig.crop_scale,
+                                     pin_memory=device.type == "cuda")
+                batches = endless(loader)
+            else:
+                images = torch.randint(0, 256, (batch, 3, config.image_size, config.image_size), dtype=torch.uint8)
+                labels = torch.randint(0, classes, (batch,))
+                if device.type == "cuda":
+                    images, labels = images.pin_memory(), labels.pin_memory()
+            times = np.empty(config.steps)
+            try:
+                for i in range(config.warmup + config.steps):
+                    with watchdog.waiting(f"the barrier before step {i + 1} at {batch} images per rank"):
+                        comm.Barrier()
+                    start = time.perf_counter()
+                    if loader is not None:
+                        images, labels = next(batches)   # the wait for a batch counts, as in training
+                    result = sgd.step([(images, labels)], LR)
+                    if i >= config.warmup:
+                        times[i - config.warmup] = time.perf_counter() - start - result.times.allreduce
+                    advance(1)
+                with watchdog.waiting(f"the figures at {batch} images per rank"):
+                    slowest = np.empty_like(times)
+                    comm.Allreduce(times, slowest, op=MPI.MAX)
+                    rank_medians = comm.allgather(float(np.median(times)))
+            except RuntimeError as exc:   # out of memory at a large batch, most often
+                raise DimdError(f"step-time: {config.model} at {batch} images per rank failed: "
+                                f"{str(exc).splitlines()[0]}") from None
+            finally:
                 if loader is not None:
-                    images, labels = next(batches)   # the wait for a batch counts, as in training
-                result = sgd.step([(images, labels)], LR)
-                if i >= config.warmup:
-                    times[i - config.warmup] = time.perf_counter() - start - result.times.allreduce
-                advance(1)
-        except RuntimeError as exc:   # out of memory at a large batch, most often
-            raise DimdError(f"step-time: {config.model} at {batch} images per rank failed: "
-                            f"{str(exc).splitlines()[0]}") from None
-        finally:
-            if loader is not None:
-                loader.close()
-        slowest = np.empty_like(times)
-        comm.Allreduce(times, slowest, op=MPI.MAX)
-        per_step.append(tuple(slowest.tolist()))
-        medians.append(tuple(float(m) for m in comm.allgather(float(np.median(times)))))
+                    loader.close()
+            per_step.append(tuple(slowest.tolist()))
+            medians.append(tuple(float(m) for m in rank_medians))
     return StepTimes(tuple(config.batch_sizes), tuple(per_step), tuple(medians), comm.Get_size(), threads,
                      str(device), classes, parameter_count(model), gradient_bytes(model),
                      **({} if config.data is None else {
