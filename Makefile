@@ -22,7 +22,7 @@ SIMD_CC := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" |
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile shuffle/_jpeg_region.c
+$(STAMP): pyproject.toml Makefile shuffle/_jpeg_region.c shuffle/_ranges.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install "$(TORCH_SPEC)"
 	@if $(PY) -c "import importlib.metadata as m; m.version('pillow')" 2>/dev/null; then \

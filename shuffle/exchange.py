@@ -9,6 +9,7 @@ MPI libraries), so shares and messages above 2 GiB need no chunking here.
 from __future__ import annotations
 
 import ctypes
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -50,13 +51,36 @@ def _runs(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return starts[first], block_sums(lengths, np.diff(np.concatenate((first, [len(lengths)]))))
 
 
+def _compiled_mover() -> Any:
+    """The compiled range mover (shuffle/_ranges.c), or None where pip could not build it (no C compiler):
+    then one Python call per range moves the same bytes."""
+    try:
+        return importlib.import_module("dimd.shuffle._ranges")
+    except ImportError:
+        return None
+
+
+_ranges = _compiled_mover()
+
+
 def _move(target: np.ndarray, at: np.ndarray, source: np.ndarray, starts: np.ndarray,
           lengths: np.ndarray) -> None:
-    """``target[at[i]:][:lengths[i]] = source[starts[i]:][:lengths[i]]`` for each i, memmove-safe.
+    """``target[at[i]:][:lengths[i]] = source[starts[i]:][:lengths[i]]`` for each i in order, memmove-safe.
 
     One C ``memmove`` per range (overlapping ranges of the same buffer move
-    correctly, with no temporary copy); the caller has checked the bounds.
+    correctly, with no temporary copy), the loop in C with the GIL released
+    (:mod:`dimd.shuffle._ranges`) where it was built; the caller has checked the bounds.
     """
+    at, starts, lengths = (np.ascontiguousarray(a, np.int64) for a in (at, starts, lengths))
+    if _ranges is not None:
+        _ranges.move(target, at, source, starts, lengths)
+        return
+    _move_in_python(target, at, source, starts, lengths)
+
+
+def _move_in_python(target: np.ndarray, at: np.ndarray, source: np.ndarray, starts: np.ndarray,
+                    lengths: np.ndarray) -> None:
+    """:func:`_move` without the compiled mover: one ``ctypes.memmove`` call per range."""
     to, frm = target.ctypes.data, source.ctypes.data
     for a, b, n in zip(at.tolist(), starts.tolist(), lengths.tolist()):
         if n and (to + a != frm + b):
@@ -69,7 +93,7 @@ def gather_bytes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
 
     Ranges that already follow each other in ``data`` are merged first, so a
     buffer still in load order is copied in one piece; otherwise one memcpy
-    per record (records are tens of KiB, so the copy, not Python, dominates).
+    per record, the loop in C (:func:`_move`).
     Into the front of ``out`` when given (a buffer whose pages are already
     touched costs no page faults: a fresh one cost a shuffle 13-22 ms on the
     development VM, docs/shuffle.md), a new array otherwise; returns the

@@ -128,6 +128,44 @@ def test_pack_down_moves_kept_records_to_the_front_in_place():
         pack_down(data, np.array([6, 0]), np.array([2, 2]))   # not in byte order
 
 
+def test_the_compiled_range_mover_is_built_in_this_install():
+    from dimd.shuffle import exchange
+
+    assert exchange._ranges is not None, "pip did not build dimd.shuffle._ranges (no C compiler?)"
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["gather", "pack-down"])
+def test_the_compiled_mover_moves_what_one_python_call_per_range_moves(in_place):
+    from dimd.shuffle.exchange import _move, _move_in_python, displacements
+
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(0, 300, 2000)
+    starts = displacements(lengths)
+    kept = np.sort(rng.choice(len(lengths), 1500, replace=False)) if in_place else rng.permutation(len(lengths))
+    source = rng.integers(0, 256, int(lengths.sum()), dtype=np.uint8)
+    at = displacements(lengths[kept])
+    moved = []
+    for move in (_move, _move_in_python):
+        data = source.copy()
+        target = data if in_place else np.zeros(int(lengths[kept].sum()), np.uint8)
+        move(target, at, data, starts[kept], lengths[kept])   # in place: ranges land on their own old bytes
+        moved.append(target[: int(lengths[kept].sum())])
+    expected = np.concatenate([source[s:s + n] for s, n in zip(starts[kept], lengths[kept])])
+    assert np.array_equal(moved[0], expected) and np.array_equal(moved[1], expected)
+
+
+def test_the_compiled_mover_refuses_a_range_outside_its_buffer_before_moving_a_byte():
+    from dimd.shuffle import exchange
+
+    source, target = np.arange(16, dtype=np.uint8), np.zeros(8, np.uint8)
+    for at, start, length in ((0, 10, 8), (4, 0, 5), (-1, 0, 1)):
+        with pytest.raises(ValueError, match="outside its buffer"):
+            exchange._ranges.move(target, np.array([0, at]), source, np.array([0, start]), np.array([2, length]))
+        assert not target.any()
+    with pytest.raises(TypeError, match="int64"):
+        exchange._ranges.move(target, np.array([0], np.int32), source, np.array([0]), np.array([1]))
+
+
 def test_a_grown_segment_keeps_its_bytes_and_gets_a_new_key():
     from dimd.shuffle.shm import Segment
 
