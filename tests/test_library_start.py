@@ -4,6 +4,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from conftest import run_mpi
 
 import dimd
@@ -20,6 +21,30 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+LOST_PEER = textwrap.dedent("""
+    import socket, time
+    import torch, torch.nn.functional as F
+    import dimd
+
+    comm, device = dimd.init(device="cpu")
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    dimd.DistributedGradients(model, optimizer=optimizer, algorithm="ring", stall_timeout=1)
+    print(f"rank {comm.Get_rank()} on {socket.gethostname()}", flush=True)
+    if comm.Get_rank() == 1:
+        time.sleep(120)   # alive, but gone as far as the job can tell: a peer whose host left the network
+    F.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,))).backward()
+    optimizer.step()      # waits for the gradients' allreduce, which rank 1 never joins
+""")
+
+
+def run_users_script(tmp_path, text: str, timeout: float):
+    """``text`` as a user's script on 2 ranks under the launcher."""
+    script = tmp_path / "user_script.py"
+    script.write_text(text)
+    return run_mpi(2, sys.executable, script, timeout=timeout)
+
+
 def test_the_library_is_reached_from_the_package_lazily():
     assert set(dimd.__all__) >= {"init", "Job", "open_loader", "Normalize", "DistributedGradients"}
     assert dimd.DistributedGradients.__module__ == "dimd.train.distributed"
@@ -29,10 +54,23 @@ def test_the_library_is_reached_from_the_package_lazily():
 
 @pytest.mark.mpi
 def test_an_error_on_one_rank_of_a_users_script_ends_every_rank(tmp_path):
-    script = tmp_path / "user_script.py"
-    script.write_text(SCRIPT)
-    proc = run_mpi(2, sys.executable, script, timeout=120)
+    proc = run_users_script(tmp_path, SCRIPT, timeout=120)
     assert proc.returncode != 0
     assert "rank 0 of 2 on cpu" in proc.stdout
     assert "dimd: error: rank 1: train.dimd: no such file" in proc.stderr
     assert "Traceback" not in proc.stderr   # a DimdError is one line
+
+
+@pytest.mark.mpi
+def test_a_peer_that_stops_answering_ends_a_users_script_with_one_line(tmp_path):
+    proc = run_users_script(tmp_path, LOST_PEER, timeout=60)
+    assert proc.returncode != 0
+    host = next(line.split(" on ")[1] for line in proc.stdout.splitlines() if line.startswith("rank 0 on "))
+    assert (f"dimd: error: rank 0 on {host}: no progress for 1 s in the gradients' allreduce of step 1; a peer "
+            "may be unreachable (`stall_timeout` sets how long a rank waits for the others") in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_distributed_gradients_refuses_a_negative_stall_timeout():
+    with pytest.raises(dimd.errors.DimdError, match="stall_timeout must be 0"):
+        dimd.DistributedGradients(torch.nn.Linear(2, 2), stall_timeout=-1)

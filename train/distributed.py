@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from dimd.errors import DimdError
+from dimd.stall import STALL_TIMEOUT_S, watch_job
 from dimd.train.buckets import DEFAULT_BUCKET_MB, GradientBuckets
 
 
@@ -43,6 +44,9 @@ class DistributedGradients:
     the ranks (True, as DDP and Horovod). ``optimizer``: its ``step()`` calls
     :meth:`synchronize` first. ``sync_buffers``: average floating-point
     buffers (batch-norm running statistics) over the ranks at every synchronize.
+    ``stall_timeout``: a :meth:`synchronize` that waits this many seconds for the
+    other ranks (a peer's node died or left the network) ends the job with one
+    line instead of hanging it (:mod:`dimd.stall`); 0 waits for ever.
     ``options``: the algorithm's (``colors``, ``segment_bytes``).
 
     Collective: every rank constructs it with the same arguments, and runs the
@@ -52,10 +56,12 @@ class DistributedGradients:
     def __init__(self, model: nn.Module, comm: Any = None, *, algorithm: str = "auto",
                  bucket_mb: float = DEFAULT_BUCKET_MB, overlap: bool = True, average: bool = True,
                  optimizer: torch.optim.Optimizer | None = None, sync_buffers: bool = False,
-                 **options: Any) -> None:
+                 stall_timeout: float = STALL_TIMEOUT_S, **options: Any) -> None:
         from dimd.allreduce import STANDALONE, get_algorithm
         from dimd.train.sgd import broadcast_state
 
+        if not 0 <= stall_timeout < float("inf"):
+            raise DimdError(f"stall_timeout must be 0 (wait for ever) or more seconds, got {stall_timeout}")
         if comm is None:
             comm = _world()
         if bucket_mb < 0:
@@ -92,6 +98,9 @@ class DistributedGradients:
                                        device_reduce=device_reduce)
         self._step_hook = (optimizer.register_step_pre_hook(lambda *_: self.synchronize())
                            if optimizer is not None else None)
+        self._steps = 0
+        # MPI: a wait for the other ranks that outlasts `stall_timeout` (a peer's host is gone) ends the job
+        self._watchdog = watch_job(comm, stall_timeout).__enter__()
 
     def _reduce(self, array: np.ndarray) -> None:
         from dimd.allreduce import allreduce
@@ -111,9 +120,11 @@ class DistributedGradients:
         if not self.buckets.syncing:
             raise DimdError("optimizer.step()/synchronize() inside no_sync(): the gradients were not "
                             "reduced; take the step after the block, on a backward pass outside it")
-        self.buckets.synchronize()
-        if self.sync_buffers and self.world_size > 1:
-            average_buffers(self.model, self.comm)
+        self._steps += 1
+        with self._watchdog.waiting(f"the gradients' allreduce of step {self._steps}"):
+            self.buckets.synchronize()
+            if self.sync_buffers and self.world_size > 1:
+                average_buffers(self.model, self.comm)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -132,6 +143,7 @@ class DistributedGradients:
             self._step_hook.remove()
             self._step_hook = None
         self.buckets.close()
+        self._watchdog.__exit__()
 
     def describe(self) -> dict[str, Any]:
         """What was chosen, for a run's JSON."""
