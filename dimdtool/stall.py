@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from dimd.mpi import FORWARD_GRACE_S
+from dimd.mpi import FORWARD_GRACE_S, abort
 
 #: After MPI_Abort: a rank whose abort cannot reach its launcher (the host is cut off) ends by itself.
 _EXIT_AFTER_ABORT_S = 3.0
@@ -139,4 +139,4 @@ def end_job(comm: Any, message: str, code: int = 1) -> None:
     timer.daemon = True
     timer.start()
     time.sleep(FORWARD_GRACE_S)
-    comm.Abort(code)
+    abort(comm, code)

@@ -268,6 +268,21 @@ def mpi_run(case: str, n: int, *args: str, timeout: float = 120, check: bool = F
                    timeout=timeout, check=check, env=env)
 
 
+@pytest.fixture
+def mpi_leaves_no_files():
+    """Asserts, after the test, that its jobs left nothing of MPI's in /dev/shm (MPICH's files).
+
+    MPICH's short-lived files of an aborted job go within seconds (its ranks are still being ended); the one
+    it keeps per node for a job's life would stay for good unless dimd's abort removes it.
+    """
+    before = set(Path("/dev/shm").glob("mpich_shm_*"))
+    yield
+    deadline = time.monotonic() + 15
+    while (left := set(Path("/dev/shm").glob("mpich_shm_*")) - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"left in /dev/shm: {sorted(map(str, left))}"
+
+
 @pytest.fixture(scope="session")
 def sample_tree(tmp_path_factory) -> Path:
     """A small class-tree of real JPEGs (4 classes x 12 images, some > 1000 px)."""

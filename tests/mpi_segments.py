@@ -1,13 +1,16 @@
 """What killed or aborted MPI jobs left behind: shared-memory files and MPICH's hydra topology files.
 
-MPICH unlinks its segment once every local rank has attached, Open MPI at the
-job's end (and now and then not even then: its PMIx clean-up is known to miss
-some); a job whose ranks are killed or aborted before that, as the tests that
-end jobs do, leaves it behind, 1-16 MB of memory each, until the machine
-restarts. MPICH's hydra also leaves a 5.5 KB ``/tmp/hydra_hwloc_xmlfile_*``
-behind every job that ends in ``MPI_Abort``. The test session
-(``conftest.pytest_sessionfinish``) and ``tests/openmpi/run.sh`` remove those
-made since they started that no process maps or holds open any more.
+MPICH unlinks most of its segments once every local rank has attached, and
+keeps one per node (``mpich_shm_*_0``) for the job's life, unlinked in
+``MPI_Finalize``; Open MPI removes its own at the job's end (and now and then
+not even then: its PMIx clean-up is known to miss some). A job whose ranks are
+killed or aborted before that, as the tests that end jobs do, leaves them
+behind, 1-16 MB of memory each, until the machine restarts (dimd's own abort,
+``dimd.mpi.abort``, removes MPICH's per-node file on its node first).
+MPICH's hydra also leaves a 5.5 KB ``/tmp/hydra_hwloc_xmlfile_*`` behind every
+job that ends in ``MPI_Abort``. The test session (``conftest.pytest_sessionfinish``)
+and ``tests/openmpi/run.sh`` remove those made since they started that no
+process maps or holds open any more.
 Standard library only: run.sh calls it with any Python 3::
 
     python3 tests/mpi_segments.py SINCE     # SINCE: seconds since the epoch

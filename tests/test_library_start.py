@@ -53,7 +53,7 @@ def test_the_library_is_reached_from_the_package_lazily():
 
 
 @pytest.mark.mpi
-def test_an_error_on_one_rank_of_a_users_script_ends_every_rank(tmp_path):
+def test_an_error_on_one_rank_of_a_users_script_ends_every_rank(tmp_path, mpi_leaves_no_files):
     proc = run_users_script(tmp_path, SCRIPT, timeout=120)
     assert proc.returncode != 0
     assert "rank 0 of 2 on cpu" in proc.stdout
@@ -62,7 +62,7 @@ def test_an_error_on_one_rank_of_a_users_script_ends_every_rank(tmp_path):
 
 
 @pytest.mark.mpi
-def test_a_peer_that_stops_answering_ends_a_users_script_with_one_line(tmp_path):
+def test_a_peer_that_stops_answering_ends_a_users_script_with_one_line(tmp_path, mpi_leaves_no_files):
     proc = run_users_script(tmp_path, LOST_PEER, timeout=60)
     assert proc.returncode != 0
     host = next(line.split(" on ")[1] for line in proc.stdout.splitlines() if line.startswith("rank 0 on "))

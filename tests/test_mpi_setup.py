@@ -58,7 +58,7 @@ def test_clean_job_reports_thread_level_and_its_mpis_idle_remedy():
     ("allreduce", 2, "dimd: error: rank 2: allreduce needs a writeable buffer"),
     ("agreed-barrier", 1, "dimd: error: rank 1: gives up alone before the barrier"),
 ])
-def test_an_error_on_one_rank_ends_the_job(packed_sample, collective, rank, message):
+def test_an_error_on_one_rank_ends_the_job(packed_sample, collective, rank, message, mpi_leaves_no_files):
     """The other ranks wait in the collective: dimd must end them, not leave them hanging."""
     proc = mpi_run("one_rank_fails", 3, collective, rank, packed_sample, timeout=60)
     assert proc.returncode != 0
@@ -73,7 +73,7 @@ def test_only_a_problem_the_whole_job_shares_lets_it_end_in_order():
 
 
 @pytest.mark.mpi
-def test_a_rank_left_waiting_for_a_silent_peer_ends_the_job_with_one_line():
+def test_a_rank_left_waiting_for_a_silent_peer_ends_the_job_with_one_line(mpi_leaves_no_files):
     """The stall watchdog: rank 1 stops answering, rank 0 names itself, its host and the wait, and the job ends."""
     proc = mpi_run("a_peer_stops_answering", 2, 1, timeout=60)
     assert proc.returncode != 0

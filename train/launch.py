@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from dimd.errors import DimdError
-from dimd.mpi import FORWARD_GRACE_S, LaunchMismatch, ThreadLevel, init_mpi, leave_it_to_the_first_task
+from dimd.mpi import FORWARD_GRACE_S, LaunchMismatch, ThreadLevel, abort, init_mpi, leave_it_to_the_first_task
 
 
 class Job(NamedTuple):
@@ -71,7 +71,7 @@ def _abort_job_hook(comm: Any) -> Any:
             sys.stderr.write(f"rank {comm.Get_rank()}: " + "".join(traceback.format_exception(kind, error, trace)))
         sys.stderr.flush()
         time.sleep(FORWARD_GRACE_S)   # the launcher forwards the line before the abort tears it down
-        comm.Abort(1)   # MPI: end every rank, none left waiting in a collective
+        abort(comm, 1)   # MPI: end every rank, none left waiting in a collective
     return hook
 
 

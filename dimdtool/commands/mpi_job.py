@@ -26,8 +26,8 @@ import click
 
 from dimd.console import write_line
 from dimd.errors import DimdError
-from dimd.mpi import (FORWARD_GRACE_S, AgreedError, LaunchMismatch, ThreadLevel, agree_or_raise, init_mpi,
-                      leave_it_to_the_first_task)
+from dimd.mpi import (FORWARD_GRACE_S, AgreedError, LaunchMismatch, ThreadLevel, abort, agree_or_raise,
+                      init_mpi, leave_it_to_the_first_task)
 from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, output_problems
 
 #: Ranks other than 0 wait this long before reporting, so that an error every
@@ -156,4 +156,4 @@ def abort_job(comm: Any, message: str, code: int, *, said: bool = False) -> None
     if size == 1:
         sys.exit(code)
     time.sleep(FORWARD_GRACE_S)
-    comm.Abort(code)
+    abort(comm, code)
