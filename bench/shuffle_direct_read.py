@@ -34,6 +34,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from shuffle_send_paths import leaving_round
+
 WAYS = ("today", "direct", "bare")
 #: iovecs per process_vm_readv call (Linux's IOV_MAX).
 IOV_MAX = 1024
@@ -62,21 +64,16 @@ def ways(store: Any) -> tuple[dict[str, Callable[[], None]], dict[str, np.ndarra
     """One function per way of moving round 0's bytes, and the target each writes."""
     from mpi4py import MPI
 
-    from dimd.shares import balanced_bounds
     from dimd.shuffle.exchange import (META_DTYPE, _move, displacements, exchange_bytes, exchange_rows,
                                        gather_bytes)
     from dimd.shuffle.shm import Segment
 
     comm = store.group_comm
     size, rank = comm.Get_size(), comm.Get_rank()
-    bounds = balanced_bounds(store.total, size)
-    dest = np.searchsorted(bounds, store.placement(0, 0)[store.global_index], side="right") - 1
-    leaving = np.flatnonzero(dest != rank)
-    leaving = leaving[np.argsort(dest[leaving], kind="stable")]
-    staying = np.flatnonzero(dest == rank)
+    leaving, _, counts = leaving_round(store)
+    staying = np.setdiff1d(np.arange(len(store)), leaving)   # in local order
     starts, lengths = store.locate(leaving)
     kept_starts, kept_lengths = store.locate(staying)
-    counts = np.bincount(dest[leaving], minlength=size)
     rows = np.zeros(len(leaving), META_DTYPE)
     rows["length"], rows["index"] = lengths, starts + store.segment.array.ctypes.data   # the sender's addresses
     recv_rows, recv_counts = exchange_rows(comm, rows, counts)

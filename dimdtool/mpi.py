@@ -332,9 +332,10 @@ def mapped_files(prefix: str, maps: str = "/proc/self/maps") -> list[str]:
     """The files whose names start with ``prefix`` that this process maps and that still have their name."""
     try:
         with open(maps) as lines:
-            paths = {line.split(maxsplit=5)[5].rstrip("\n") for line in lines if len(line.split(maxsplit=5)) == 6}
+            fields = [line.rstrip("\n").split(maxsplit=5) for line in lines]
     except OSError:   # no /proc (not Linux)
         return []
+    paths = {parts[5] for parts in fields if len(parts) == 6}   # the mapped file's path, if any
     return sorted(path for path in paths if path.startswith(prefix) and not path.endswith(" (deleted)"))
 
 
