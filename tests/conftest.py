@@ -273,7 +273,7 @@ def mpi_leaves_no_files():
     """Asserts, after the test, that its jobs left nothing of MPI's in /dev/shm (MPICH's files).
 
     MPICH's short-lived files of an aborted job go within seconds (its ranks are still being ended); the one
-    it keeps per node for a job's life would stay for good unless dimd's abort removes it.
+    it keeps per node for a job's life would stay for good had dimd not unlinked it at start-up.
     """
     before = set(Path("/dev/shm").glob("mpich_shm_*"))
     yield

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import zlib
 from typing import Any, Callable
@@ -297,10 +298,10 @@ def loader_as_a_library(dataset: str, hold: str = "") -> None:
     """What a user's own script does, with no launcher: load DATASET, read one training epoch.
 
     Prints one JSON line: the crc32 of each batch's images and labels and the
-    decoding workers' process ids. With HOLD, then waits (for a test to kill it)::
+    decoding workers' and its own process ids. With HOLD, then waits (for a test to kill it)::
 
         python tests/mpi_cases.py loader_as_a_library packed/sample
-        -> {"batches": [[123, 456], ...], "workers": [4242, 4243]}
+        -> {"batches": [[123, 456], ...], "workers": [4242, 4243], "pid": 4240}
     """
     import time
 
@@ -310,7 +311,7 @@ def loader_as_a_library(dataset: str, hold: str = "") -> None:
     with BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=3) as loader:
         batches = [(zlib.crc32(images.numpy().tobytes()), zlib.crc32(labels.numpy().tobytes()))
                    for images, labels in loader.epoch(0)]
-        say(json.dumps({"batches": batches, "workers": loader.worker_pids}))
+        say(json.dumps({"batches": batches, "workers": loader.worker_pids, "pid": os.getpid()}))
         while hold:
             time.sleep(1)
 

@@ -5,8 +5,9 @@ keeps one per node (``mpich_shm_*_0``) for the job's life, unlinked in
 ``MPI_Finalize``; Open MPI removes its own at the job's end (and now and then
 not even then: its PMIx clean-up is known to miss some). A job whose ranks are
 killed or aborted before that, as the tests that end jobs do, leaves them
-behind, 1-16 MB of memory each, until the machine restarts (dimd's own abort,
-``dimd.mpi.abort``, removes MPICH's per-node file on its node first).
+behind, 1-16 MB of memory each, until the machine restarts (``dimd.mpi.init_mpi``
+unlinks MPICH's per-node file once every rank of the node has mapped it, so
+dimd's own jobs leave none).
 MPICH's hydra also leaves a 5.5 KB ``/tmp/hydra_hwloc_xmlfile_*`` behind every
 job that ends in ``MPI_Abort``. The test session (``conftest.pytest_sessionfinish``)
 and ``tests/openmpi/run.sh`` remove those made since they started that no

@@ -286,13 +286,35 @@ def test_a_sigkilled_rank_leaves_no_shared_memory_and_no_workers_behind(library_
     process.kill()
     process.communicate()
     for pid in result["workers"]:   # each worker ends when the rank's end of its socket closes
-        for _ in range(600):
-            if not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z":
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError(f"decoding worker {pid} outlived its killed rank")
+        wait_until_gone(pid, "the killed rank's decoding worker")
     assert ours_in_dev_shm() == before
+
+
+def wait_until_gone(pid: int, what: str) -> None:
+    for _ in range(600):
+        if not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} {pid} is still running")
+
+
+@pytest.mark.mpi
+def test_a_sigkilled_rank_of_a_job_leaves_nothing_in_dev_shm(packed_sample, mpi_leaves_no_files):
+    """MPICH's per-node file included: dimd unlinks it as soon as every rank of the node has it mapped."""
+    from conftest import MPI_CASES, launcher
+
+    job = subprocess.Popen([*launcher(2), sys.executable, "-m", "mpi4py", MPI_CASES, "loader_as_a_library",
+                            str(packed_sample), "hold"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ranks = [json.loads(job.stdout.readline()) for _ in range(2)]
+        os.kill(ranks[1]["pid"], signal.SIGKILL)
+        job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    for rank in ranks:
+        for pid in (rank["pid"], *rank["workers"]):
+            wait_until_gone(pid, "a process of the killed job")
 
 
 def test_a_borrowed_batch_is_the_slot_a_copied_batch_was_copied_from(store):
