@@ -91,6 +91,8 @@ class BatchLoader:
         self._slots = prefetch + 1
         self._store_key: int | None = None          # the store segment the workers have mapped
         self._abandoned: list[tuple[int, int]] = []  # (worker, ticket) of batches left unread
+        self._open: _Iteration | None = None         # the iteration (epoch() generator) now open
+        self._in_flight: collections.deque[_Batch] = collections.deque()   # its batches submitted, not read
 
     # -- the sampler ----------------------------------------------------------------------
 
@@ -129,11 +131,16 @@ class BatchLoader:
         self._epoch, self._step = epoch, first
         batches = self.epoch_indices(epoch)
         end = len(batches) if stop is None else min(stop, len(batches))
+        self._end_open_iteration("this loader's epoch() was called again while this iteration was still open, "
+                                 "and the new one took over its batch slots; iterate one epoch at a time, or "
+                                 "use a second BatchLoader")
         self._prepare()
-        pending: collections.deque[_Batch] = collections.deque()
+        pending = self._in_flight = collections.deque()
+        self._open = iteration = _Iteration()
         next_step = first
         try:
             for step in range(first, end):
+                self._map_store()   # a shuffle within the epoch may have grown the store's segment
                 # the ring's slots bound the batches in flight (prefetch may grow during an epoch)
                 while next_step < end and next_step < step + self._slots:
                     pending.append(self._submit(epoch, next_step, batches[next_step]))
@@ -141,11 +148,22 @@ class BatchLoader:
                 images, labels = self._collect(pending.popleft(), borrow)
                 self._epoch, self._step = epoch, step + 1
                 yield images, labels
+                if iteration.ended_because:
+                    raise DimdError(iteration.ended_because)
             if end == len(batches):
                 self._epoch, self._step = epoch + 1, 0
         finally:
-            for batch in pending:
-                self._abandoned.extend(batch.tickets)
+            if self._open is iteration:
+                self._end_open_iteration("")
+
+    def _end_open_iteration(self, why: str) -> None:
+        """End the open iteration, if any (``why``: what it raises should it go on); its batches in flight
+        are left to be waited out, as they still write into the ring."""
+        if self._open is not None:
+            self._open.ended_because = why
+        for batch in self._in_flight:
+            self._abandoned.extend(batch.tickets)
+        self._in_flight, self._open = collections.deque(), None
 
     @property
     def position(self) -> tuple[int, int]:
@@ -200,14 +218,18 @@ class BatchLoader:
             if self._pin:
                 page_lock(self._ring)
             self._pool.attach(self._ring)
-        if self._paths is None:
-            segment = self.store.segment
-            if segment.key != self._store_key:   # the first batch, or a shuffle grew the store's segment
-                self._let_go_of_store()
-                self._pool.attach(segment)
-                self._store_key = segment.key
-                if self._finish_reading_store not in self.store.on_change:
-                    self.store.on_change.append(self._finish_reading_store)
+        self._map_store()
+
+    def _map_store(self) -> None:
+        """Have the workers map the store's segment: at the first batch, and after a shuffle grew it."""
+        assert self._pool is not None
+        segment = self.store.segment if self._paths is None else None
+        if segment is not None and segment.key != self._store_key:
+            self._let_go_of_store()
+            self._pool.attach(segment)
+            self._store_key = segment.key
+            if self._finish_reading_store not in self.store.on_change:
+                self.store.on_change.append(self._finish_reading_store)
 
     def _finish_reading_store(self, *_: object) -> None:
         """Wait until the workers have done every task sent so far: a shuffle moves the store's bytes.
@@ -248,6 +270,7 @@ class BatchLoader:
         draw_key = (self.seed, self.rank, epoch, step) if self.train else None
         offsets, lengths = (None, None) if paths is not None else store.locate(indices)
         records = store.global_index[indices]
+        labels = store.labels[indices].astype(np.int64)   # now: a shuffle before the batch is read moves them
         tickets, parts = [], min(self.workers, n)
         for k in range(parts):   # one chunk per worker (plain ints: this runs once per batch, on the rank)
             lo, hi = n * k // parts, n * (k + 1) // parts
@@ -261,7 +284,7 @@ class BatchLoader:
                         records=int64_bytes(records[lo:hi]), data_path=str(store.path))
             worker = (step + k) % self.workers
             tickets.append((worker, self._pool.submit(worker, task)))
-        return _Batch(slot, indices, tickets)
+        return _Batch(slot, indices, labels, tickets)
 
     def _collect(self, batch: "_Batch", borrow: bool) -> tuple[Any, Any]:
         """Wait for ``batch``'s chunks, then hand its slot out: a copy (the slot is free again at once)
@@ -274,7 +297,7 @@ class BatchLoader:
         start = batch.slot * self._slot_bytes
         ready = self._ring.array[start : start + n * 3 * size * size].reshape(n, 3, size, size)
         images = torch.from_numpy(ready) if borrow else self._copy_out(ready)
-        return images, torch.from_numpy(self.store.labels[batch.indices].astype(np.int64))
+        return images, torch.from_numpy(batch.labels)
 
     def _wait_for(self, batch: "_Batch") -> None:
         assert self._pool is not None
@@ -297,6 +320,8 @@ class BatchLoader:
 
     def close(self) -> None:
         """Let go of the workers (the last loader using them ends them) and of the batch slots."""
+        self._end_open_iteration("the loader was closed while this iteration was still open; a new "
+                                 "epoch() starts the workers again and continues from the same batch")
         pool = self._pool
         if self._finish_reading_store in self.store.on_change:
             self.store.on_change.remove(self._finish_reading_store)
@@ -368,11 +393,19 @@ class BatchLoader:
 
 
 @dataclass
+class _Iteration:
+    """One ``epoch()`` generator; ended from outside (a second one, ``close``), it raises ``ended_because``."""
+
+    ended_because: str = ""
+
+
+@dataclass
 class _Batch:
-    """A batch on its way: its ring slot, its records and the (worker, ticket) of each chunk."""
+    """A batch on its way: its ring slot, its records, their labels and the (worker, ticket) of each chunk."""
 
     slot: int
     indices: np.ndarray
+    labels: np.ndarray
     tickets: list[tuple[int, int]]
 
 

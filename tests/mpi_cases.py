@@ -258,28 +258,37 @@ def loader_batches(dataset: str, groups: str) -> None:
     """Load DATASET in GROUPS groups, train an epoch, shuffle, train one more and evaluate one.
 
     The decoding workers read the load-order share in epoch 0 and the shuffled
-    one after it, without restarting. Rank 0 prints one JSON line: every rank's
+    one after it, without restarting; the shuffle comes while epoch 1 is being
+    read, and that iteration goes on. Rank 0 prints one JSON line: every rank's
     steps per epoch, how many training images rank 0 saw after the shuffle,
-    whether any rank's workers restarted, and each rank's evaluation (global
-    index, label, crc32 of the decoded image), for the test to check against
-    the packed set::
+    whether any rank's workers restarted, whether every rank's iteration gave
+    after its batches in flight what a loader started on the shuffled store
+    gives, and each rank's evaluation (global index, label, crc32 of the
+    decoded image), for the test to check against the packed set::
 
         mpiexec -n 3 python -m mpi4py tests/mpi_cases.py loader_batches packed/sample 1
-        -> {"steps": [4, 4, 4], "seen": 16, "restarted": false, "pairs": [[[0, 2, 123...], ...], ...]}
+        -> {"steps": [4, 4, 4], "seen": 16, "restarted": false, "continued": true, "pairs": [[[0, 2, 123], ...]]}
     """
     from dimd.shuffle import BatchLoader, DistributedStore
 
     comm = world("funneled")
+    from mpi4py import MPI
+
     store = DistributedStore.load(dataset, comm, groups=int(groups))
     train = BatchLoader(store, batch_size=4, image_size=32, workers=2, seed=1)
     steps = comm.allgather(train.steps_per_epoch)
     for _ in train.epoch(0):
         pass
     workers = train.worker_pids
+    def fingerprints(batches: Any) -> list[tuple[int, list[int]]]:
+        return [(zlib.crc32(images.numpy().tobytes()), labels.tolist()) for images, labels in batches]
+
     in_flight = train.epoch(1)
-    next(in_flight)                  # batches of epoch 1 still decoding while the bytes move
+    next(in_flight)                  # batches 1 and 2 of epoch 1 still decoding while the bytes move
     store.shuffle(seed=4, round=0)   # the workers move to the received share at this round boundary
-    in_flight.close()
+    continued = fingerprints(in_flight)[2:]   # batches 3 on: the shuffled store's
+    train.seek(1, 3)
+    continued_as_started = comm.allreduce(int(continued == fingerprints(train.epoch(1))), op=MPI.MIN)
     train.seek(1)
     seen = sum(len(labels) for _, labels in train.epoch(1))
     restarted = bool(comm.allreduce(int(train.worker_pids != workers)))
@@ -290,7 +299,8 @@ def loader_batches(dataset: str, groups: str) -> None:
                    zlib.crc32(images[j].numpy().tobytes())) for j in range(len(labels))]
     everything = comm.gather(pairs)
     if comm.rank == 0:
-        say(json.dumps({"steps": steps, "seen": seen, "restarted": restarted, "pairs": everything}))
+        say(json.dumps({"steps": steps, "seen": seen, "restarted": restarted,
+                        "continued": bool(continued_as_started), "pairs": everything}))
 
 
 @case

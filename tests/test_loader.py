@@ -57,6 +57,54 @@ def test_batches_do_not_depend_on_the_number_of_workers_or_their_timing(store):
     assert not torch.equal(one[0][0], other_seed[0][0])
 
 
+def test_batches_in_flight_when_the_store_shuffles_keep_their_own_labels(packed_sample, world):
+    """The batches decoded before a shuffle within the epoch keep their records' labels; the later ones
+    are the shuffled store's, as a loader started on it at that batch gives them."""
+    def load(shuffled: bool) -> DistributedStore:
+        store = DistributedStore.load(packed_sample, world)
+        if shuffled:
+            store.shuffle(9, 1)
+        return store
+
+    with BatchLoader(load(False), batch_size=4, image_size=24, workers=2, seed=3) as loader:
+        unshuffled = collect(loader, 0)
+    with BatchLoader(load(True), batch_size=4, image_size=24, workers=2, seed=3) as loader:
+        loader.seek(0, 5)
+        shuffled = collect(loader, 0)
+    store = load(False)
+    seen = []
+    with BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3, prefetch=2) as loader:
+        for step, (images, labels) in enumerate(loader.epoch(0)):
+            seen.append((images.clone(), labels.clone()))
+            if step == 2:
+                store.shuffle(9, 1)   # batches 3 and 4 are in flight
+    expected = unshuffled[:5] + shuffled
+    assert len(seen) == len(expected) == loader.steps_per_epoch
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(seen, expected))
+
+
+def test_a_second_iteration_of_one_loader_takes_over_and_the_first_says_so(store):
+    with BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3) as loader:
+        reference = collect(loader, 1)
+        first = loader.epoch(0)
+        next(first)                      # two more of its batches are in flight in the ring
+        second = collect(loader, 1)
+        with pytest.raises(DimdError, match=r"epoch\(\) was called again while this iteration was still open"):
+            next(first)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(second, reference))
+
+
+def test_an_iteration_continued_after_close_says_the_loader_was_closed(store):
+    loader = BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3)
+    batches = loader.epoch(0)
+    next(batches)
+    loader.close()
+    with pytest.raises(DimdError, match="the loader was closed while this iteration was still open"):
+        next(batches)
+    assert loader.position == (0, 1) and len(collect(loader, 0)) == loader.steps_per_epoch - 1
+    loader.close()
+
+
 def test_a_ranks_memory_adds_its_workers_proportional_share_not_their_whole_resident_set(store):
     from dimd.shuffle.memory import process_memory, rank_memory
 

@@ -113,7 +113,7 @@ def test_batches_decode_to_the_right_labels_on_every_rank(packed_sample, ranks, 
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] == [48 // (ranks * 4)] * ranks  # the same on every rank
     assert result["seen"] == 48 // (ranks * 4) * 4
-    assert result["restarted"] is False
+    assert result["restarted"] is False and result["continued"] is True
     packed = PackedDataset(packed_sample)
     per_group = ranks // groups
     for g in range(groups):
