@@ -44,7 +44,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = small_cnn(len(train.store.classes)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    dimd.DistributedGradients(model, optimizer=optimizer)   # rank 0's weights; step() waits for the average
+    dimd.DistributedGradients(model, optimizer=optimizer)   # rank 0's weights; backward() averages .grad
 
     images, seconds, top1 = 0, 0.0, 0.0
     for epoch in range(args.epochs):

@@ -594,6 +594,19 @@ class BranchyNet:
     BUCKET_BYTES = (0, 1, 16, 30, 100, 600, 5100, 6000, 10_000, 1 << 20)
 
 
+def count_calls(owner: Any, name: str) -> list[None]:
+    """Wrap ``owner.name`` so that each call appends to the returned list (then calls through)."""
+    calls: list[None] = []
+    wrapped = getattr(owner, name)
+
+    def counted(*args: Any) -> Any:
+        calls.append(None)
+        return wrapped(*args)
+
+    setattr(owner, name, counted)
+    return calls
+
+
 def local_gradients(model: Any, batches: list, branches: list[str]) -> Any:
     """This rank's summed gradients over ``batches`` by plain autograd, flat (zeros where none)."""
     import torch
@@ -613,8 +626,10 @@ def distributed_gradients_match_flat_allreduce(*algorithms: str) -> None:
 
     For every bucket size of BranchyNet.BUCKET_BYTES, overlap on and off, and
     each algorithm: each rank leaves a different branch unused, a layer is
-    frozen, and two of three backward passes run inside no_sync(). Rank 0
-    prints the largest difference per algorithm (0 at P = 2: sums of two are exact)::
+    frozen, and two of three backward passes run inside no_sync(). The
+    gradients are compared as the last ``backward()`` returns, before any
+    ``synchronize()``, which must then reduce nothing again. Rank 0 prints the
+    largest difference per algorithm (0 at P = 2: sums of two are exact)::
 
         mpiexec -n 3 python -m mpi4py tests/mpi_cases.py distributed_gradients_match_flat_allreduce mpi ring
         -> mpi configurations 20 max_diff 5.96e-08
@@ -646,14 +661,17 @@ def distributed_gradients_match_flat_allreduce(*algorithms: str) -> None:
                 model = copy.deepcopy(reference_model)
                 grads = DistributedGradients(model, comm, algorithm=algorithm, overlap=overlap,
                                              bucket_mb=bucket_bytes / (1 << 20))
+                reductions = count_calls(grads.buckets, "reduce")
                 model.zero_grad(set_to_none=True)
                 for i, ((x, y), branch) in enumerate(zip(batches, branches)):
                     model.branch = branch
                     with grads.no_sync() if i < 2 else contextlib.nullcontext():
                         torch.nn.functional.cross_entropy(model(x), y).backward()
-                grads.synchronize()
                 assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
                 got = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad]).numpy()
+                reduced = len(reductions)
+                grads.synchronize()
+                assert reduced == grads.buckets.buckets == len(reductions), (reduced, len(reductions))
                 diff = float(np.abs(got - expected).max())
                 assert diff <= (0.0 if size == 2 else 1e-6 * float(np.abs(expected).max())), (
                     algorithm, bucket_bytes, overlap, diff)
@@ -665,7 +683,8 @@ def distributed_gradients_match_flat_allreduce(*algorithms: str) -> None:
 
 @case
 def overlap_on_and_off_train_alike(algorithm: str = "ring") -> None:
-    """Six SGD steps (momentum, the optimizer's step waiting for the buckets) with overlap on and off.
+    """Six SGD steps (momentum, gradients clipped between backward and step, as in a DDP script) with
+    overlap on and off.
 
     Each rank leaves a branch unused in some steps. Rank 0 prints whether the two runs' weights are
     bit-identical and whether every rank holds the same weights::
@@ -694,6 +713,7 @@ def overlap_on_and_off_train_alike(algorithm: str = "ring") -> None:
             x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
             optimizer.zero_grad()
             F.cross_entropy(model(x), y).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)   # reads and scales every .grad
             optimizer.step()
         grads.close()
         return model

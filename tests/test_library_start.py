@@ -38,6 +38,18 @@ LOST_PEER = textwrap.dedent("""
 """)
 
 
+OTHER_MODEL = textwrap.dedent("""
+    import torch
+    import dimd
+
+    comm, device = dimd.init(device="cpu")
+    layers = [torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)]
+    if comm.Get_rank() == 1:
+        layers += [torch.nn.ReLU(), torch.nn.Linear(2, 2)]   # one layer more: one broadcast more
+    dimd.DistributedGradients(torch.nn.Sequential(*layers), algorithm="ring")
+""")
+
+
 def run_users_script(tmp_path, text: str, timeout: float):
     """``text`` as a user's script on 2 ranks under the launcher."""
     script = tmp_path / "user_script.py"
@@ -69,6 +81,15 @@ def test_a_peer_that_stops_answering_ends_a_users_script_with_one_line(tmp_path,
     assert (f"dimd: error: rank 0 on {host}: no progress for 1 s in the gradients' allreduce of step 1; a peer "
             "may be unreachable (`stall_timeout` sets how long a rank waits for the others") in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.mpi
+def test_a_model_that_differs_between_ranks_ends_the_job_with_one_line(tmp_path, mpi_leaves_no_files):
+    proc = run_users_script(tmp_path, OTHER_MODEL, timeout=60)
+    assert proc.returncode != 0
+    assert [line for line in proc.stderr.splitlines() if line.startswith("dimd:")] == [
+        "dimd: error: rank 1's model differs from rank 0's: 6 parameters and buffers against 4 (the first one "
+        "only on rank 1: 4.weight [2, 2] float32); build the same model"]
 
 
 def test_distributed_gradients_refuses_a_negative_stall_timeout():

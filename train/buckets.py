@@ -23,6 +23,12 @@ anyway; bench/overlap.py measures the two (docs/library.md).
 ``overlap=False`` reduces the same buckets with the same code, in the same
 order, on the caller's thread at :meth:`synchronize`: the sums are the same
 numbers, so the weights after N steps are identical with and without it.
+
+``at_backward_end`` (what :class:`dimd.DistributedGradients` passes: its
+synchronize) is queued with autograd on the first gradient of each
+synchronized backward pass, so it runs as ``backward()`` finishes, as DDP's
+reducer does: every ``.grad`` then holds the average when ``backward()``
+returns, before the caller clips, logs or steps.
 """
 
 from __future__ import annotations
@@ -72,7 +78,8 @@ class GradientBuckets:
 
     def __init__(self, parameters: Iterable[torch.nn.Parameter], reduce: Reduce, world_size: int, *,
                  extras: int = 0, bucket_bytes: int = 0, overlap: bool = True, average: bool = True,
-                 device_reduce: DeviceReduce | None = None) -> None:
+                 device_reduce: DeviceReduce | None = None,
+                 at_backward_end: Callable[[], None] | None = None) -> None:
         trainable = [p for p in parameters if p.requires_grad]
         self.flat = FlatGradients(reversed(trainable), extras=extras, bucket_bytes=bucket_bytes)
         self.parameters = self.flat.parameters   # in buffer order: last layer first
@@ -82,6 +89,9 @@ class GradientBuckets:
         self.overlap = overlap
         self.average = average and world_size > 1
         self.syncing = True
+        self.at_backward_end = at_backward_end
+        #: Whether the gradients were reduced and none came since: a second synchronize() would sum them again.
+        self.reduced = False
         self.bounds = self.flat.bucket_bounds
         starts = [start for start, _ in self.bounds]
         self.bucket_of = [bisect.bisect_right(starts, int(offset)) - 1 for offset in self.flat.offsets]
@@ -106,6 +116,7 @@ class GradientBuckets:
         self._pending = list(self.sizes)
         self._ready = [False] * len(self.parameters)
         self._next = 0   # the next bucket to start; every rank starts them in this order
+        self._end_queued = False
 
     # -- during backward ------------------------------------------------------------------
 
@@ -116,7 +127,13 @@ class GradientBuckets:
         if grad is not None and grad.data_ptr() != view.data_ptr():
             view.copy_(grad)          # zero_grad(set_to_none=True) replaced it: back into the buffer
             parameter.grad = view
-        if not (self.syncing and self.overlap):
+        if not self.syncing:
+            return
+        self.reduced = False
+        if self.at_backward_end is not None and not self._end_queued:
+            self._end_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.at_backward_end)
+        if not self.overlap:
             return
         if self._ready[index]:
             raise RuntimeError("a second backward pass reached a gradient whose bucket is already being "
@@ -210,6 +227,7 @@ class GradientBuckets:
             if self._error is not None:
                 error, self._error = self._error, None
                 raise error
+            self.reduced = True
         finally:
             self._reset()
 

@@ -7,14 +7,16 @@
     for images, labels in loader.epoch(epoch):
         loss = F.cross_entropy(model(normalize(images)), labels.to(device))
         optimizer.zero_grad()
-        loss.backward()          # buckets are summed on the communication thread meanwhile
-        optimizer.step()         # waits for the last bucket first
+        loss.backward()          # buckets are summed on the communication thread meanwhile;
+        optimizer.step()         # when it returns, every .grad holds the average
 
 What it does is :class:`dimd.train.buckets.GradientBuckets` (the same code
 ``dimd train``'s S-SGD step uses) over dimd's allreduce algorithms, plus what
-a wrapper for a user's model needs: the first weights broadcast, the algorithm
-chosen by measurement, the MPI thread level checked, the optimizer's step
-made to wait, batch-norm statistics averaged if asked.
+a wrapper for a user's model needs: the first weights broadcast (after
+checking that every rank built the same model), the algorithm chosen by
+measurement, the MPI thread level checked, the end of each backward pass made
+to wait for the average (as DDP: a script may clip or log ``.grad`` before
+its step), batch-norm statistics averaged if asked.
 """
 
 from __future__ import annotations
@@ -39,11 +41,14 @@ class DistributedGradients:
     ``torch`` uses the ``torch.distributed`` group the caller initialised (on
     CUDA tensors it reduces on the device). ``bucket_mb``: bucket size (0: one
     bucket). ``overlap``: reduce each bucket on the communication thread as
-    soon as backward completes it; False reduces them all at
-    :meth:`synchronize`, with the same numbers. ``average``: divide the sum by
-    the ranks (True, as DDP and Horovod). ``optimizer``: its ``step()`` calls
-    :meth:`synchronize` first. ``sync_buffers``: average floating-point
-    buffers (batch-norm running statistics) over the ranks at every synchronize.
+    soon as backward completes it; False reduces them all as backward ends,
+    with the same numbers. Either way ``backward()`` returns once every
+    bucket is reduced (:meth:`synchronize` runs as autograd finishes).
+    ``average``: divide the sum by the ranks (True, as DDP and Horovod).
+    ``optimizer``: its ``step()`` calls :meth:`synchronize` first, which
+    refuses a step inside :meth:`no_sync`. ``sync_buffers``: average
+    floating-point buffers (batch-norm running statistics) over the ranks at
+    every synchronize.
     ``stall_timeout``: a :meth:`synchronize` that waits this many seconds for the
     other ranks (a peer's node died or left the network) ends the job with one
     line instead of hanging it (:mod:`dimd.stall`); 0 waits for ever.
@@ -68,13 +73,14 @@ class DistributedGradients:
             raise DimdError(f"bucket_mb must be 0 (one bucket) or more, got {bucket_mb}")
         if algorithm != "auto":
             get_algorithm(algorithm).resolve(options)   # the one-line error for a bad name or option
+        on_device = next((p.device.type != "cpu" for p in model.parameters() if p.requires_grad), False)
         self.model = model
         self.comm = comm
         self.world_size = comm.Get_size()
         self.sync_buffers = sync_buffers
         if not any(p.requires_grad for p in model.parameters()):
             raise DimdError("DistributedGradients: the model has no trainable parameters")
-        broadcast_state(model, comm)   # MPI: every replica starts from rank 0's weights
+        broadcast_state(model, comm)   # MPI: every replica starts from rank 0's weights (the same model checked)
         bucket_bytes = int(bucket_mb * (1 << 20))
         trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         self.algorithm = (_fastest(min(bucket_bytes or trainable, trainable), comm, list(STANDALONE))
@@ -85,9 +91,8 @@ class DistributedGradients:
             from dimd.allreduce.torchdist import all_reduce_tensor, process_group_ready
 
             process_group_ready()
-            on_device = next(p for p in model.parameters() if p.requires_grad).device.type != "cpu"
             device_reduce = all_reduce_tensor if on_device else None
-        elif overlap:
+        elif overlap or on_device:   # on a GPU, autograd may run the end of backward on its own thread
             _check_thread_level()
         if get_algorithm(self.algorithm).point_to_point and self.world_size > 1:
             from dimd.allreduce.buffers import private_comm
@@ -95,7 +100,7 @@ class DistributedGradients:
             private_comm(comm)   # MPI: made now, on this thread, not first on the communication thread
         self.buckets = GradientBuckets(model.parameters(), self._reduce, self.world_size,
                                        bucket_bytes=bucket_bytes, overlap=overlap, average=average,
-                                       device_reduce=device_reduce)
+                                       device_reduce=device_reduce, at_backward_end=self.synchronize)
         self._step_hook = (optimizer.register_step_pre_hook(lambda *_: self.synchronize())
                            if optimizer is not None else None)
         self._steps = 0
@@ -114,12 +119,18 @@ class DistributedGradients:
     def synchronize(self) -> None:
         """Collective: wait until every bucket is reduced (and averaged); then sync buffers if asked.
 
-        The optimizer passed in calls it before each step. Calling it inside
-        :meth:`no_sync` is an error: the step would use this rank's gradients alone.
+        Each synchronized backward pass runs it as it ends, so afterwards it
+        does nothing until the next gradient comes (the optimizer passed in
+        calls it before each step; a Horovod-style loop calls it before
+        clipping). On a rank that ran no backward pass since, it reduces
+        zeros. Calling it inside :meth:`no_sync` is an error: the step would
+        use this rank's gradients alone.
         """
         if not self.buckets.syncing:
             raise DimdError("optimizer.step()/synchronize() inside no_sync(): the gradients were not "
                             "reduced; take the step after the block, on a backward pass outside it")
+        if self.buckets.reduced:
+            return   # backward's end did it, and no gradient came since: summing again would double them
         self._steps += 1
         with self._watchdog.waiting(f"the gradients' allreduce of step {self._steps}"):
             self.buckets.synchronize()

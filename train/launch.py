@@ -22,7 +22,8 @@ from typing import Any, NamedTuple
 import torch
 
 from dimd.errors import DimdError
-from dimd.mpi import FORWARD_GRACE_S, LaunchMismatch, ThreadLevel, abort, init_mpi, leave_it_to_the_first_task
+from dimd.mpi import (FORWARD_GRACE_S, AgreedError, LaunchMismatch, ThreadLevel, abort, init_mpi,
+                      leave_it_to_the_first_task)
 
 
 class Job(NamedTuple):
@@ -65,7 +66,10 @@ def init(*, device: str = "auto", threads: int | None = None,
 
 def _abort_job_hook(comm: Any) -> Any:
     def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
-        if issubclass(kind, DimdError):
+        if issubclass(kind, AgreedError):   # every rank raised it: one says it
+            if comm.Get_rank() == 0:
+                sys.stderr.write(f"dimd: error: {error}\n")
+        elif issubclass(kind, DimdError):
             sys.stderr.write(f"dimd: error: rank {comm.Get_rank()}: {error}\n")   # one write, a whole line
         else:
             sys.stderr.write(f"rank {comm.Get_rank()}: " + "".join(traceback.format_exception(kind, error, trace)))

@@ -207,7 +207,17 @@ def squared_norm(vector: torch.Tensor) -> torch.Tensor:
 
 
 def broadcast_state(module: nn.Module, comm, root: int = 0) -> None:
-    """Give every rank ``root``'s parameters and buffers (identical initial weights)."""
+    """Give every rank ``root``'s parameters and buffers (identical initial weights).
+
+    Collective. First every rank checks that it built the same model as
+    ``root`` (names, shapes, dtypes): a different one would make the
+    broadcasts' sizes disagree, which MPI reports as a truncated message on
+    one rank, or as a hang when one rank has more tensors than the others.
+    """
+    from dimd.mpi import agree_or_raise
+
+    layout = model_layout(module)
+    agree_or_raise(comm, layout_difference(layout, comm.bcast(layout, root=root), comm.Get_rank(), root))
     with torch.no_grad():
         for tensor in list(module.parameters()) + list(module.buffers()):
             on_cpu = tensor.device.type == "cpu" and tensor.is_contiguous()
@@ -215,6 +225,28 @@ def broadcast_state(module: nn.Module, comm, root: int = 0) -> None:
             comm.Bcast(host.numpy(), root=root)   # MPI: every replica starts from root's weights
             if not on_cpu:
                 tensor.copy_(host)
+
+
+def model_layout(module: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, dtype) of each parameter and buffer, in the order :func:`broadcast_state` sends them."""
+    named = list(module.named_parameters()) + list(module.named_buffers())
+    return [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in named]
+
+
+def layout_difference(mine: list, roots: list, rank: int, root: int) -> str | None:
+    """Where this rank's model differs from ``root``'s, in one line, or None."""
+    def show(entry: tuple[str, tuple[int, ...], str]) -> str:
+        return f"{entry[0]} {list(entry[1])} {entry[2]}"
+
+    differs = f"rank {rank}'s model differs from rank {root}'s"
+    for here, there in zip(mine, roots):
+        if here != there:
+            return f"{differs}: {show(here)} on rank {rank}, {show(there)} on rank {root}; build the same model"
+    if len(mine) != len(roots):
+        longer, first = (rank, mine[len(roots)]) if len(mine) > len(roots) else (root, roots[len(mine)])
+        return (f"{differs}: {len(mine)} parameters and buffers against {len(roots)} (the first one only on rank "
+                f"{longer}: {show(first)}); build the same model")
+    return None
 
 
 def replicas_identical(module: nn.Module, comm) -> bool:
