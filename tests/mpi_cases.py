@@ -161,12 +161,13 @@ def agreed_only_over_the_whole_job() -> None:
 
 
 @case
-def dimd_warned_right_after_mpi_starts(*args: str) -> None:
-    """``dimd ARGS``, with a SIGUSR1 (a scheduler's time-limit warning) sent to each rank just after MPI_Init.
+def dimd_warned_right_after_mpi_starts(ranks: str, *args: str) -> None:
+    """``dimd ARGS``, with a SIGUSR1 (a scheduler's time-limit warning) sent just after MPI_Init to each rank
+    of RANKS (``all``, or comma-separated ranks: the warning reaching the others later, or never).
 
     MPI_Init puts its own handler on SIGUSR1; dimd's must already be there, so the run stops cleanly::
 
-        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py dimd_warned_right_after_mpi_starts train data --val data ...
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py dimd_warned_right_after_mpi_starts all train data ...
         -> stopped by SIGUSR1 after step 1; checkpoint ...
     """
     import os
@@ -179,7 +180,10 @@ def dimd_warned_right_after_mpi_starts(*args: str) -> None:
 
     def init_then_warn(level: Any) -> Any:
         setup = started(level)
-        os.kill(os.getpid(), signal.SIGUSR1)
+        from mpi4py import MPI
+
+        if ranks == "all" or str(MPI.COMM_WORLD.Get_rank()) in ranks.split(","):
+            os.kill(os.getpid(), signal.SIGUSR1)
         return setup
 
     mpi_job.init_mpi = init_then_warn

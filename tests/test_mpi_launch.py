@@ -82,9 +82,11 @@ def test_mpiexec_inside_an_allocation_runs():
 
 
 @pytest.mark.mpi
-def test_a_warning_right_after_mpi_starts_is_not_lost(packed_sample, tmp_path):
-    """MPI_Init puts its own handler on SIGUSR1; dimd's must already be there (and after it)."""
-    proc = mpi_run("dimd_warned_right_after_mpi_starts", 2, "train", packed_sample, "--val", packed_sample,
+@pytest.mark.parametrize("warned", ["all", "1"])
+def test_a_warning_right_after_mpi_starts_is_not_lost_and_is_named_on_every_rank(packed_sample, tmp_path, warned):
+    """MPI_Init puts its own handler on SIGUSR1; dimd's must already be there (and after it). A warning
+    that reached rank 1 only is still SIGUSR1 in rank 0's result: bin/'s scripts requeue on that name."""
+    proc = mpi_run("dimd_warned_right_after_mpi_starts", 2, warned, "train", packed_sample, "--val", packed_sample,
                    "--model", "lenet", "--image-size", "32", "--epochs", "50", "--batch-size", "8",
                    "--decode-workers", "1", "--threads", "1", "--checkpoint-dir", tmp_path / "ck",
                    "--json", tmp_path / "train.json", timeout=180)

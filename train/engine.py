@@ -48,7 +48,7 @@ from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_cou
 from dimd.train.precision import Precision, memory_format
 from dimd.train.results import NOISE_FIELDS, EpochMetrics, EpochTally, Evaluation, TrainResult
 from dimd.train.schedule import Schedule, make_schedule
-from dimd.train.signals import StopRequest, stop_request
+from dimd.train.signals import StopRequest, first_signal, stop_request
 from dimd.train.steps import TIME_SPLIT, StepTimes, Strategy
 
 
@@ -394,8 +394,9 @@ class Trainer:
                     self.hooks.on_event(event)
                 if not result.finite:
                     raise self.diverged(f"loss {result.loss_sum:.4g}, or a non-finite update")
-                if result.stop:
-                    self.stopped_by = self.stop.received or "a signal on another rank"
+                if result.stop:   # every rank learnt it from the same allreduce: every rank is here
+                    with self.watchdog.waiting("the stop signal's name"):
+                        self.stopped_by = first_signal(self.comm.allgather(self.stop.received))   # MPI
                     break
                 if result.synced and not last and self.eval_due():
                     self.record_evaluation(self.evaluate())   # may reach the target and end the run

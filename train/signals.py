@@ -60,6 +60,17 @@ class StopRequest:
         self._previous.clear()
 
 
+def first_signal(received: list[str | None]) -> str:
+    """The stop signal to act on, from what each rank received (in rank order) by the step it stopped after.
+
+    A scheduler's signal reaches the ranks of a job at slightly different
+    times: one rank may hold it while another has nothing yet, so each rank
+    says what it got and they all take the lowest rank's. ``bin/``'s scripts
+    requeue on SIGUSR1 only, so a rank must not report "unknown" there.
+    """
+    return next(name for name in received if name is not None)
+
+
 _process_stop: StopRequest | None = None
 
 
