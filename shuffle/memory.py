@@ -20,6 +20,21 @@ from dimd.units import format_bytes
 #: ``--memory-limit`` check counts it before the workers exist: measured about 22 MiB private and
 #: 32-50 MiB PSS per worker after an epoch at 224 px (docs/shuffle.md, "Memory per rank").
 WORKER_PRIVATE_BYTES = 48 << 20
+#: Bytes per value of the step's input beside the batch slots: the uint8 batch copied out and its float32 form.
+INPUT_BYTES_PER_VALUE = 1 + 4
+
+
+def batch_memory(batch_size: int, image_size: int, slots: int, workers: int) -> int:
+    """Bytes a loader's batches need at least, beside the store, as the load's memory check counts them.
+
+    The ring of ``slots`` shared batch slots (uint8 N x 3 x S x S), the batch
+    the step takes from it with its float32 copy, and in each worker the crop
+    it resizes and writes (two images of S x S). A lower bound (the model's
+    activations come on top), enough to refuse an image size that could never
+    run before a worker asks the kernel for it.
+    """
+    image = 3 * image_size * image_size
+    return image * (batch_size * (slots + INPUT_BYTES_PER_VALUE) + 2 * workers)
 
 _FIELDS = {"Rss:": "rss", "Pss:": "pss", "Private_Clean:": "private", "Private_Dirty:": "private"}
 

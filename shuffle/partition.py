@@ -9,6 +9,7 @@ shuffle.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from dimd.errors import DimdError
@@ -26,16 +27,37 @@ def split_groups(comm: Any, groups: int) -> Any:
     return comm.Split(color=rank // per_group, key=rank)
 
 
-def memory_problem(need: int, *, budget: int, memory_limit: int | None, rank: int,
-                   records: int, group_size: int, path: str, workers: int = 0) -> str | None:
-    """The error text when ``need`` bytes do not fit this rank's budget, else None."""
+@dataclass(frozen=True)
+class RankMemory:
+    """What a rank needs, in bytes, by what the user can change: the share of the records (and what a
+    shuffle sends of it), the decoding workers' own memory, the loaders' batches."""
+
+    share: int
+    workers: int = 0
+    batches: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.share + self.workers + self.batches
+
+
+def memory_problem(need: RankMemory, *, budget: int, memory_limit: int | None, rank: int, records: int,
+                   group_size: int, groups: int, path: str, workers: int = 0) -> str | None:
+    """The error text when ``need`` does not fit this rank's budget, else None; its advice is about the
+    largest part."""
     limits = [(budget, "available memory per rank on this node")]
     if memory_limit is not None:
         limits.append((memory_limit, "`memory_limit`"))
     for limit, what in limits:
-        if need > limit:
-            decoders = f" and its {workers} decoding worker{'s' * (workers != 1)}" if workers else ""
-            return (f"{path}: rank {rank}'s share ({records} records){decoders} needs {format_bytes(need)} "
-                    f"but the {what} is {format_bytes(limit)}; use more ranks per group "
-                    f"(fewer `groups`; a group now has {group_size} ranks) or more ranks")
+        if need.total > limit:
+            decoders = f", its {workers} decoding worker{'s' * (workers != 1)}" if workers else ""
+            batches = " and its batches" if need.batches else ""
+            fewer_groups = f"fewer `groups`: a group now has {group_size} ranks, or " if groups > 1 else ""
+            remedies = [(need.share, f"spread the set over more ranks ({fewer_groups}more ranks)"),
+                        (need.batches, "use a smaller batch or image size")]
+            if workers > 1:
+                remedies.append((need.workers, "use fewer decoding workers"))
+            advice = max(remedies, key=lambda remedy: remedy[0])[1]   # the largest part that can shrink
+            return (f"{path}: rank {rank}'s share ({records} records){decoders}{batches} need "
+                    f"{format_bytes(need.total)} but the {what} is {format_bytes(limit)}; {advice}")
     return None

@@ -36,7 +36,7 @@ from dimd.shuffle.streams import PLACEMENT, stream
 from dimd.host import available_memory
 from dimd.mpi import agree_or_raise, node_local_ranks
 from dimd.shares import balanced_bounds
-from dimd.shuffle.partition import memory_problem, split_groups
+from dimd.shuffle.partition import RankMemory, memory_problem, split_groups
 
 #: Bytes per read call of the load: few large reads, but a progress callback now and then.
 READ_CHUNK = 64 << 20
@@ -119,12 +119,14 @@ class DistributedStore:
 
     @classmethod
     def load(cls, path: str | os.PathLike, comm: Any, groups: int = 1, memory_limit: int | None = None,
-             *, decode_workers: int = 0, advance: Callable[[int], None] | None = None) -> "DistributedStore":
+             *, decode_workers: int = 0, batch_bytes: int = 0,
+             advance: Callable[[int], None] | None = None) -> "DistributedStore":
         """Collective over ``comm``: split into ``groups`` groups, load this rank's contiguous share.
 
         Every rank checks, before reading, that its share (with the send
-        buffer a shuffle needs, and the private memory of the
-        ``decode_workers`` processes that will decode it) fits its part of
+        buffer a shuffle needs, the private memory of the ``decode_workers``
+        processes that will decode it, and ``batch_bytes`` for the loaders'
+        batches: :func:`dimd.shuffle.memory.batch_memory`) fits its part of
         the node's available memory and ``memory_limit`` bytes; if any rank's
         does not, every rank raises :class:`DimdError`. The store itself is
         counted once: the workers map the rank's segment.
@@ -149,13 +151,14 @@ class DistributedStore:
         share = end - begin
         # A shuffle packs the records that leave the rank beside the store (at most the share again), in
         # a buffer it keeps for the next shuffle.
-        need = share * (2 if size > 1 else 1) + len(rows) * META_DTYPE.itemsize * 4
-        need += decode_workers * WORKER_PRIVATE_BYTES      # each worker's own interpreter and buffers
+        need = RankMemory(share=share * (2 if size > 1 else 1) + len(rows) * META_DTYPE.itemsize * 4,
+                          workers=decode_workers * WORKER_PRIVATE_BYTES,   # each one's interpreter and buffers
+                          batches=batch_bytes)
         budget = available_memory() // node_local_ranks(comm)   # MPI: the node's memory, shared by its ranks
         # MPI: every rank refuses if one must
         agree_or_raise(comm, memory_problem(need, budget=budget, memory_limit=memory_limit,
                                             rank=comm.Get_rank(), records=len(rows), workers=decode_workers,
-                                            group_size=size, path=str(dataset.data_path)))
+                                            group_size=size, groups=groups, path=str(dataset.data_path)))
 
         data, reads, problem = Segment(share, "dimd-store"), 0, None   # the decoding workers map it
         try:

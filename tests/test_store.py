@@ -45,9 +45,35 @@ def test_a_group_of_one_rank_shuffles_by_reordering_only(packed_sample, world):
     assert np.array_equal(store.global_index, first)
 
 
-def test_memory_limit_error_suggests_more_ranks_per_group(packed_sample, world):
-    with pytest.raises(DimdError, match=r"needs .* `memory_limit` is 1.0 KiB; use more ranks per group"):
+def test_memory_limit_error_suggests_more_ranks_when_the_share_is_the_most(packed_sample, world):
+    with pytest.raises(DimdError, match=r"need .* `memory_limit` is 1.0 KiB; spread the set over more ranks "
+                                        r"\(more ranks\)$"):
         DistributedStore.load(packed_sample, world, memory_limit=1024)
+
+
+def test_memory_error_advice_is_about_the_largest_part_that_can_shrink():
+    from dimd.shuffle.partition import RankMemory, memory_problem
+
+    def advice(need: RankMemory, workers: int = 1, groups: int = 1) -> str | None:
+        text = memory_problem(need, budget=100, memory_limit=None, rank=0, records=9, group_size=2,
+                              groups=groups, path="x.dimd", workers=workers)
+        return text and text.split("; ")[-1]
+
+    assert advice(RankMemory(share=90)) is None
+    assert advice(RankMemory(share=200), groups=2) == (
+        "spread the set over more ranks (fewer `groups`: a group now has 2 ranks, or more ranks)")
+    assert advice(RankMemory(share=10, workers=300), workers=6) == "use fewer decoding workers"
+    assert advice(RankMemory(share=10, workers=300), workers=1) == "spread the set over more ranks (more ranks)"
+    assert advice(RankMemory(share=10, workers=50, batches=900)) == "use a smaller batch or image size"
+
+
+def test_an_image_size_whose_batches_cannot_fit_is_refused_before_the_load(packed_sample, world):
+    from dimd.shuffle.memory import batch_memory
+
+    with pytest.raises(DimdError, match=r"its 2 decoding workers and its batches need .* TiB but the available "
+                                        r"memory per rank on this node is .*; use a smaller batch or image size"):
+        DistributedStore.load(packed_sample, world, decode_workers=2,
+                              batch_bytes=batch_memory(16, 100_000, slots=3, workers=2))
 
 
 def test_the_memory_limit_counts_the_store_once_and_each_decoding_workers_own_memory(packed_sample, world):
@@ -57,7 +83,7 @@ def test_the_memory_limit_counts_the_store_once_and_each_decoding_workers_own_me
     need = packed.data_path.stat().st_size + len(packed) * 24 * 4   # one rank: no shuffle buffer
     limit = need + WORKER_PRIVATE_BYTES                              # room for one worker, not two
     DistributedStore.load(packed_sample, world, memory_limit=limit, decode_workers=1)
-    with pytest.raises(DimdError, match=r"share \(48 records\) and its 2 decoding workers needs"):
+    with pytest.raises(DimdError, match=r"share \(48 records\), its 2 decoding workers need"):
         DistributedStore.load(packed_sample, world, memory_limit=limit, decode_workers=2)
 
 

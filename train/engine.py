@@ -141,6 +141,21 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
     return device_feed(loader, device, config.decode), device_feed(val_loader, device, config.decode)
 
 
+def prefetch_for(learners: int) -> int:
+    """Batches decoded ahead: a step takes one per learner, and two steps' worth keep the workers busy."""
+    return max(2, 2 * learners)
+
+
+def loaders_memory(config: TrainConfig, workers: int) -> int:
+    """Bytes the training and validation loaders' batches need at least (the load's memory check counts them)."""
+    from dimd.shuffle.memory import batch_memory
+
+    learners = int(config.learners) if config.sync == "sma" and config.learners not in (None, "auto") else 1
+    slots = 1 + prefetch_for(learners)   # the ring holds prefetch + 1 batches
+    return (batch_memory(config.batch_size, config.image_size, slots, workers)
+            + batch_memory(config.eval_batch_size or config.batch_size, config.image_size, 3, 0))
+
+
 def calibration_source(config: TrainConfig, store: Any, device: torch.device, workers: int) -> Any:
     """Training batches for SMA's batch-norm recompute, from a loader of their own (seed + 1) that
     shares the training loader's workers, so the training loader's position and batches stay as they are."""
@@ -270,7 +285,7 @@ class Trainer:
         t0 = time.perf_counter()
         workers = cfg.decode_workers or default_decode_workers(comm)   # MPI: the node's cores, shared by its ranks
         self.store = DistributedStore.load(cfg.train, comm, groups=cfg.groups, memory_limit=cfg.memory_limit,
-                                           decode_workers=workers)
+                                           decode_workers=workers, batch_bytes=loaders_memory(cfg, workers))
         self.val_store = DistributedStore.load(cfg.val, comm, groups=1, memory_limit=cfg.memory_limit)
         self.val_label_map = val_label_map(self.store.classes, self.val_store.classes, cfg.val, cfg.train)
         self.hooks.on_event(f"loaded {self.store.total} training and {self.val_store.total} validation records "
@@ -371,7 +386,7 @@ class Trainer:
                     state.tally.shuffle_seconds += self.reshuffle()
                 if batches is None:
                     batches = self.loader.epoch(state.epoch)
-                self.loader.prefetch = max(2, 2 * k)
+                self.loader.prefetch = prefetch_for(k)
                 t0 = time.perf_counter()
                 position = state.epoch * self.batches_per_epoch + done
                 mine = [next(batches) for _ in range(k)]

@@ -95,8 +95,10 @@ def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224,
     Normalise on the device with :class:`dimd.Normalize`.
     """
     from dimd.shuffle import BatchLoader, DistributedStore
+    from dimd.shuffle.memory import batch_memory
 
-    store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit, decode_workers=workers)
+    store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit, decode_workers=workers,
+                                  batch_bytes=batch_memory(batch_size, image_size, 3, workers))
     if train:   # MPI: round 0, as dimd train: in load order a rank's share is a few classes of a class-sorted pack
         store.shuffle(seed, 0)
     extra: dict[str, Any] = {} if crop_scale is None else {"crop_scale": crop_scale}

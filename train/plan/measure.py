@@ -162,16 +162,13 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
                                  "backward + optimizer step), less its allreduce"}))
 
 
-#: Bytes per image pixel channel of a step's input: the uint8 batch and its normalised float32 copy.
-INPUT_BYTES_PER_VALUE = 1 + 4
-
-
 def input_memory_problem(config: StepTimeConfig, budget: int) -> str | None:
     """Why the largest batch's input alone does not fit ``budget`` bytes per rank, or None.
 
     A lower bound (the model's activations come on top): enough to refuse an
     image size that could never run before torch tries to allocate it.
     """
+    from dimd.shuffle.memory import INPUT_BYTES_PER_VALUE
     from dimd.units import format_bytes
 
     batch = max(config.batch_sizes)
