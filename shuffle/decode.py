@@ -57,11 +57,13 @@ class DecodeError(DimdError):
 
 
 def _open(data: bytes | memoryview):
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     try:
         opened = Image.open(io.BytesIO(data))
-    except Exception as exc:  # PIL raises UnidentifiedImageError, OSError, ValueError...
+    except UnidentifiedImageError:   # its text names the BytesIO object, not the record
+        raise DecodeError("not a decodable image (no image format recognised)") from None
+    except Exception as exc:  # PIL raises OSError, ValueError...
         raise DecodeError(f"not a decodable image ({exc})") from None
     return opened if opened.mode in ("RGB", "L", "CMYK") else opened.convert("RGB")
 

@@ -115,7 +115,8 @@ def decode_task(task: Task, segments: dict[int, Segment]) -> None:
         except (DecodeError, OSError) as exc:
             number = int(np.frombuffer(task.records, np.int64)[k])
             where = task.paths[k] if task.paths is not None else f"{task.data_path}: record {number}"
-            raise DecodeError(f"{where}: {exc}") from None
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc   # not the path again
+            raise DecodeError(f"{where}: {why}") from None
 
 
 def _record(task: Task, data: np.ndarray | None, offsets: np.ndarray | None, lengths: np.ndarray | None,
@@ -184,10 +185,10 @@ def worker_main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     import dimd.shuffle.decode  # noqa: F401  (Pillow and the decoder load before "ready": start-up counts them)
 
-    sock.send(pickle.dumps(("ready", 0, None)))
     try:
+        sock.send(pickle.dumps(("ready", 0, None)))
         serve(sock)
-    except (ConnectionError, EOFError):
+    except (ConnectionError, EOFError):   # the rank closed its end (it ended, even as we started): so do we
         pass
 
 

@@ -295,6 +295,18 @@ def test_a_stop_signal_sent_while_a_worker_starts_is_held_until_it_ignores_it():
     assert {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT} == STOP_SIGNALS
 
 
+def test_a_worker_whose_rank_ended_while_it_started_leaves_quietly():
+    """The rank's end of the socket is closed before the worker says it is ready (its rank was killed)."""
+    import socket
+
+    ours, theirs = socket.socketpair()
+    ours.close()
+    worker = subprocess.run([sys.executable, "-m", "dimd.shuffle.decode_worker", str(theirs.fileno())],
+                            pass_fds=(theirs.fileno(),), capture_output=True, text=True, timeout=60)
+    theirs.close()
+    assert (worker.returncode, worker.stderr) == (0, "")
+
+
 @pytest.fixture(scope="module")
 def library_user(packed_sample):
     """``mpi_cases.py loader_as_a_library DATASET hold``, started as a user's own script (no launcher),

@@ -1,5 +1,7 @@
 """--read-from files: the same records, read from the original image files on each access."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -44,3 +46,20 @@ def test_files_cold_drops_each_files_cached_pages_before_reading_it(packed_sampl
     files = OriginalFiles(LocalShare(packed.data_path, [5, 9]), cold=True)
     assert files.record(0) == bytes(packed.record(5)) and files.record(1) == bytes(packed.record(9))
     assert dropped == [os.POSIX_FADV_DONTNEED] * 2   # one eviction per read, the same bytes
+
+
+def test_a_file_gone_mid_run_is_named_once_with_the_reason(packed_sample, sample_tree, world, tmp_path):
+    import shutil
+
+    from dimd.shuffle import BatchLoader, DistributedStore
+
+    root = tmp_path / "train"
+    shutil.copytree(sample_tree, root)
+    store = DistributedStore.load(packed_sample, world)
+    files = OriginalFiles(store, root)
+    gone = files.record_paths([5])[0]
+    Path(gone).unlink()
+    with BatchLoader(files, batch_size=8, image_size=24, train=False, workers=1) as loader:
+        with pytest.raises(DimdError) as error:
+            list(loader.epoch(0))
+    assert str(error.value) == f"{gone}: No such file or directory"
