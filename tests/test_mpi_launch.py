@@ -95,3 +95,14 @@ def test_a_warning_right_after_mpi_starts_is_not_lost_and_is_named_on_every_rank
     result = json.loads((tmp_path / "train.json").read_text())["result"]
     assert result["stopped_by"] == "SIGUSR1"
     assert torch.load(result["checkpoint"], weights_only=True)["step"] == 1
+
+
+@pytest.mark.mpi
+def test_a_stop_without_a_checkpoint_folder_says_nothing_was_saved(packed_sample, tmp_path):
+    proc = mpi_run("dimd_warned_right_after_mpi_starts", 2, "all", "train", packed_sample, "--val", packed_sample,
+                   "--model", "lenet", "--image-size", "32", "--epochs", "50", "--batch-size", "8",
+                   "--decode-workers", "1", "--threads", "1", "--json", tmp_path / "train.json", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("stopped by SIGUSR1 after step 1; no checkpoint written (no --checkpoint-dir): a new run starts over"
+            in proc.stdout)
+    assert json.loads((tmp_path / "train.json").read_text())["result"]["checkpoint"] is None

@@ -312,8 +312,9 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
         if lock is not None:
             lock.release()
     if result.stopped_by:
-        say(f"stopped by {result.stopped_by} after step {trainer.state.step}; checkpoint {result.checkpoint}; "
-            f"run again with --resume to continue")
+        after = f"stopped by {result.stopped_by} after step {trainer.state.step}"
+        say(f"{after}; checkpoint {result.checkpoint}; run again with --resume to continue"
+            if result.checkpoint else f"{after}; no checkpoint written (no --checkpoint-dir): a new run starts over")
     elif result.final is not None:
         final = result.final
         say(f"done: val top1 {100 * final.val_top1:.1f}% top5 {100 * final.val_top5:.1f}% after "
