@@ -12,16 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dimd.errors import DimdError
 from dimd.units import format_bytes
 
 
 def split_groups(comm: Any, groups: int) -> Any:
     """The communicator of this rank's group: ``groups`` groups of consecutive ranks."""
+    from dimd.mpi import agreed
+
     size = comm.Get_size()
-    if groups < 1 or size % groups:
-        raise DimdError(f"`groups` {groups} does not divide the {size} ranks of the job "
-                        f"(choose a divisor of {size})")
+    if groups < 1 or size % groups:   # every rank finds it alike
+        raise agreed(comm, f"`groups` {groups} does not divide the {size} ranks of the job "
+                           f"(choose a divisor of {size})")
     per_group = size // groups
     rank = comm.Get_rank()
     return comm.Split(color=rank // per_group, key=rank)

@@ -73,6 +73,29 @@ def test_only_a_problem_the_whole_job_shares_lets_it_end_in_order():
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("args, code, line", [
+    (["train", "{data}", "--val", "{data}", "--model", "lenet", "--batch-size", "0"], 2,
+     "dimd: error: Invalid value for '--batch-size': must be at least 1 (got 0)"),
+    (["shuffle", "{data}", "--groups", "3"], 1,
+     "dimd: error: --groups 3 does not divide the 2 ranks of the job (choose a divisor of 2)"),
+    (["train", "{data}", "--val", "{data}", "--model", "lenet", "--image-size", "32", "--epochs", "1",
+      "--batch-size", "8", "--decode-workers", "1", "--resume-from", "{data}.dimd"], 1,
+     "dimd: error: {data}.dimd: not a readable dimd checkpoint (not the zip archive torch.save writes: "
+     "truncated, overwritten or another kind of file)"),
+])
+def test_a_problem_every_rank_finds_after_mpi_started_ends_the_job_in_order(packed_sample, args, code, line,
+                                                                            mpi_leaves_no_files):
+    """An option its config refuses, groups that do not divide the ranks, a file that is no checkpoint: one
+    line from rank 0 and every rank's exit through MPI_Finalize, not MPI_Abort (whose hydra leaves a file)."""
+    from conftest import run_mpi_dimd
+
+    proc = run_mpi_dimd(2, *[a.format(data=packed_sample) for a in args], timeout=120)
+    assert proc.returncode == code
+    assert [text for text in proc.stderr.splitlines() if "dimd:" in text or "Abort" in text] == [
+        line.format(data=packed_sample)]
+
+
+@pytest.mark.mpi
 def test_a_rank_left_waiting_for_a_silent_peer_ends_the_job_with_one_line(mpi_leaves_no_files):
     """The stall watchdog: rank 1 stops answering, rank 0 names itself, its host and the wait, and the job ends."""
     proc = mpi_run("a_peer_stops_answering", 2, 1, timeout=60)

@@ -37,7 +37,7 @@ from torch import nn
 
 from dimd.errors import DimdError
 from dimd.fsutil import atomic_path
-from dimd.mpi import agreed, require_on_every_rank
+from dimd.mpi import agree_or_raise, agreed, require_on_every_rank
 from dimd.train.config import TrainConfig
 from dimd.train.model_source import recorded_source
 from dimd.train.results import EpochMetrics, EpochTally, Evaluation
@@ -304,14 +304,12 @@ def run_document(run: Run, state: RunState) -> dict[str, Any] | None:
     }
 
 
-def restore_run(run: Run, path: str) -> tuple[RunState, list[str]]:
-    """Continue ``run`` from the checkpoint at ``path``: exactly on the same layout, from an epoch
-    boundary otherwise. Collective (the store's shuffle is replayed); returns the state to go on
-    from and what had to change, as log lines."""
+def _restore_model_and_strategy(run: Run, path: str, layout: dict[str, Any]
+                                ) -> tuple[dict[str, Any], bool, dict[str, Any], list[str]]:
+    """This rank's part of :func:`restore_run` before anything collective: (the checkpoint, whether it
+    has this run's layout, this rank's saved state, notes)."""
     document = load_checkpoint(path)
-    config, comm = run.config, run.comm
-    check_fits(path, document, config, list(run.store.classes))
-    layout = run_layout(config, comm.Get_size())
+    check_fits(path, document, run.config, list(run.store.classes))
     position = document.get("position") or {"epoch": document["epoch"], "batch": 0}
     same_layout = document.get("layout") == layout
     if not same_layout and position["batch"]:
@@ -320,11 +318,28 @@ def restore_run(run: Run, path: str) -> tuple[RunState, list[str]]:
         run.model.load_state_dict(document["model"])
     except (RuntimeError, ValueError, KeyError) as exc:
         raise DimdError(f"{path}: does not fit this model ({str(exc).splitlines()[0]})") from None
-    mine: dict[str, Any] = document["ranks"][comm.Get_rank()] if same_layout else {}
+    mine: dict[str, Any] = document["ranks"][run.comm.Get_rank()] if same_layout else {}
     try:
         notes = run.strategy.load_state(document["strategy"], mine["strategy"] if same_layout else None)
     except (RuntimeError, ValueError, KeyError) as exc:
         raise DimdError(f"{path}: does not fit this run ({str(exc).splitlines()[0]})") from None
+    return document, same_layout, mine, notes
+
+
+def restore_run(run: Run, path: str) -> tuple[RunState, list[str]]:
+    """Continue ``run`` from the checkpoint at ``path``: exactly on the same layout, from an epoch
+    boundary otherwise. Collective (the store's shuffle is replayed); returns the state to go on
+    from and what had to change, as log lines."""
+    config, comm = run.config, run.comm
+    layout = run_layout(config, comm.Get_size())
+    restored, problem = None, None
+    try:
+        restored = _restore_model_and_strategy(run, path, layout)
+    except DimdError as exc:
+        problem = str(exc)
+    agree_or_raise(comm, problem)   # MPI: a checkpoint one rank cannot take stops every rank, in order
+    assert restored is not None
+    document, same_layout, mine, notes = restored
     state = RunState(epoch=int(document["epoch"]), step=int(document["step"]), images=int(document["images"]),
                      next_eval_images=int(document["next_eval_images"]),
                      train_seconds=float(document.get("train_seconds", 0.0)),

@@ -287,7 +287,10 @@ class Trainer:
         self.store = DistributedStore.load(cfg.train, comm, groups=cfg.groups, memory_limit=cfg.memory_limit,
                                            decode_workers=workers, batch_bytes=loaders_memory(cfg, workers))
         self.val_store = DistributedStore.load(cfg.val, comm, groups=1, memory_limit=cfg.memory_limit)
-        self.val_label_map = val_label_map(self.store.classes, self.val_store.classes, cfg.val, cfg.train)
+        try:
+            self.val_label_map = val_label_map(self.store.classes, self.val_store.classes, cfg.val, cfg.train)
+        except DimdError as exc:   # every rank read the same two indexes
+            raise agreed(comm, str(exc)) from None
         self.hooks.on_event(f"loaded {self.store.total} training and {self.val_store.total} validation records "
                             f"into memory in {time.perf_counter() - t0:.1f}s")
         self.loader, self.val_loader = make_loaders(cfg, self.store, self.val_store, self.device, workers)

@@ -7,8 +7,9 @@ bad ``--json`` path fails the job at start-up with one line. A
 :class:`DimdError` becomes a one-line message, any other exception a
 traceback; then the job is aborted (``MPI_Abort``), so no rank is left
 waiting in a collective. An error every rank raised together
-(:class:`dimd.mpi.AgreedError`: an output path, a data set, a checkpoint) ends
-the job in order instead: one line, then every rank exits through
+(:class:`dimd.mpi.AgreedError`: an output path, a data set, a checkpoint, or
+a usage error such as an option's value that its config refuses) ends the
+job in order instead: one line, then every rank exits through
 ``MPI_Finalize``. A launch that gave every process a world of its
 own (plain ``srun`` without a PMI) stops at once, with one line from the
 launcher's first process.
@@ -68,8 +69,8 @@ def mpi_command(thread_level: ThreadLevel = "single", *,
                 if exc.code in (0, None):
                     raise
                 abort_job(comm, f"exit status {exc.code}", 1)
-            except click.UsageError as exc:
-                abort_job(comm, exc.format_message(), 2)
+            except click.UsageError as exc:   # an option's value its config refused: every rank parsed the same line
+                leave_together(comm, leaving, exc.format_message(), 2)
             except AgreedError as exc:
                 leave_together(comm, leaving, cli_message(str(exc)), 1)
             except DimdError as exc:
