@@ -80,7 +80,8 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
                                 "--image-size", m["image_size"], "--batch-size", m["batch_size"],
                                 "--epochs", p["epochs"], "--lr", 0.05, "--schedule", "constant",
                                 "--decode-workers", p["workers"], "--allreduce", "multicolor",
-                                "--read-from", way["read_from"], "--files-root", root],
+                                "--read-from", way["read_from"],
+                                *(["--files-root", root] if way["read_from"] != "memory" else [])],
                                ctx.folder() / f"{tag}.json", ranks=p["ranks"], wrap=wrap)
                 figures = doc["result"]
                 if info is not None:

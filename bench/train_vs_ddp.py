@@ -200,8 +200,8 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
                                 "--image-size", p["image_size"], "--batch-size", p["batch_size"],
                                 "--epochs", p["epochs"], "--lr", p["lr"], "--schedule", "constant",
                                 "--decode-workers", p["workers"], "--threads", p["threads"],
-                                "--read-from", "files" if "files" in setup else "memory",
-                                "--files-root", data.files], path, ranks=p["ranks"])
+                                *(["--read-from", "files", "--files-root", data.files] if "files" in setup
+                                  else [])], path, ranks=p["ranks"])
             runs[setup].append(steady(doc["result"]["history"]))
     summary = {setup: {"images_per_s": spread(r["images_per_s"] for r in results),
                        "epoch_seconds": spread(r["train_seconds"] for r in results),

@@ -85,6 +85,8 @@ def test_configs_refuse_nonsense_from_python_too():
         TrainConfig(train="t", val="v", threads=-1)
     with pytest.raises(ConfigError, match="warmup_epochs must be a finite number"):
         TrainConfig(train="t", val="v", warmup_epochs=float("inf"))
+    with pytest.raises(ConfigError, match="files_root is where `read_from` files or files-cold finds"):
+        TrainConfig(train="t", val="v", files_root="images")   # read from memory: the folder would go unread
     with pytest.raises(ConfigError, match="quality must be in"):
         PackConfig(src="a", out="b", quality=0)
     assert isinstance(ConfigError("x", "y"), DimdError)

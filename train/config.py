@@ -134,6 +134,8 @@ class TrainConfig:
                 "gpu needs a GPU: leave out `device` cpu (or decode on the cpu)")
         require(self.decode == "cpu" or self.read_from == "memory", "decode",
                 "gpu decodes the records held in memory: leave out `read_from`")
+        require(self.files_root is None or self.read_from != "memory", "files_root",
+                "is where `read_from` files or files-cold finds the original images; give one of those too")
 
     def _check_sync(self) -> None:
         one_of(self, "sync", SYNCS)
