@@ -101,6 +101,13 @@ class StallWatchdog:
             self._thread = None
 
 
+def stall_timeout_problem(timeout: float) -> str | None:
+    """Why ``timeout`` is no stall timeout for a library caller (a negative or infinite one), or None."""
+    if 0 <= timeout < float("inf"):
+        return None
+    return f"stall_timeout must be 0 (wait for ever) or more seconds, got {timeout}"
+
+
 def watch_job(comm: Any, timeout: float) -> StallWatchdog:
     """The watchdog of a job on ``comm`` that ends it (:func:`job_ender`); off for one rank, who waits for nobody.
 

@@ -10,11 +10,13 @@ from conftest import run_mpi
 import dimd
 
 SCRIPT = textwrap.dedent("""
+    import sys
     import dimd
     from dimd.errors import DimdError
 
     comm, device = dimd.init(device="cpu")
-    print(f"rank {comm.Get_rank()} of {comm.Get_size()} on {device}", flush=True)
+    sys.stdout.write(f"rank {comm.Get_rank()} of {comm.Get_size()} on {device}\\n")   # one write: the ranks
+    sys.stdout.flush()                                                                 # share the launcher's stdout
     if comm.Get_rank() == 1:
         raise DimdError("train.dimd: no such file")
     comm.Barrier()   # rank 0 would wait here forever without the abort
@@ -22,7 +24,7 @@ SCRIPT = textwrap.dedent("""
 
 
 LOST_PEER = textwrap.dedent("""
-    import socket, time
+    import socket, sys, time
     import torch, torch.nn.functional as F
     import dimd
 
@@ -30,7 +32,8 @@ LOST_PEER = textwrap.dedent("""
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     dimd.DistributedGradients(model, optimizer=optimizer, algorithm="ring", stall_timeout=1)
-    print(f"rank {comm.Get_rank()} on {socket.gethostname()}", flush=True)
+    sys.stdout.write(f"rank {comm.Get_rank()} on {socket.gethostname()}\\n")   # one write: not split by
+    sys.stdout.flush()                                                        # the other rank's line
     if comm.Get_rank() == 1:
         time.sleep(120)   # alive, but gone as far as the job can tell: a peer whose host left the network
     F.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,))).backward()
@@ -47,6 +50,17 @@ OTHER_MODEL = textwrap.dedent("""
     if comm.Get_rank() == 1:
         layers += [torch.nn.ReLU(), torch.nn.Linear(2, 2)]   # one layer more: one broadcast more
     dimd.DistributedGradients(torch.nn.Sequential(*layers), algorithm="ring")
+""")
+
+
+LEAVES_EARLY = textwrap.dedent("""
+    import sys
+    import dimd
+
+    comm, device = dimd.init(device="cpu", stall_timeout=2)
+    if comm.Get_rank() == 1:
+        sys.exit(3)       # a check of its own fails: SystemExit reaches no exception hook
+    comm.Barrier()        # rank 0 waits here for rank 1
 """)
 
 
@@ -84,12 +98,18 @@ def test_a_peer_that_stops_answering_ends_a_users_script_with_one_line(tmp_path,
 
 
 @pytest.mark.mpi
-def test_a_model_that_differs_between_ranks_ends_the_job_with_one_line(tmp_path, mpi_leaves_no_files):
-    proc = run_users_script(tmp_path, OTHER_MODEL, timeout=60)
+@pytest.mark.parametrize("script, line", [
+    (OTHER_MODEL, "dimd: error: rank 1's model differs from rank 0's: 6 parameters and buffers against 4 (the "
+                  "first one only on rank 1: 4.weight [2, 2] float32); build the same model"),
+    (LEAVES_EARLY, "dimd: error: rank 1: this rank's script ended, but after 2 s some ranks have not (they may "
+                   "wait for this one in a collective); ending the job (`stall_timeout` of dimd.init() sets the "
+                   "wait)"),
+], ids=["a model that differs between ranks", "one rank that leaves early"])
+def test_a_script_that_goes_astray_on_one_rank_ends_the_job_with_one_line(tmp_path, script, line,
+                                                                         mpi_leaves_no_files):
+    proc = run_users_script(tmp_path, script, timeout=60)
     assert proc.returncode != 0
-    assert [line for line in proc.stderr.splitlines() if line.startswith("dimd:")] == [
-        "dimd: error: rank 1's model differs from rank 0's: 6 parameters and buffers against 4 (the first one "
-        "only on rank 1: 4.weight [2, 2] float32); build the same model"]
+    assert [text for text in proc.stderr.splitlines() if text.startswith("dimd:")] == [line]
 
 
 def test_distributed_gradients_refuses_a_negative_stall_timeout():

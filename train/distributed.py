@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from dimd.errors import DimdError
-from dimd.stall import STALL_TIMEOUT_S, watch_job
+from dimd.stall import STALL_TIMEOUT_S, stall_timeout_problem, watch_job
 from dimd.train.buckets import DEFAULT_BUCKET_MB, GradientBuckets
 
 
@@ -65,8 +65,9 @@ class DistributedGradients:
         from dimd.allreduce import STANDALONE, get_algorithm
         from dimd.train.sgd import broadcast_state
 
-        if not 0 <= stall_timeout < float("inf"):
-            raise DimdError(f"stall_timeout must be 0 (wait for ever) or more seconds, got {stall_timeout}")
+        problem = stall_timeout_problem(stall_timeout)
+        if problem:
+            raise DimdError(problem)
         if comm is None:
             comm = _world()
         if bucket_mb < 0:

@@ -8,12 +8,15 @@
 runs its own loop under ``mpiexec``: MPI at a thread level that lets
 :class:`dimd.DistributedGradients` reduce on its communication thread, the
 launch check that refuses N separate one-rank jobs, torch threads shared
-out among the node's ranks, one GPU per rank, and an exception hook that ends
-the whole job (``MPI_Abort``) when one rank fails, so no rank is left waiting.
+out among the node's ranks, one GPU per rank, an exception hook that ends
+the whole job (``MPI_Abort``) when one rank fails, so no rank is left waiting,
+and a watch at exit for a rank whose script ended while others still wait
+for it (``sys.exit`` on one rank, which no exception hook sees).
 """
 
 from __future__ import annotations
 
+import atexit
 import sys
 import time
 import traceback
@@ -22,6 +25,7 @@ from typing import Any, NamedTuple
 import torch
 
 from dimd.errors import DimdError
+from dimd.stall import STALL_TIMEOUT_S, stall_timeout_problem
 from dimd.mpi import (FORWARD_GRACE_S, AgreedError, LaunchMismatch, ThreadLevel, abort, init_mpi,
                       leave_it_to_the_first_task)
 
@@ -34,7 +38,8 @@ class Job(NamedTuple):
 
 
 def init(*, device: str = "auto", threads: int | None = None,
-         thread_level: ThreadLevel = "serialized", abort_on_error: bool = True) -> Job:
+         thread_level: ThreadLevel = "serialized", abort_on_error: bool = True,
+         stall_timeout: float = STALL_TIMEOUT_S) -> Job:
     """Start MPI and pick this rank's device; collective, call it once before anything imports ``mpi4py.MPI``.
 
     ``device``: ``auto`` (one GPU per rank of the node when CUDA is there,
@@ -44,11 +49,19 @@ def init(*, device: str = "auto", threads: int | None = None,
     while the main thread does not (what DistributedGradients needs); ask for
     ``multiple`` if the script calls MPI itself between backward and step.
     ``abort_on_error``: an uncaught exception on any rank prints its
-    traceback (a :class:`DimdError`: one line) and aborts every rank. When a
+    traceback (a :class:`DimdError`: one line) and aborts every rank; and a
+    rank whose script ends (its last line, or ``sys.exit`` on that rank
+    alone) waits up to ``stall_timeout`` seconds for the others to end too,
+    then ends the job with one line: a rank still waiting for it in a
+    collective would otherwise wait for ever (0: no limit). When a
     launcher started N processes each in a world of one rank, none starts: the
     first prints one line and exits 1, the others exit 0 at once.
     """
     from dimd.train.hardware import pick_device, set_threads
+
+    problem = stall_timeout_problem(stall_timeout)
+    if problem:
+        raise DimdError(problem)
 
     try:
         init_mpi(thread_level)
@@ -60,6 +73,8 @@ def init(*, device: str = "auto", threads: int | None = None,
     comm = MPI.COMM_WORLD
     if abort_on_error and comm.Get_size() > 1:
         sys.excepthook = _abort_job_hook(comm)
+        # MPI: a communicator only the exit uses (Dup is collective); atexit runs this before mpi4py's MPI_Finalize
+        atexit.register(_end_together, comm, comm.Dup(), stall_timeout)
     set_threads(threads, comm)   # MPI: the node's cores are shared by its ranks
     return Job(comm, pick_device(device, comm))
 
@@ -77,6 +92,32 @@ def _abort_job_hook(comm: Any) -> Any:
         time.sleep(FORWARD_GRACE_S)   # the launcher forwards the line before the abort tears it down
         abort(comm, 1)   # MPI: end every rank, none left waiting in a collective
     return hook
+
+
+def _end_together(comm: Any, leaving: Any, timeout: float) -> None:
+    """At this rank's exit: wait for every rank to exit too, or end the job after ``timeout`` seconds.
+
+    A script that leaves on one rank (``sys.exit``, a ``break`` out of the
+    loop that the others do not take) would otherwise hang the job: that
+    rank's ``MPI_Finalize`` waits for the others, which wait in a collective
+    for it. A barrier on ``leaving``, polled, tells the two apart.
+    """
+    from mpi4py import MPI
+
+    if MPI.Is_finalized():
+        return
+    everyone = leaving.Ibarrier()   # MPI: every rank arrives here at its exit
+    deadline = time.monotonic() + timeout if timeout else float("inf")
+    while not everyone.Test():
+        if time.monotonic() > deadline:
+            sys.stdout.flush()
+            sys.stderr.write(f"dimd: error: rank {comm.Get_rank()}: this rank's script ended, but after "
+                             f"{timeout:g} s some ranks have not (they may wait for this one in a collective); "
+                             f"ending the job (`stall_timeout` of dimd.init() sets the wait)\n")
+            sys.stderr.flush()
+            time.sleep(FORWARD_GRACE_S)
+            abort(comm, 1)
+        time.sleep(0.01)
 
 
 def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224, train: bool = True,
