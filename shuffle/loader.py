@@ -269,6 +269,7 @@ class BatchLoader:
         slot = step % self._slots
         draw_key = (self.seed, self.rank, epoch, step) if self.train else None
         offsets, lengths = (None, None) if paths is not None else store.locate(indices)
+        crcs = None if paths is not None else store.crc32[indices]
         records = store.global_index[indices]
         labels = store.labels[indices].astype(np.int64)   # now: a shuffle before the batch is read moves them
         tickets, parts = [], min(self.workers, n)
@@ -279,6 +280,7 @@ class BatchLoader:
                         source=self._store_key if paths is None else None,
                         offsets=None if offsets is None else int64_bytes(offsets[lo:hi]),
                         lengths=None if lengths is None else int64_bytes(lengths[lo:hi]),
+                        crcs=None if crcs is None else int64_bytes(crcs[lo:hi]),
                         paths=paths(indices[lo:hi]) if paths is not None else None,
                         cold=bool(getattr(store, "cold", False)),
                         records=int64_bytes(records[lo:hi]), data_path=str(store.path))

@@ -295,6 +295,46 @@ def test_a_stop_signal_sent_while_a_worker_starts_is_held_until_it_ignores_it():
     assert {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT} == STOP_SIGNALS
 
 
+def test_a_record_whose_bytes_changed_since_the_pack_is_named_even_if_it_decodes(tmp_path, packed_sample, world):
+    import shutil
+
+    stem = tmp_path / "flipped"
+    for suffix in (".dimd", ".idx.h5"):
+        shutil.copy(packed_sample.with_suffix(suffix), stem.with_suffix(suffix))
+    packed = PackedDataset(stem)
+    offset = int(packed.records["offset"][7]) + int(packed.records["length"][7]) // 2   # entropy-coded data
+    data = bytearray(stem.with_suffix(".dimd").read_bytes())
+    data[offset] ^= 0x01
+    stem.with_suffix(".dimd").write_bytes(bytes(data))
+    store = DistributedStore.load(stem, world)   # the load's spot check reads the first and last record only
+    with BatchLoader(store, batch_size=4, image_size=24, train=False) as loader, pytest.raises(
+            DimdError, match=r"flipped.dimd: record 7: crc32 [0-9a-f]{8}, the index says [0-9a-f]{8} \(the bytes "
+                             r"changed since the pack"):
+        collect(loader, 0)
+
+
+def test_a_loader_dropped_while_a_pool_starts_is_closed_without_a_deadlock(packed_sample):
+    """The garbage collector may close a dropped loader in the thread that holds the pools' lock to start a
+    pool (Popen allocates); in a process of its own, as a deadlock would hang it."""
+    script = f"""
+import gc
+from dimd.mpi import init_mpi
+init_mpi("funneled")
+from mpi4py import MPI
+from dimd.shuffle import BatchLoader, DistributedStore
+from dimd.shuffle.workers import DecodeWorkers
+store = DistributedStore.load({str(packed_sample)!r}, MPI.COMM_WORLD)
+loader = BatchLoader(store, batch_size=4, image_size=24, workers=1)
+next(loader.epoch(0))
+with DecodeWorkers._pools_lock:   # what DecodeWorkers.shared() holds while it starts a pool
+    del loader, store             # the two hold each other (the store's on_change hook): a cycle, so
+    gc.collect()                  # the collector runs the loader's __del__, which releases the pool
+print("closed")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "closed\n", proc.stderr
+
+
 def test_a_worker_whose_rank_ended_while_it_started_leaves_quietly():
     """The rank's end of the socket is closed before the worker says it is ready (its rank was killed)."""
     import socket
