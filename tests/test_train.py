@@ -57,6 +57,7 @@ def test_two_ranks_train_stay_identical_and_loss_falls(straight_run):
     assert set(history[0]["time_split"]) == {"data", "compute", "allreduce", "optimizer", "sync"}
     assert 0 <= result["val_top1"] <= result["val_top5"] <= 1
     assert doc["mpi"]["world_size"] == 2 and doc["parameters"]["model"] == "resnet20"
+    assert (result["threads"], result["decode_workers"]) == (1, 1)   # what the options came to
     assert doc["commit"] and doc["date"]
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3, 4]

@@ -283,7 +283,7 @@ class Trainer:
 
         # -- data: each rank's share in memory, and the loaders over it
         t0 = time.perf_counter()
-        workers = cfg.decode_workers or default_decode_workers(comm)   # MPI: the node's cores, shared by its ranks
+        self.decode_workers = workers = cfg.decode_workers or default_decode_workers(comm)   # MPI: the node's cores
         self.store = DistributedStore.load(cfg.train, comm, groups=cfg.groups, memory_limit=cfg.memory_limit,
                                            decode_workers=workers, batch_bytes=loaders_memory(cfg, workers))
         self.val_store = DistributedStore.load(cfg.val, comm, groups=1, memory_limit=cfg.memory_limit)
@@ -575,7 +575,7 @@ class Trainer:
             sync=self.strategy.name, strategy={k: v for k, v in figures.items() if k != "learners_per_rank"},
             epochs=self.state.history, evaluations=self.state.evaluations, resumed_from=self.resumed_from,
             stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=self.threads,
-            run_id=self.state.run_id, memory=self.memory)
+            decode_workers=self.decode_workers, run_id=self.state.run_id, memory=self.memory)
         result.replicas_identical = replicas_identical
         result.seconds = time.perf_counter() - self.started
         return result

@@ -129,6 +129,7 @@ class TrainResult:
     replicas_identical: bool | None = None
     seconds: float = 0.0
     threads: int = 0                    # torch compute threads per rank
+    decode_workers: int = 0             # the loader's decoding processes per rank
     run_id: str | None = None           # the run's id, as its checkpoints record it
     memory: list[dict[str, int]] = field(default_factory=list)   # per rank, at the last epoch's end
 
@@ -153,7 +154,8 @@ class TrainResult:
             "lr_batch": self.lr_batch, "schedule": self.schedule, "resumed_from": self.resumed_from,
             "stopped_by": self.stopped_by,
             "checkpoint": self.checkpoint, "replicas_identical": self.replicas_identical,
-            "seconds": self.seconds, "threads": self.threads, "run_id": self.run_id, "epochs_run": len(run),
+            "seconds": self.seconds, "threads": self.threads,
+            "decode_workers": self.decode_workers, "run_id": self.run_id, "epochs_run": len(run),
             "memory_per_rank": self.memory,
             "images_per_s": images / train_s if train_s > 0 else 0.0,
             "time_split": split,
