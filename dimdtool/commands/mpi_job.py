@@ -79,7 +79,7 @@ def mpi_command(thread_level: ThreadLevel = "single", *,
                 from dimd.signals import interrupt_exit
 
                 message, code = interrupt_exit(exc)
-                abort_job(comm, message, code)
+                abort_job(comm, message, code, prefix="dimd: ")   # not an error: `dimd: rank 0: interrupted`
             except BaseException:  # a bug: show where, then end every rank
                 abort_job(comm, traceback.format_exc().rstrip(), 1)
             finally:   # reached by every rank alike (an abort never returns): the command's end, or the ordered exit
@@ -145,12 +145,12 @@ def leave_together(comm: Any, leaving: Any, message: str, code: int) -> None:
     sys.exit(code)
 
 
-def abort_job(comm: Any, message: str, code: int, *, said: bool = False) -> None:
+def abort_job(comm: Any, message: str, code: int, *, said: bool = False, prefix: str = "dimd: error: ") -> None:
     """Print ``message`` once (unless this rank ``said`` it already) and end every rank of ``comm``'s job."""
     rank, size = comm.Get_rank(), comm.Get_size()
     if rank != 0:
         time.sleep(_NONZERO_RANK_GRACE_S)
-    prefix = "dimd: error: " if size == 1 else f"dimd: error: rank {rank}: "
+    prefix = prefix if size == 1 else f"{prefix}rank {rank}: "
     if not said:
         write_line(sys.stderr, prefix + message)   # one write: under -u, print's two may be split by stdout
     sys.stdout.flush()
