@@ -690,7 +690,8 @@ def overlap_on_and_off_train_alike(algorithm: str = "ring") -> None:
     """Six SGD steps (momentum, gradients clipped between backward and step, as in a DDP script) with
     overlap on and off.
 
-    Each rank leaves a branch unused in some steps. Rank 0 prints whether the two runs' weights are
+    Each rank leaves a branch unused in some steps; one step accumulates two passes inside no_sync()
+    and another finds one rank with no backward pass at all. Rank 0 prints whether the two runs' weights are
     bit-identical and whether every rank holds the same weights::
 
         mpiexec -n 3 python -m mpi4py tests/mpi_cases.py overlap_on_and_off_train_alike ring
@@ -716,8 +717,14 @@ def overlap_on_and_off_train_alike(algorithm: str = "ring") -> None:
             model.branch = "ab" if (step + rank) % 3 else "a"
             x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
             optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)   # reads and scales every .grad
+            if step == 3:     # every pass accumulates inside no_sync(); the step reduces the sum
+                with grads.no_sync():
+                    F.cross_entropy(model(x), y).backward()
+                    F.cross_entropy(model(2 * x), y).backward()
+            elif step != 4 or rank != 1:   # at step 4 rank 1 runs no backward pass: it takes part as zeros
+                F.cross_entropy(model(x), y).backward()
+            if step != 4:   # (rank 1's gradients are averaged only at the step there: nothing to clip before)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)   # reads and scales every .grad
             optimizer.step()
         grads.close()
         return model

@@ -116,7 +116,7 @@ class GradientBuckets:
         self._pending = list(self.sizes)
         self._ready = [False] * len(self.parameters)
         self._next = 0   # the next bucket to start; every rank starts them in this order
-        self._end_queued = False
+        self._end_queued = False   # at_backward_end is queued with the backward pass now running
 
     # -- during backward ------------------------------------------------------------------
 
@@ -127,10 +127,10 @@ class GradientBuckets:
         if grad is not None and grad.data_ptr() != view.data_ptr():
             view.copy_(grad)          # zero_grad(set_to_none=True) replaced it: back into the buffer
             parameter.grad = view
+        self.reduced = False   # a new gradient (inside no_sync too): what a synchronize() would sum changed
         if not self.syncing:
             return
-        self.reduced = False
-        if self.at_backward_end is not None and not self._end_queued:
+        if self.at_backward_end is not None and not self._end_queued:   # this backward pass's first gradient
             self._end_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self.at_backward_end)
         if not self.overlap:

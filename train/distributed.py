@@ -102,8 +102,9 @@ class DistributedGradients:
         self.buckets = GradientBuckets(model.parameters(), self._reduce, self.world_size,
                                        bucket_bytes=bucket_bytes, overlap=overlap, average=average,
                                        device_reduce=device_reduce, at_backward_end=self.synchronize)
-        self._step_hook = (optimizer.register_step_pre_hook(lambda *_: self.synchronize())
-                           if optimizer is not None else None)
+        self._step_hooks = ([optimizer.register_step_pre_hook(lambda *_: self.synchronize()),
+                             optimizer.register_step_post_hook(lambda *_: self._consumed())]
+                            if optimizer is not None else [])
         self._steps = 0
         # MPI: a wait for the other ranks that outlasts `stall_timeout` (a peer's host is gone) ends the job
         self._watchdog = watch_job(comm, stall_timeout).__enter__()
@@ -121,11 +122,13 @@ class DistributedGradients:
         """Collective: wait until every bucket is reduced (and averaged); then sync buffers if asked.
 
         Each synchronized backward pass runs it as it ends, so afterwards it
-        does nothing until the next gradient comes (the optimizer passed in
-        calls it before each step; a Horovod-style loop calls it before
-        clipping). On a rank that ran no backward pass since, it reduces
-        zeros. Calling it inside :meth:`no_sync` is an error: the step would
-        use this rank's gradients alone.
+        does nothing until the next gradient comes, the optimizer passed in
+        has stepped, or :meth:`zero_grad` ran (the optimizer calls it before
+        each step; a Horovod-style loop calls it before clipping). So on a
+        rank that ran no backward pass since the last step, it reduces what
+        ``.grad`` holds (zeros after a ``zero_grad``), as the other ranks'
+        backward passes do. Calling it inside :meth:`no_sync` is an error: the
+        step would use this rank's gradients alone.
         """
         if not self.buckets.syncing:
             raise DimdError("optimizer.step()/synchronize() inside no_sync(): the gradients were not "
@@ -148,12 +151,18 @@ class DistributedGradients:
         """Zero the gradients in one pass over the flat buffer (``optimizer.zero_grad()`` works too,
         at the cost of copying each new gradient back into the buffer)."""
         self.buckets.zero()
+        self.buckets.reduced = False
+
+    def _consumed(self) -> None:
+        """After the optimizer's step: the next synchronize() reduces whatever ``.grad`` holds then (zeros on
+        a rank that runs no backward pass), as every other rank's backward pass does."""
+        self.buckets.reduced = False
 
     def close(self) -> None:
         """Remove the hooks (the model trains locally again) and end the communication thread."""
-        if self._step_hook is not None:
-            self._step_hook.remove()
-            self._step_hook = None
+        for hook in self._step_hooks:
+            hook.remove()
+        self._step_hooks = []
         self.buckets.close()
         self._watchdog.__exit__()
 

@@ -17,6 +17,7 @@ for it (``sys.exit`` on one rank, which no exception hook sees).
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import time
 import traceback
@@ -116,7 +117,10 @@ def _end_together(comm: Any, leaving: Any, timeout: float) -> None:
                              f"ending the job (`stall_timeout` of dimd.init() sets the wait)\n")
             sys.stderr.flush()
             time.sleep(FORWARD_GRACE_S)
-            abort(comm, 1)
+            try:
+                abort(comm, 1)
+            finally:   # MPICH's MPI_Abort may return when called at exit: no traceback after the line
+                os._exit(1)
         time.sleep(0.01)
 
 
