@@ -112,6 +112,12 @@ def test_a_script_that_goes_astray_on_one_rank_ends_the_job_with_one_line(tmp_pa
     assert [text for text in proc.stderr.splitlines() if text.startswith("dimd:")] == [line]
 
 
+def test_distributed_gradients_refuses_parameters_that_are_not_float32_in_one_line(world):
+    with pytest.raises(dimd.errors.DimdError, match=r"reduces dense float32 parameters on one device; weight is "
+                                                    r"torch.bfloat16 on cpu \(keep the weights in float32"):
+        dimd.DistributedGradients(torch.nn.Linear(2, 2).to(torch.bfloat16), world)
+
+
 def test_distributed_gradients_refuses_a_negative_stall_timeout():
     with pytest.raises(dimd.errors.DimdError, match="stall_timeout must be 0"):
         dimd.DistributedGradients(torch.nn.Linear(2, 2), stall_timeout=-1)

@@ -81,6 +81,9 @@ class DistributedGradients:
         self.sync_buffers = sync_buffers
         if not any(p.requires_grad for p in model.parameters()):
             raise DimdError("DistributedGradients: the model has no trainable parameters")
+        problem = _parameter_problem(model)
+        if problem:
+            raise DimdError(problem)
         broadcast_state(model, comm)   # MPI: every replica starts from rank 0's weights (the same model checked)
         bucket_bytes = int(bucket_mb * (1 << 20))
         trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -187,6 +190,18 @@ def average_buffers(model: nn.Module, comm: Any) -> None:
         for b in buffers:
             b.copy_(torch.from_numpy(flat[offset: offset + b.numel()]).view_as(b))
             offset += b.numel()
+
+
+def _parameter_problem(model: nn.Module) -> str | None:
+    """Why the trainable parameters cannot share one float32 gradient buffer on one device, or None."""
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    device = trainable[0][1].device
+    for name, p in trainable:
+        if p.dtype != torch.float32 or p.device != device or p.layout != torch.strided:
+            return (f"DistributedGradients reduces dense float32 parameters on one device; {name} is {p.dtype} "
+                    f"on {p.device} (keep the weights in float32 and compute in bf16 or float16 under "
+                    f"torch.autocast)")
+    return None
 
 
 def _world() -> Any:
