@@ -146,12 +146,17 @@ def prefetch_for(learners: int) -> int:
     return max(2, 2 * learners)
 
 
+def fixed_learners(config: TrainConfig) -> int:
+    """Learners per rank when the run fixes their number (SMA with a number), else 1 (S-SGD, or the
+    auto-tuner's start)."""
+    return int(config.learners) if config.sync == "sma" and config.learners not in (None, "auto") else 1
+
+
 def loaders_memory(config: TrainConfig, workers: int) -> int:
     """Bytes the training and validation loaders' batches need at least (the load's memory check counts them)."""
     from dimd.shuffle.memory import batch_memory
 
-    learners = int(config.learners) if config.sync == "sma" and config.learners not in (None, "auto") else 1
-    slots = 1 + prefetch_for(learners)   # the ring holds prefetch + 1 batches
+    slots = 1 + prefetch_for(fixed_learners(config))   # the ring holds prefetch + 1 batches
     return (batch_memory(config.batch_size, config.image_size, slots, workers)
             + batch_memory(config.eval_batch_size or config.batch_size, config.image_size, 3, 0))
 
@@ -297,7 +302,7 @@ class Trainer:
         #: Batches of ``batch_size`` per rank per epoch; the schedule counts these, so its
         #: position is the same whatever the learners per rank.
         self.batches_per_epoch = self.loader.steps_per_epoch
-        learners = int(cfg.learners) if cfg.sync == "sma" and cfg.learners not in (None, "auto") else 1
+        learners = fixed_learners(cfg)
         if learners > self.batches_per_epoch:   # not one step per epoch: nothing would train
             raise DimdError(f"`learners` {learners} per rank take {learners} batches per step, but a rank has "
                             f"{self.batches_per_epoch} batches of {cfg.batch_size} per epoch: lower `learners` "
