@@ -5,12 +5,18 @@ MPI_Allreduce; the unit tests here run the bucket machinery on one process
 with a stand-in for the sum over ranks.
 """
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import mpi_run
 
+from torch.utils.checkpoint import checkpoint
+
+from dimd.errors import DimdError
 from dimd.train.buckets import GradientBuckets
 from dimd.train.models import build_model
 
@@ -117,6 +123,73 @@ def test_overlap_on_and_off_give_the_same_weights():
 
 
 @pytest.mark.mpi
+def test_two_wrapped_models_in_one_backward_average_both():
+    proc = mpi_run("two_wrapped_models_in_one_backward", 2, "ring", timeout=180, check=True)
+    assert "steps 5 max_diff 0" in proc.stdout
+
+
+@pytest.mark.mpi
 def test_torch_algorithm_sums_over_a_gloo_group():
     proc = mpi_run("torch_algorithm_sums_with_gloo", 2, timeout=180, check=True)
     assert "torch sum ok gradients ok" in proc.stdout
+
+
+def test_two_wrapped_models_in_one_backward_never_reduce_at_once():
+    """A GAN's generator step reaches the discriminator too: its buckets and the generator's share one thread."""
+    busy, overlapping = threading.Lock(), []
+
+    def slow_sum(array: np.ndarray) -> None:
+        if not busy.acquire(blocking=False):
+            overlapping.append(array.size)
+            return
+        time.sleep(0.002)
+        busy.release()
+
+    torch.manual_seed(0)
+    generator, discriminator = build_model("lenet", 10), torch.nn.Linear(10, 1)
+    buckets = [GradientBuckets(m.parameters(), slow_sum, 2, bucket_bytes=1024, at_backward_end=lambda: None)
+               for m in (generator, discriminator)]
+    for _ in range(3):
+        discriminator(generator(torch.randn(4, 3, 32, 32))).sum().backward()
+        for b in buckets:
+            b.synchronize()
+    assert overlapping == []
+    for b in buckets:
+        b.close()
+
+
+def test_a_layer_frozen_after_wrapping_stays_where_it_is():
+    torch.manual_seed(0)
+    model = build_model("lenet", 10)
+    buckets = GradientBuckets(model.parameters(), sum_of_three_identical_ranks, 3, bucket_bytes=4096)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.1)
+    frozen = next(model.parameters())
+    frozen.requires_grad_(False)
+    before = frozen.clone()
+    for _ in range(2):
+        buckets.zero()
+        lenet_backward(model)
+        buckets.synchronize()
+        optimizer.step()
+    assert frozen.grad is None and torch.equal(frozen, before)
+    buckets.close()
+
+
+def test_reentrant_checkpointing_of_the_last_layers_is_refused_in_one_line():
+    """Checkpointed last layers give the first gradients from a nested pass, which ends before the rest come."""
+    torch.manual_seed(0)
+    body, tail = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU()), torch.nn.Linear(16, 10)
+    model = torch.nn.Sequential(body, tail)
+    reductions = []
+    buckets = GradientBuckets(model.parameters(), reductions.append, 2, bucket_bytes=256,
+                              at_backward_end=lambda: buckets.synchronize())
+
+    def backward(use_reentrant: bool) -> None:
+        checkpoint(tail, body(torch.randn(4, 12)), use_reentrant=use_reentrant).sum().backward()
+
+    with pytest.raises(DimdError, match="use_reentrant=False"):
+        backward(use_reentrant=True)
+    reductions.clear()
+    backward(use_reentrant=False)
+    assert len(reductions) == buckets.buckets > 1   # each bucket once
+    buckets.close()

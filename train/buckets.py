@@ -14,7 +14,11 @@ extras tail), waits for the thread, and re-raises what it raised.
 Why one thread, in bucket order: every rank must issue the same collectives
 in the same order, whatever its own backward did (an unused branch, a frozen
 layer on one rank only). A bucket is therefore never started before the ones
-in front of it, and a single thread runs them one after another. Why a
+in front of it, and a single thread runs them one after another. The thread
+is one per process, shared by every ``GradientBuckets``: two wrapped models
+in one backward pass (a GAN's generator step reaches the discriminator too)
+would otherwise call MPI from two threads at once, which ``THREAD_SERIALIZED``
+forbids, in an order that differs between ranks. Why a
 thread and not ``MPI_Iallreduce``: a non-blocking collective only advances
 inside MPI calls (MPICH's asynchronous progress is off by default), and
 dimd's own algorithms are point-to-point Python loops that need a caller
@@ -37,13 +41,20 @@ import bisect
 import contextlib
 import queue
 import threading
+from concurrent.futures import Future
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 
+from dimd.errors import DimdError
 from dimd.train.flatgrad import FlatGradients, Reduce
+
+#: Why a gradient from an enclosing backward pass, after a nested one ended, is refused.
+_NESTED_PASS = ("a backward pass nested in another (activation checkpointing with use_reentrant=True) gave the "
+                "first gradients and ended, so they were averaged before the enclosing pass gave the rest; "
+                "checkpoint with use_reentrant=False")
 
 #: Reduces a contiguous slice of the device buffer in place (the ``torch`` algorithm on CUDA: NCCL).
 DeviceReduce = Callable[[torch.Tensor], None]
@@ -63,6 +74,47 @@ def core_free_for_communication(device: torch.device, comm: Any) -> bool:
     from dimd.mpi import node_local_ranks
 
     return available_cores() > node_local_ranks(comm) * torch.get_num_threads()   # MPI: ranks on this node
+
+
+class CommunicationThread:
+    """The one thread per process that runs every bucket's reduction, in the order they are submitted."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], Future[None]]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="dimd-allreduce", daemon=True)
+        self._thread.start()
+
+    def submit(self, work: Callable[[], None]) -> Future[None]:
+        done: Future[None] = Future()
+        self._queue.put((work, done))
+        return done
+
+    def drain(self) -> None:
+        """Wait until everything submitted so far has run (before the caller's own thread calls MPI)."""
+        self.submit(lambda: None).result()
+
+    def _serve(self) -> None:
+        while True:
+            work, done = self._queue.get()
+            try:
+                work()
+            except BaseException as exc:  # handed to the caller's thread at synchronize()
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+
+_communication: CommunicationThread | None = None
+_communication_lock = threading.Lock()
+
+
+def communication_thread() -> CommunicationThread:
+    """This process's communication thread, started on first use."""
+    global _communication
+    with _communication_lock:
+        if _communication is None:
+            _communication = CommunicationThread()
+        return _communication
 
 
 class GradientBuckets:
@@ -101,9 +153,10 @@ class GradientBuckets:
                        for p, o in zip(self.parameters, self.flat.offsets)]
         self._host = self.flat._host is not self.flat.buffer and device_reduce is None
         self._events: dict[int, torch.cuda.Event] = {}
-        self._queue: queue.Queue[int | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._started: list[Future[None]] = []   # this pass's buckets on the communication thread
+        self._pass_task = -1    # autograd's id of the backward pass at_backward_end is queued with
+        self._ended_task = -1   # ... and of the last one that ended (ids grow: a lower one is an enclosing pass)
+        self._failed = False   # a bucket's reduction raised: the later ones of the pass are skipped
         self._reset()
         self._hooks = [p.register_post_accumulate_grad_hook(partial(self._on_gradient, i))
                        for i, p in enumerate(self.parameters)]
@@ -111,6 +164,11 @@ class GradientBuckets:
     @property
     def buckets(self) -> int:
         return len(self.bounds)
+
+    @property
+    def pass_open(self) -> bool:
+        """Whether a synchronized backward pass gave gradients and its end has not come yet."""
+        return self._end_queued
 
     def _reset(self) -> None:
         self._pending = list(self.sizes)
@@ -131,8 +189,12 @@ class GradientBuckets:
         if not self.syncing:
             return
         if self.at_backward_end is not None and not self._end_queued:   # this backward pass's first gradient
+            task = torch._C._current_graph_task_id()
+            if task < self._ended_task:
+                raise DimdError(_NESTED_PASS)
             self._end_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.at_backward_end)
+            self._pass_task = task
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
         if not self.overlap:
             return
         if self._ready[index]:
@@ -144,6 +206,11 @@ class GradientBuckets:
         self._pending[bucket] -= 1
         if self._pending[bucket] == 0:
             self._start_ready()
+
+    def _backward_ended(self) -> None:
+        self._ended_task = self._pass_task
+        assert self.at_backward_end is not None   # queued only when there is one
+        self.at_backward_end()
 
     def _start_ready(self) -> None:
         """Start every complete bucket from the next one on, stopping at the first incomplete one."""
@@ -159,24 +226,17 @@ class GradientBuckets:
             event = torch.cuda.Event()
             event.record()
             self._events[bucket] = event
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="dimd-allreduce", daemon=True)
-            self._thread.start()
-        self._queue.put(bucket)
+        self._started.append(communication_thread().submit(partial(self._reduce_started, bucket)))
 
-    def _serve(self) -> None:
-        """The communication thread: reduce buckets in the order they come, one at a time."""
-        while True:
-            bucket = self._queue.get()
-            try:
-                if bucket is None:
-                    return
-                if self._error is None:
-                    self._reduce_bucket(bucket)
-            except BaseException as exc:  # handed to the caller's thread at synchronize()
-                self._error = exc
-            finally:
-                self._queue.task_done()
+    def _reduce_started(self, bucket: int) -> None:
+        """On the communication thread: one bucket, unless an earlier one of this pass failed."""
+        if self._failed:
+            return
+        try:
+            self._reduce_bucket(bucket)
+        except BaseException:
+            self._failed = True
+            raise
 
     def _reduce_bucket(self, bucket: int) -> None:
         start, stop = self.bounds[bucket]
@@ -214,22 +274,32 @@ class GradientBuckets:
         try:
             for view, parameter in zip(self._views, self.parameters):
                 grad = parameter.grad
-                if grad is None or grad.data_ptr() != view.data_ptr():
+                if not parameter.requires_grad:   # frozen since: reduced as zeros, and no .grad to step with
+                    view.zero_()
+                    parameter.grad = None
+                elif grad is None or grad.data_ptr() != view.data_ptr():
                     if grad is None:
                         view.zero_()
                     else:
                         view.copy_(grad)
                     parameter.grad = view
+            if not self.overlap:
+                _drain_other_reductions()
             self._pending = [0] * len(self.bounds)
             self._start_ready()
-            if self._thread is not None:
-                self._queue.join()
-            if self._error is not None:
-                error, self._error = self._error, None
-                raise error
+            self._wait_started()
             self.reduced = True
         finally:
             self._reset()
+
+    def _wait_started(self) -> None:
+        """Wait for this pass's buckets on the communication thread; re-raise the first error."""
+        started, self._started = self._started, []
+        errors = [error for error in (done.exception() for done in started) if error is not None]
+        self._failed = False
+        if errors:
+            raise errors[0]
+
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -246,11 +316,16 @@ class GradientBuckets:
         self.flat.attach()
 
     def close(self) -> None:
-        """Remove the hooks and end the communication thread."""
+        """Remove the hooks and wait for the buckets still being reduced."""
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+        with contextlib.suppress(BaseException):
+            self._wait_started()
+
+
+def _drain_other_reductions() -> None:
+    """Before this thread calls MPI: wait for what other buckets gave the communication thread, so the two
+    never call MPI at once and every rank issues the collectives in one order."""
+    if _communication is not None:
+        _communication.drain()

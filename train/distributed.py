@@ -108,9 +108,18 @@ class DistributedGradients:
         self._step_hooks = ([optimizer.register_step_pre_hook(lambda *_: self.synchronize()),
                              optimizer.register_step_post_hook(lambda *_: self._consumed())]
                             if optimizer is not None else [])
+        # a backward pass that raised (and the script caught it) is forgotten at the next forward
+        self._forward_hook = model.register_forward_pre_hook(self._before_forward)
         self._steps = 0
         # MPI: a wait for the other ranks that outlasts `stall_timeout` (a peer's host is gone) ends the job
         self._watchdog = watch_job(comm, stall_timeout).__enter__()
+
+    def _before_forward(self, *_: Any) -> None:
+        """A forward outside backward while a backward pass is still open: that pass raised before its end
+        (and the script went on). It is synchronized now, as its end would have: the other ranks reduce every
+        bucket in order too, whether their pass ended or raised alike, so the collectives still pair up."""
+        if self.buckets.pass_open and self.buckets.syncing and torch._C._current_graph_task_id() == -1:
+            self._synchronize("the gradients' allreduce of a backward pass that raised")
 
     def _reduce(self, array: np.ndarray) -> None:
         from dimd.allreduce import allreduce
@@ -139,7 +148,10 @@ class DistributedGradients:
         if self.buckets.reduced:
             return   # backward's end did it, and no gradient came since: summing again would double them
         self._steps += 1
-        with self._watchdog.waiting(f"the gradients' allreduce of step {self._steps}"):
+        self._synchronize(f"the gradients' allreduce of step {self._steps}")
+
+    def _synchronize(self, what: str) -> None:
+        with self._watchdog.waiting(what):
             self.buckets.synchronize()
             if self.sync_buffers and self.world_size > 1:
                 average_buffers(self.model, self.comm)
@@ -162,8 +174,8 @@ class DistributedGradients:
         self.buckets.reduced = False
 
     def close(self) -> None:
-        """Remove the hooks (the model trains locally again) and end the communication thread."""
-        for hook in self._step_hooks:
+        """Remove the hooks (the model trains locally again) and wait for the buckets still in flight."""
+        for hook in [*self._step_hooks, self._forward_hook]:
             hook.remove()
         self._step_hooks = []
         self.buckets.close()

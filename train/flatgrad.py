@@ -53,14 +53,14 @@ class FlatGradients:
         """Point every ``.grad`` at its slice of the buffer (again, if something replaced it), laid out
         as its parameter is (a channels-last weight gets a channels-last gradient: autograd adds in place)."""
         for p, offset in zip(self.parameters, self.offsets):
-            p.grad = self.buffer.as_strided(p.shape, p.stride(), int(offset))
+            p.grad = self.buffer.as_strided(p.shape, p.stride(), int(offset)) if p.requires_grad else None
 
     def attached(self) -> bool:
         """Whether every ``.grad`` still lives in the buffer (autograd accumulates in place)."""
         base = self.buffer.data_ptr()
         size = self.buffer.element_size()
         return all(p.grad is not None and p.grad.data_ptr() == base + int(offset) * size
-                   for p, offset in zip(self.parameters, self.offsets))
+                   for p, offset in zip(self.parameters, self.offsets) if p.requires_grad)
 
     def zero(self) -> None:
         self.buffer.zero_()
