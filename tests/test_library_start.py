@@ -112,6 +112,17 @@ def test_a_script_that_goes_astray_on_one_rank_ends_the_job_with_one_line(tmp_pa
     assert [text for text in proc.stderr.splitlines() if text.startswith("dimd:")] == [line]
 
 
+@pytest.mark.mpi
+def test_a_failing_exit_on_one_rank_under_python_m_mpi4py_ends_the_job_at_once(tmp_path, mpi_leaves_no_files):
+    """mpi4py's runner aborts the job after ``sys.exit("...")``; dimd's exit watch must not wait its 600 s first."""
+    script = tmp_path / "user_script.py"
+    script.write_text(LEAVES_EARLY.replace("stall_timeout=2", "stall_timeout=600").replace("sys.exit(3)",
+                                                                                          'sys.exit("gave up")'))
+    proc = run_mpi(2, sys.executable, "-m", "mpi4py", script, timeout=60)
+    assert proc.returncode != 0
+    assert "gave up" in proc.stderr and "dimd:" not in proc.stderr
+
+
 def test_distributed_gradients_refuses_parameters_that_are_not_float32_in_one_line(world):
     with pytest.raises(dimd.errors.DimdError, match=r"reduces dense float32 parameters on one device; weight is "
                                                     r"torch.bfloat16 on cpu \(keep the weights in float32"):

@@ -74,6 +74,7 @@ def init(*, device: str = "auto", threads: int | None = None,
     comm = MPI.COMM_WORLD
     if abort_on_error and comm.Get_size() > 1:
         sys.excepthook = _abort_job_hook(comm)
+        _note_abort_at_exit(MPI)
         # MPI: a communicator only the exit uses (Dup is collective); atexit runs this before mpi4py's MPI_Finalize
         atexit.register(_end_together, comm, comm.Dup(), stall_timeout)
     set_threads(threads, comm)   # MPI: the node's cores are shared by its ranks
@@ -95,6 +96,24 @@ def _abort_job_hook(comm: Any) -> Any:
     return hook
 
 
+#: The status mpi4py was asked to abort with at exit (0: none asked).
+_abort_at_exit = 0
+
+
+def _note_abort_at_exit(mpi: Any) -> None:
+    """Note when mpi4py's runner (``python -m mpi4py``) asks for ``MPI_Abort`` at exit, as it does after an
+    uncaught exception or ``sys.exit`` with a failing status: the exit watch then steps aside, and that abort
+    ends the job at once instead of after ``stall_timeout``."""
+    asked = mpi._set_abort_status
+
+    def set_abort_status(status: int) -> None:
+        global _abort_at_exit
+        _abort_at_exit = status
+        asked(status)
+
+    mpi._set_abort_status = set_abort_status
+
+
 def _end_together(comm: Any, leaving: Any, timeout: float) -> None:
     """At this rank's exit: wait for every rank to exit too, or end the job after ``timeout`` seconds.
 
@@ -105,7 +124,7 @@ def _end_together(comm: Any, leaving: Any, timeout: float) -> None:
     """
     from mpi4py import MPI
 
-    if MPI.Is_finalized():
+    if MPI.Is_finalized() or _abort_at_exit:
         return
     everyone = leaving.Ibarrier()   # MPI: every rank arrives here at its exit
     deadline = time.monotonic() + timeout if timeout else float("inf")
