@@ -115,11 +115,25 @@ class DistributedGradients:
         self._watchdog = watch_job(comm, stall_timeout).__enter__()
 
     def _before_forward(self, *_: Any) -> None:
-        """A forward outside backward while a backward pass is still open: that pass raised before its end
-        (and the script went on). It is synchronized now, as its end would have: the other ranks reduce every
-        bucket in order too, whether their pass ended or raised alike, so the collectives still pair up."""
+        """A forward outside backward while a backward pass is still open: that pass raised (and the script
+        went on). Its step is dropped now, on every rank alike (:meth:`_drop_raised_pass`)."""
         if self.buckets.pass_open and self.buckets.syncing and torch._C._current_graph_task_id() == -1:
-            self._synchronize("the gradients' allreduce of a backward pass that raised")
+            self._drop_raised_pass()
+
+    def _drop_raised_pass(self) -> None:
+        """End a backward pass that raised: reduce every bucket, then zero the gradients.
+
+        The buckets it started are already in the other ranks' queue, and each
+        rank started a different number of them (its own graph decides when a
+        bucket is complete): reducing the rest in order, as the pass's end
+        would have, pairs the collectives up again, whether the other ranks'
+        passes raised too or ended. What was summed is partial, so it is
+        dropped: every rank starts the next pass from zero gradients, with
+        overlap or without.
+        """
+        self._synchronize("the gradients' allreduce of a backward pass that raised")
+        self.buckets.zero()
+        self.buckets.reduced = True   # zeros, alike on every rank
 
     def _reduce(self, array: np.ndarray) -> None:
         from dimd.allreduce import allreduce
@@ -178,6 +192,8 @@ class DistributedGradients:
         for hook in [*self._step_hooks, self._forward_hook]:
             hook.remove()
         self._step_hooks = []
+        if self.buckets.pass_open and self.buckets.syncing:   # the last backward pass raised
+            self._drop_raised_pass()
         self.buckets.close()
         self._watchdog.__exit__()
 
