@@ -141,6 +141,9 @@ class BatchLoader:
         try:
             for step in range(first, end):
                 self._map_store()   # a shuffle within the epoch may have grown the store's segment
+                if pending and pending[0].stale:   # a shuffle moved the records under them: read them again
+                    pending = self._in_flight = collections.deque(
+                        self._submit(epoch, batch.step, batch.indices) for batch in pending)
                 # the ring's slots bound the batches in flight (prefetch may grow during an epoch)
                 while next_step < end and next_step < step + self._slots:
                     pending.append(self._submit(epoch, next_step, batches[next_step]))
@@ -232,11 +235,17 @@ class BatchLoader:
                 self.store.on_change.append(self._finish_reading_store)
 
     def _finish_reading_store(self, *_: object) -> None:
-        """Wait until the workers have done every task sent so far: a shuffle moves the store's bytes.
+        """Before a shuffle moves the store's bytes: drop the batches in flight, and wait until the workers
+        have done every task sent so far.
 
-        The batches in flight keep their images (decoded from the records
-        held before the shuffle); the next ones read the records it brings.
+        The dropped batches are decoded again from the shuffled store when the
+        iteration goes on, so every batch after the shuffle is the one a loader
+        started on the shuffled store gives: a ``state_dict()`` taken there
+        resumes exactly.
         """
+        for batch in self._in_flight:
+            self._abandoned.extend(batch.tickets)
+            batch.tickets, batch.stale = [], True
         if self._pool is None or self._pool.closed:
             return
         for worker, ticket in self._abandoned:
@@ -271,7 +280,7 @@ class BatchLoader:
         offsets, lengths = (None, None) if paths is not None else store.locate(indices)
         crcs = None if paths is not None else store.crc32[indices]
         records = store.global_index[indices]
-        labels = store.labels[indices].astype(np.int64)   # now: a shuffle before the batch is read moves them
+        labels = store.labels[indices].astype(np.int64)
         tickets, parts = [], min(self.workers, n)
         for k in range(parts):   # one chunk per worker (plain ints: this runs once per batch, on the rank)
             lo, hi = n * k // parts, n * (k + 1) // parts
@@ -286,7 +295,7 @@ class BatchLoader:
                         records=int64_bytes(records[lo:hi]), data_path=str(store.path))
             worker = (step + k) % self.workers
             tickets.append((worker, self._pool.submit(worker, task)))
-        return _Batch(slot, indices, labels, tickets)
+        return _Batch(step, slot, indices, labels, tickets)
 
     def _collect(self, batch: "_Batch", borrow: bool) -> tuple[Any, Any]:
         """Wait for ``batch``'s chunks, then hand its slot out: a copy (the slot is free again at once)
@@ -405,10 +414,12 @@ class _Iteration:
 class _Batch:
     """A batch on its way: its ring slot, its records, their labels and the (worker, ticket) of each chunk."""
 
+    step: int
     slot: int
     indices: np.ndarray
     labels: np.ndarray
     tickets: list[tuple[int, int]]
+    stale: bool = False   # a shuffle moved its records before it was read: decode it again
 
 
 def _cuda_available() -> bool:

@@ -108,8 +108,9 @@ class DistributedStore:
         self.classes = classes
         self.load_stats = load_stats
         self.round: int | None = None  # the last shuffle's round; None: still in load order
-        #: Called before a shuffle moves the bytes of :attr:`segment` in place: each must return only
-        #: when no process reads the segment any more (a loader waits for its workers' tasks).
+        #: Called before a shuffle moves the bytes of :attr:`segment` in place (on one rank: reorders the
+        #: records): each must return only when no process reads the segment any more (a loader drops its
+        #: batches in flight and waits for its workers' tasks).
         self.on_change: list[Callable[[Segment], None]] = []
         #: Private memory the leaving records are gathered into, kept from one shuffle to the next.
         self._send = np.empty(0, np.uint8)
@@ -255,6 +256,8 @@ class DistributedStore:
         slot_of = self.placement(seed, round)
         sent_records = sent_bytes = received_records = received_bytes = 0
         if size == 1:
+            for finish in self.on_change:   # no bytes move, but the records' order does
+                finish(self.segment)
             order = np.argsort(slot_of[self._meta["index"]])
             starts, meta = self._starts[order], self._meta[order]
         else:

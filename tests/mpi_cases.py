@@ -266,8 +266,8 @@ def loader_batches(dataset: str, groups: str) -> None:
     read, and that iteration goes on. Rank 0 prints one JSON line: every rank's
     steps per epoch, how many training images rank 0 saw after the shuffle,
     whether any rank's workers restarted, whether every rank's iteration gave
-    after its batches in flight what a loader started on the shuffled store
-    gives, and each rank's evaluation (global index, label, crc32 of the
+    after the shuffle (its batches in flight then included) what a loader
+    started on the shuffled store gives, and each rank's evaluation (global index, label, crc32 of the
     decoded image), for the test to check against the packed set::
 
         mpiexec -n 3 python -m mpi4py tests/mpi_cases.py loader_batches packed/sample 1
@@ -290,8 +290,8 @@ def loader_batches(dataset: str, groups: str) -> None:
     in_flight = train.epoch(1)
     next(in_flight)                  # batches 1 and 2 of epoch 1 still decoding while the bytes move
     store.shuffle(seed=4, round=0)   # the workers move to the received share at this round boundary
-    continued = fingerprints(in_flight)[2:]   # batches 3 on: the shuffled store's
-    train.seek(1, 3)
+    continued = fingerprints(in_flight)   # batches 1 on: the shuffled store's
+    train.seek(1, 1)
     continued_as_started = comm.allreduce(int(continued == fingerprints(train.epoch(1))), op=MPI.MIN)
     train.seek(1)
     seen = sum(len(labels) for _, labels in train.epoch(1))

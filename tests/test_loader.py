@@ -57,9 +57,10 @@ def test_batches_do_not_depend_on_the_number_of_workers_or_their_timing(store):
     assert not torch.equal(one[0][0], other_seed[0][0])
 
 
-def test_batches_in_flight_when_the_store_shuffles_keep_their_own_labels(packed_sample, world):
-    """The batches decoded before a shuffle within the epoch keep their records' labels; the later ones
-    are the shuffled store's, as a loader started on it at that batch gives them."""
+def test_every_batch_after_a_shuffle_within_the_epoch_is_the_shuffled_stores_and_resumes_exactly(packed_sample,
+                                                                                                world):
+    """Batches in flight when the store shuffles are read again from it: every batch after the shuffle, and
+    a loader resumed from a ``state_dict()`` taken right then, give what a loader started on it gives."""
     def load(shuffled: bool) -> DistributedStore:
         store = DistributedStore.load(packed_sample, world)
         if shuffled:
@@ -69,7 +70,7 @@ def test_batches_in_flight_when_the_store_shuffles_keep_their_own_labels(packed_
     with BatchLoader(load(False), batch_size=4, image_size=24, workers=2, seed=3) as loader:
         unshuffled = collect(loader, 0)
     with BatchLoader(load(True), batch_size=4, image_size=24, workers=2, seed=3) as loader:
-        loader.seek(0, 5)
+        loader.seek(0, 3)
         shuffled = collect(loader, 0)
     store = load(False)
     seen = []
@@ -78,9 +79,14 @@ def test_batches_in_flight_when_the_store_shuffles_keep_their_own_labels(packed_
             seen.append((images.clone(), labels.clone()))
             if step == 2:
                 store.shuffle(9, 1)   # batches 3 and 4 are in flight
-    expected = unshuffled[:5] + shuffled
+                state = loader.state_dict()
+    with BatchLoader(load(True), batch_size=4, image_size=24, workers=2, seed=3) as resumed:
+        resumed.load_state_dict(state)
+        after_resume = collect(resumed, 0)
+    expected = unshuffled[:3] + shuffled
     assert len(seen) == len(expected) == loader.steps_per_epoch
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(seen, expected))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(after_resume, shuffled))
 
 
 def test_a_second_iteration_of_one_loader_takes_over_and_the_first_says_so(store):
