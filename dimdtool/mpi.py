@@ -96,6 +96,14 @@ class NodeCores:
                 f"{fair} are free: start it without binding (Open MPI: mpirun --bind-to none; MPICH: "
                 f"leave out -bind-to) or set --threads")
 
+    def too_many_threads(self, threads: int) -> str | None:
+        """A warning when ``threads`` asked for per rank outnumber this rank's cores: the threads then
+        take turns on them, and each step waits for the slowest."""
+        if threads <= self.threads:
+            return None
+        return (f"--threads {threads} on each of {self.sharing} rank(s) sharing {self.own} core(s) "
+                f"outnumbers the cores, which slows the steps; leave it out for {self.threads} per rank")
+
 
 def node_cores(comm: Any) -> NodeCores:
     """Collective over ``comm``: the CPU affinities of this node's ranks, gathered and compared."""

@@ -38,6 +38,13 @@ def test_threads_follow_the_binding_and_the_ranks_that_share_it():
     assert crowded.threads == 1 and crowded.oversubscribed and crowded.tight_binding() is None
 
 
+def test_more_threads_than_a_ranks_cores_are_taken_with_a_warning():
+    two_ranks = NodeCores(node=2, own=2, local_ranks=2, sharing=2)
+    assert two_ranks.too_many_threads(1) is None
+    assert two_ranks.too_many_threads(1000) == ("--threads 1000 on each of 2 rank(s) sharing 2 core(s) outnumbers "
+                                                "the cores, which slows the steps; leave it out for 1 per rank")
+
+
 @pytest.mark.mpi
 def test_clean_job_reports_thread_level_and_its_mpis_idle_remedy():
     """dimd starts MPI at the level asked for; when ranks outnumber cores, the remedy of the MPI that runs."""

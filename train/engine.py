@@ -279,9 +279,9 @@ class Trainer:
         self.watchdog = watch_job(comm, cfg.stall_timeout)
 
         # -- hardware: threads and device
-        self.threads, binding = set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks
-        if binding:
-            self.hooks.on_event(f"note: {binding}")
+        self.threads, warning = set_threads(cfg.threads, comm)   # MPI: the node's cores are shared by its ranks
+        if warning:
+            self.hooks.on_event(f"note: {warning}")
         self.device = device if device is not None else pick_device(cfg.device, comm)
         check_decode(cfg, self.device)
         self.resume_path = check_inputs_before_loading(cfg, comm)

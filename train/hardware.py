@@ -26,13 +26,14 @@ def default_decode_workers(comm: Any) -> int:
 def set_threads(threads: int | None, comm: Any) -> tuple[int, str | None]:
     """Collective: torch threads as ``dimd train`` sets them, ``threads`` else :func:`default_threads`
     (left alone when OMP_NUM_THREADS is set and ``threads`` is not). Returns the count in force
-    and, when the launcher's binding leaves some rank less than its share of the node, why."""
+    and, when the launcher's binding leaves some rank less than its share of the node (or ``threads``
+    outnumber some rank's cores), why."""
     from dimd.mpi import node_cores
 
     cores = node_cores(comm)   # MPI: every rank takes part, whichever count it uses
     if threads or "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(threads or cores.threads)
-    warnings = comm.allgather(None if threads else cores.tight_binding())
+    warnings = comm.allgather(cores.too_many_threads(threads) if threads else cores.tight_binding())
     return torch.get_num_threads(), next((w for w in warnings if w), None)
 
 
