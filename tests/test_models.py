@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dimd.errors import DimdError
-from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
+from dimd.train.models import MODELS, build_model, gradient_bytes, model_problem, parameter_count
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -39,6 +39,17 @@ def test_zero_init_residual_zeroes_each_blocks_last_bn(name):
 def test_unknown_model_names_the_choices():
     with pytest.raises(DimdError, match="unknown model 'alexnet'.*resnet20"):
         build_model("alexnet", 10)
+
+
+def test_a_model_is_named_before_the_data_loads_without_building_it(tmp_path):
+    """dimd train's check before the load: an unknown name or a user's file that fails is one line, and a
+    user's builder is imported, not called (the class count it must get is the data's, not known yet)."""
+    network = tmp_path / "net.py"
+    network.write_text("def build(num_classes):\n    raise AssertionError('called before the data loaded')\n")
+    assert model_problem("resnet20") is None and model_problem(f"{network}:build") is None
+    assert model_problem("alexnet").startswith("unknown model 'alexnet'")
+    assert model_problem(f"{network}:make").endswith("has no callable 'make'; it defines build")
+    assert model_problem(f"{tmp_path}/missing.py:build").endswith("missing.py: no such file")
 
 
 @pytest.mark.parametrize("name", list(MODELS))

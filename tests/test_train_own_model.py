@@ -19,6 +19,18 @@ def not_a_network(num_classes):
     return "a string"
 """
 
+#: A builder that takes a real classification only (two classes or more), as a user's may, and notes each call.
+TWO_CLASSES_OR_MORE = """
+from torch import nn
+
+
+def build(num_classes):
+    assert num_classes > 1, f"a classifier needs two classes or more, got {num_classes}"
+    with open(__file__ + ".calls", "a") as calls:
+        calls.write(f"{num_classes}\\n")
+    return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, num_classes))
+"""
+
 
 def train_args(data, out, model, *extra):
     return ["train", data, "--val", data, "--model", model, "--image-size", "16", "--epochs", "2",
@@ -47,6 +59,16 @@ def test_a_network_from_a_file_trains_overlapped_and_its_checkpoint_names_it(col
     assert other.returncode == 1
     assert other.stderr.strip().endswith(f"checkpoint of model '{spec}', not 'lenet'"), other.stderr
     assert other.stderr.count("\n") == 1
+
+
+def test_a_builder_is_called_once_with_the_data_classes_only(colour_set, tmp_path):
+    """A builder may refuse any class count but the data's (here a single class): dimd imports it before the
+    load, to name a missing file or callable early, but calls it only once the load has counted the classes."""
+    network = tmp_path / "classifier.py"
+    network.write_text(TWO_CLASSES_OR_MORE)
+    proc = run_dimd(*train_args(colour_set, tmp_path, f"{network}:build", "--epochs", "1"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "classifier.py.calls").read_text() == "4\n"   # the colour set's 4 classes, once
 
 
 @pytest.mark.parametrize("model, message", [

@@ -44,7 +44,7 @@ from dimd.train.config import TrainConfig
 from dimd.train.evaluate import EvalResult, local_counts, summarize
 from dimd.train.hardware import default_decode_workers, pick_device, set_threads
 from dimd.train.model_source import recorded_source
-from dimd.train.models import MODELS, build_model, gradient_bytes, parameter_count
+from dimd.train.models import build_model, gradient_bytes, model_problem, parameter_count
 from dimd.train.precision import Precision, memory_format
 from dimd.train.results import NOISE_FIELDS, EpochMetrics, EpochTally, Evaluation, TrainResult
 from dimd.train.schedule import Schedule, make_schedule
@@ -78,8 +78,9 @@ def check_before_loading(config: TrainConfig, world_size: int) -> None:
     if config.noise_scale and world_size < 2:
         raise DimdError("`noise_scale` needs at least 2 ranks: it compares each rank's gradient with their "
                         "average (run under mpirun -n 2 or more)")
-    if config.model not in MODELS:
-        build_model(config.model, 1)  # raises the clear "unknown model" error
+    problem = model_problem(config.model)   # a user's builder is imported, not called: see model_problem
+    if problem:
+        raise DimdError(problem)
 
 
 def check_inputs_before_loading(config: TrainConfig, comm: Any) -> str | None:

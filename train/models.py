@@ -330,6 +330,25 @@ def image_size_problem(model: str, image_size: int) -> str | None:
     return f"must be at least {spec.smallest_image} for {model} (got {image_size}): its pooling leaves no pixel"
 
 
+def _unknown(name: str) -> str:
+    return (f"unknown model {name!r}; choose from {', '.join(MODELS)}, or name your own as "
+            f"package.module:callable or path/to/file.py:callable")
+
+
+def model_problem(name: str) -> str | None:
+    """Why ``name`` names no model (one line), or None; a user's callable is imported but not called,
+    since the class count it must be called with is the data's, known only once the data is read."""
+    from dimd.train.model_source import is_model_spec, model_callable
+
+    if not is_model_spec(name):
+        return None if name in MODELS else _unknown(name)
+    try:
+        model_callable(name)
+    except DimdError as exc:
+        return str(exc)
+    return None
+
+
 def build_model(name: str, num_classes: int, *, zero_init_residual: bool = False) -> nn.Module:
     """A freshly initialised model from the registry, or a user's (``module:callable``, ``file.py:callable``,
     see :mod:`dimd.train.model_source`); a clear error for an unknown name."""
@@ -339,8 +358,7 @@ def build_model(name: str, num_classes: int, *, zero_init_residual: bool = False
         return build_user_model(name, num_classes)
     spec = MODELS.get(name)
     if spec is None:
-        raise DimdError(f"unknown model {name!r}; choose from {', '.join(MODELS)}, or name your own as "
-                        f"package.module:callable or path/to/file.py:callable")
+        raise DimdError(_unknown(name))
     return spec.build(num_classes, zero_init_residual=zero_init_residual)
 
 
