@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import pytest
-from mpi_segments import remove_leftover_mpi_segments
+from mpi_segments import held_by, remove_leftover_mpi_segments
 
 BIN = Path(sys.executable).parent
 DIMD = [sys.executable, "-m", "dimd"]
@@ -252,6 +252,35 @@ def run_mpi(n: int, *args: str, timeout: float = 240, check: bool = False,
 def run_mpi_dimd(n: int, *args: str, **kwargs) -> subprocess.CompletedProcess:
     """Run ``$MPIEXEC -n N dimd ARGS``, as a user starts a dimd command on N ranks."""
     return run_mpi(n, *DIMD, *args, **kwargs)
+
+
+def run_mpi_dimd_watched(n: int, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """:func:`run_mpi_dimd`, and the MPICH hydra topology files (``/tmp/hydra_hwloc_xmlfile_*``) the job's
+    processes held open while it ran.
+
+    Hydra's proxy holds its file open from the ranks' start to the job's end and removes it only when the job
+    ends in order (``MPI_Abort`` leaves it behind for good), so a test can check that its own job left none,
+    whatever other tests' jobs leave meanwhile. Empty under another launcher (``$MPIEXEC``).
+    """
+    env = dict(os.environ)
+    command = mpi_command(n, [*DIMD, *args], env)
+    held: set[str] = set()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        job = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
+        deadline = time.monotonic() + timeout
+        try:
+            while job.poll() is None:
+                held |= held_by(job.pid)
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(command, timeout)
+                time.sleep(0.01)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command, job.returncode, out.read(), err.read()), held
 
 
 def mpi_run(case: str, n: int, *args: str, timeout: float = 120, check: bool = False,

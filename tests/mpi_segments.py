@@ -20,6 +20,7 @@ Standard library only: run.sh calls it with any Python 3::
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import sys
 from pathlib import Path
@@ -42,6 +43,32 @@ def in_use() -> set[str]:
                 with contextlib.suppress(OSError):
                     used.add(os.readlink(fd))
     return used
+
+
+def descendants(root: int) -> set[int]:
+    """``root`` and every process below it, alive now (read from /proc's children lists)."""
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError, ValueError):
+                todo.extend(int(child) for child in (task / "children").read_text().split())
+    return found
+
+
+def held_by(root: int, pattern: str = "/tmp/hydra_hwloc_xmlfile_*") -> set[str]:
+    """The files matching ``pattern`` that ``root`` or a process below it holds open (MPICH's hydra proxy holds
+    its topology file open for the job's life, so a test can tell its own job's file from another job's)."""
+    held = set()
+    for pid in descendants(root):
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if fnmatch.fnmatch(target, pattern):
+                        held.add(target)
+    return held
 
 
 def leftover_mpi_segments(since: float) -> list[Path]:

@@ -93,13 +93,17 @@ def test_only_a_problem_the_whole_job_shares_lets_it_end_in_order():
 def test_a_problem_every_rank_finds_after_mpi_started_ends_the_job_in_order(packed_sample, args, code, line,
                                                                             mpi_leaves_no_files):
     """An option its config refuses, groups that do not divide the ranks, a file that is no checkpoint: one
-    line from rank 0 and every rank's exit through MPI_Finalize, not MPI_Abort (whose hydra leaves a file)."""
-    from conftest import run_mpi_dimd
+    line from rank 0 and every rank's exit through MPI_Finalize, not MPI_Abort (whose hydra leaves its
+    topology file behind)."""
+    from conftest import run_mpi_dimd_watched
 
-    proc = run_mpi_dimd(2, *[a.format(data=packed_sample) for a in args], timeout=120)
+    names = {"data": packed_sample}
+    proc, hydra_files = run_mpi_dimd_watched(2, *[a.format(**names) for a in args], timeout=120)
     assert proc.returncode == code
     assert [text for text in proc.stderr.splitlines() if "dimd:" in text or "Abort" in text] == [
-        line.format(data=packed_sample)]
+        line.format(**names)]
+    assert hydra_files or os.environ.get("MPIEXEC"), "the test saw no hydra topology file to check"
+    assert not [path for path in hydra_files if os.path.exists(path)]
 
 
 @pytest.mark.mpi
