@@ -5,6 +5,7 @@ import os
 import time
 
 import pytest
+import torch
 from conftest import launcher, mpi_run, mpiexec
 from mpi_segments import leftover_mpi_segments
 
@@ -79,6 +80,11 @@ def test_only_a_problem_the_whole_job_shares_lets_it_end_in_order():
     assert proc.stdout.count("agreed") == 2
 
 
+#: A user's network whose builder refuses the class count it gets (the sample set's 4).
+REFUSING_NETWORK = "def build(num_classes):\n    raise ValueError(f'no network for {num_classes} classes')\n"
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("args, code, line", [
     (["train", "{data}", "--val", "{data}", "--model", "lenet", "--batch-size", "0"], 2,
@@ -89,15 +95,28 @@ def test_only_a_problem_the_whole_job_shares_lets_it_end_in_order():
       "--batch-size", "8", "--decode-workers", "1", "--resume-from", "{data}.dimd"], 1,
      "dimd: error: {data}.dimd: not a readable dimd checkpoint (not the zip archive torch.save writes: "
      "truncated, overwritten or another kind of file)"),
+    (["train", "{data}", "--val", "{data}", "--model", "{tmp}/missing.py:build"], 1,
+     "dimd: error: --model {tmp}/missing.py:build: {tmp}/missing.py: no such file"),
+    (["train", "{data}", "--val", "{data}", "--model", "{net}:make"], 1,
+     "dimd: error: --model {net}:make: {net} has no callable 'make'; it defines build"),
+    (["train", "{data}", "--val", "{data}", "--model", "{net}:build", "--image-size", "32", "--batch-size", "8",
+      "--decode-workers", "1"], 1,
+     "dimd: error: --model {net}:build: calling it with num_classes=4 raised ValueError: no network for 4 classes"),
+    pytest.param(["train", "{data}", "--val", "{data}", "--model", "lenet", "--decode", "gpu"], 1,
+                 "dimd: error: decode gpu needs --device cuda", marks=NO_CUDA),
+    pytest.param(["train", "{data}", "--val", "{data}", "--model", "lenet", "--device", "cuda"], 1,
+                 "dimd: error: device cuda: this torch build or machine has no CUDA device", marks=NO_CUDA),
 ])
-def test_a_problem_every_rank_finds_after_mpi_started_ends_the_job_in_order(packed_sample, args, code, line,
-                                                                            mpi_leaves_no_files):
-    """An option its config refuses, groups that do not divide the ranks, a file that is no checkpoint: one
-    line from rank 0 and every rank's exit through MPI_Finalize, not MPI_Abort (whose hydra leaves its
-    topology file behind)."""
+def test_a_problem_every_rank_finds_after_mpi_started_ends_the_job_in_order(packed_sample, tmp_path, args, code,
+                                                                            line, mpi_leaves_no_files):
+    """An option its config refuses, groups that do not divide the ranks, a file that is no checkpoint, a
+    --model whose file or callable fails, a device the machine lacks: one line from rank 0 and every rank's
+    exit through MPI_Finalize, not MPI_Abort (whose hydra leaves its topology file behind)."""
     from conftest import run_mpi_dimd_watched
 
-    names = {"data": packed_sample}
+    net = tmp_path / "refusing_network.py"
+    net.write_text(REFUSING_NETWORK)
+    names = {"data": packed_sample, "tmp": tmp_path, "net": net}
     proc, hydra_files = run_mpi_dimd_watched(2, *[a.format(**names) for a in args], timeout=120)
     assert proc.returncode == code
     assert [text for text in proc.stderr.splitlines() if "dimd:" in text or "Abort" in text] == [

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from dimd.errors import DimdError
-from dimd.mpi import agreed
+from dimd.mpi import agree_or_raise, agreed
 from dimd.shuffle.memory import describe_ranks, gather_rank_memory
 from dimd.stall import watch_job
 from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
@@ -73,14 +73,29 @@ class Hooks:
 # -- set-up -----------------------------------------------------------------------------------
 
 
-def check_before_loading(config: TrainConfig, world_size: int) -> None:
-    """The checks that need the job but not the data: one clear line before minutes of loading."""
-    if config.noise_scale and world_size < 2:
+def check_before_loading(config: TrainConfig, comm: Any) -> None:
+    """Collective: the checks that need the job but not the data, one clear line before minutes of loading.
+
+    The model is named and, for a user's, its file or module imported, but not built: a builder may
+    refuse any class count but the data's, which the load learns. Agreed, so a file some nodes lack
+    stops every rank in order.
+    """
+    if config.noise_scale and comm.Get_size() < 2:
         raise DimdError("`noise_scale` needs at least 2 ranks: it compares each rank's gradient with their "
                         "average (run under mpirun -n 2 or more)")
-    problem = model_problem(config.model)   # a user's builder is imported, not called: see model_problem
-    if problem:
-        raise DimdError(problem)
+    agree_or_raise(comm, model_problem(config.model))   # MPI: one rank's import error stops every rank
+
+
+def build_agreed(config: TrainConfig, num_classes: int, comm: Any) -> torch.nn.Module:
+    """Collective: ``config.model`` for ``num_classes``; a builder that raises on any rank stops every rank."""
+    model, problem = None, None
+    try:
+        model = build_model(config.model, num_classes, zero_init_residual=config.zero_init_residual)
+    except DimdError as exc:   # a user's builder: every rank calls it alike
+        problem = str(exc)
+    agree_or_raise(comm, problem)   # MPI: every rank builds
+    assert model is not None
+    return model
 
 
 def check_inputs_before_loading(config: TrainConfig, comm: Any) -> str | None:
@@ -97,14 +112,14 @@ def check_inputs_before_loading(config: TrainConfig, comm: Any) -> str | None:
     return resume_point(config, comm)   # MPI: a checkpoint that is named but missing stops every rank
 
 
-def check_decode(config: TrainConfig, device: torch.device) -> None:
-    """``decode`` gpu: one line, before the data loads, where it cannot run (no CUDA, no torchvision)."""
+def check_decode(config: TrainConfig, device: torch.device, comm: Any) -> None:
+    """Collective: ``decode`` gpu stops every rank with one line, before the data loads, where it cannot run on
+    some rank (no CUDA, no torchvision): agreed, since each rank sees only its own device and libraries."""
     if config.decode == "gpu":
         from dimd.shuffle.gpu_decode import gpu_decode_problem
 
         problem = gpu_decode_problem() if device.type == "cuda" else "decode gpu needs `device` cuda"
-        if problem:
-            raise DimdError(problem)
+        agree_or_raise(comm, problem)   # MPI: every rank asks, as every rank has the same config
 
 
 def val_label_map(train_classes: list[str], val_classes: list[str], val: str,
@@ -271,7 +286,7 @@ class Trainer:
         self.memory: list[dict[str, int]] = []   # each rank's memory at the last epoch's end (dimd.shuffle.memory)
         self.config = cfg = config
         self.comm, self.rank, self.world = comm, comm.Get_rank(), comm.Get_size()
-        check_before_loading(cfg, self.world)
+        check_before_loading(cfg, comm)
         self.stop = stop if stop is not None else StopRequest()
         self._own_stop = stop is None
         self.hooks = hooks or Hooks()
@@ -284,7 +299,7 @@ class Trainer:
         if warning:
             self.hooks.on_event(f"note: {warning}")
         self.device = device if device is not None else pick_device(cfg.device, comm)
-        check_decode(cfg, self.device)
+        check_decode(cfg, self.device, comm)
         self.resume_path = check_inputs_before_loading(cfg, comm)
 
         # -- data: each rank's share in memory, and the loaders over it
@@ -311,7 +326,7 @@ class Trainer:
 
         # -- model and synchronisation
         torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.model, len(self.store.classes), zero_init_residual=cfg.zero_init_residual)
+        self.model = build_agreed(cfg, len(self.store.classes), comm)
         self.memory_format = memory_format(cfg.channels_last if cfg.sync == "ssgd" else False, self.device,
                                            self.model)
         self.model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]  # torch's stub lacks it

@@ -7,8 +7,6 @@ from typing import Any
 
 import torch
 
-from dimd.errors import DimdError
-
 
 def default_threads(comm: Any) -> int:
     """Collective: torch threads per rank by default, the rank's cores over the node's ranks bound to them."""
@@ -38,12 +36,18 @@ def set_threads(threads: int | None, comm: Any) -> tuple[int, str | None]:
 
 
 def pick_device(choice: str, comm: Any) -> torch.device:
-    """``auto``: CUDA when present (one GPU per rank on a node, by node-local rank), else CPU."""
+    """Collective for ``cuda`` (every rank must find one; agreed, so that none is left waiting and a job
+    without CUDA ends in order) and wherever CUDA is present. ``auto``: CUDA when present (one GPU per rank
+    on a node, by node-local rank), else CPU."""
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise DimdError("device cuda: this torch build or machine has no CUDA device")
     from mpi4py import MPI
+
+    from dimd.mpi import agree_or_raise
+
+    if choice == "cuda":
+        agree_or_raise(comm, None if torch.cuda.is_available()   # MPI: every rank asked for cuda
+                       else "device cuda: this torch build or machine has no CUDA device")
 
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)   # MPI: one GPU per rank of this node
     index = local.Get_rank() % torch.cuda.device_count()
