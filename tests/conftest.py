@@ -255,7 +255,12 @@ def run_mpi_dimd(n: int, *args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def run_mpi_dimd_watched(n: int, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, set[str]]:
-    """:func:`run_mpi_dimd`, and the MPICH hydra topology files (``/tmp/hydra_hwloc_xmlfile_*``) the job's
+    """:func:`run_mpi_watched` for a dimd command."""
+    return run_mpi_watched(n, *DIMD, *args, timeout=timeout)
+
+
+def run_mpi_watched(n: int, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """:func:`run_mpi`, and the MPICH hydra topology files (``/tmp/hydra_hwloc_xmlfile_*``) the job's
     processes held open while it ran.
 
     Hydra's proxy holds its file open from the ranks' start to the job's end and removes it only when the job
@@ -263,7 +268,7 @@ def run_mpi_dimd_watched(n: int, *args: str, timeout: float = 240) -> tuple[subp
     whatever other tests' jobs leave meanwhile. Empty under another launcher (``$MPIEXEC``).
     """
     env = dict(os.environ)
-    command = mpi_command(n, [*DIMD, *args], env)
+    command = mpi_command(n, list(args), env)
     held: set[str] = set()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         job = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)

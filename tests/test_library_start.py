@@ -1,11 +1,12 @@
 """dimd.init() in a user's script: the device, the threads, and one failing rank ending the whole job."""
 
+import os
 import sys
 import textwrap
 
 import pytest
 import torch
-from conftest import run_mpi
+from conftest import run_mpi, run_mpi_watched
 
 import dimd
 
@@ -98,18 +99,26 @@ def test_a_peer_that_stops_answering_ends_a_users_script_with_one_line(tmp_path,
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("script, line", [
+@pytest.mark.parametrize("script, line, in_order", [
     (OTHER_MODEL, "dimd: error: rank 1's model differs from rank 0's: 6 parameters and buffers against 4 (the "
-                  "first one only on rank 1: 4.weight [2, 2] float32); build the same model"),
+                  "first one only on rank 1: 4.weight [2, 2] float32); build the same model", True),
     (LEAVES_EARLY, "dimd: error: rank 1: this rank's script ended, but after 2 s some ranks have not (they may "
                    "wait for this one in a collective); ending the job (`stall_timeout` of dimd.init() sets the "
-                   "wait)"),
+                   "wait)", False),
 ], ids=["a model that differs between ranks", "one rank that leaves early"])
-def test_a_script_that_goes_astray_on_one_rank_ends_the_job_with_one_line(tmp_path, script, line,
+def test_a_script_that_goes_astray_on_one_rank_ends_the_job_with_one_line(tmp_path, script, line, in_order,
                                                                          mpi_leaves_no_files):
-    proc = run_users_script(tmp_path, script, timeout=60)
+    """Every rank found the model different alike: one line, and the ranks leave through MPI_Finalize, not
+    MPI_Abort (whose hydra leaves its topology file behind); a rank that leaves alone gets the job aborted."""
+    script_path = tmp_path / "user_script.py"
+    script_path.write_text(script)
+    proc, hydra_files = run_mpi_watched(2, sys.executable, str(script_path), timeout=60)
     assert proc.returncode != 0
     assert [text for text in proc.stderr.splitlines() if text.startswith("dimd:")] == [line]
+    assert ("Abort(" in proc.stdout + proc.stderr) != in_order
+    if in_order:
+        assert hydra_files or os.environ.get("MPIEXEC"), "the test saw no hydra topology file to check"
+        assert not [path for path in hydra_files if os.path.exists(path)]
 
 
 @pytest.mark.mpi

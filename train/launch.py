@@ -50,7 +50,9 @@ def init(*, device: str = "auto", threads: int | None = None,
     while the main thread does not (what DistributedGradients needs); ask for
     ``multiple`` if the script calls MPI itself between backward and step.
     ``abort_on_error``: an uncaught exception on any rank prints its
-    traceback (a :class:`DimdError`: one line) and aborts every rank; and a
+    traceback (a :class:`DimdError`: one line) and aborts every rank (one
+    that every rank raised alike, an :class:`AgreedError`: rank 0 prints it
+    and the ranks end in order, through ``MPI_Finalize``); and a
     rank whose script ends (its last line, or ``sys.exit`` on that rank
     alone) waits up to ``stall_timeout`` seconds for the others to end too,
     then ends the job with one line: a rank still waiting for it in a
@@ -83,10 +85,12 @@ def init(*, device: str = "auto", threads: int | None = None,
 
 def _abort_job_hook(comm: Any) -> Any:
     def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
-        if issubclass(kind, AgreedError):   # every rank raised it: one says it
+        if issubclass(kind, AgreedError):   # every rank raised it: one says it, and all leave in order
             if comm.Get_rank() == 0:
                 sys.stderr.write(f"dimd: error: {error}\n")
-        elif issubclass(kind, DimdError):
+                sys.stderr.flush()
+            return   # exit status 1; the exit watch (_end_together) meets the others, then MPI_Finalize
+        if issubclass(kind, DimdError):
             sys.stderr.write(f"dimd: error: rank {comm.Get_rank()}: {error}\n")   # one write, a whole line
         else:
             sys.stderr.write(f"rank {comm.Get_rank()}: " + "".join(traceback.format_exception(kind, error, trace)))
