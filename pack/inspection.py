@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from dimd.format import PackedDataset, crc32
-from dimd.pack.process_pool import worker_pool
+from dimd.pack.process_pool import imap_watched, worker_pool
 
 Advance = Callable[[int], None]
 
@@ -91,7 +91,8 @@ def verify(out: str | os.PathLike, *, workers: int = 1, decode: bool = True,
     else:
         with worker_pool(workers, _open_in_worker, (str(ds.data_path),)) as pool:
             args = [(start, stop, decode) for start, stop in spans]
-            for (start, stop), found in zip(spans, pool.imap(_check_in_worker, args)):
+            for (start, stop), found in zip(spans, imap_watched(pool, _check_in_worker, args,
+                                                                  doing=f"verifying {ds.data_path}")):
                 problems.extend(found)
                 if advance:
                     advance(stop - start)

@@ -20,7 +20,7 @@ from dimd.format import PackedRecord, PackWriter, dataset_paths, escape_name
 from dimd.host import available_cores
 from dimd.pack.config import PackConfig
 from dimd.pack.labels import LabelBound, numbered_classes
-from dimd.pack.process_pool import worker_pool
+from dimd.pack.process_pool import imap_watched, worker_pool
 from dimd.pack.sources import Source, Task, open_source
 
 #: A file larger than this is not read as an image (a 1 GiB JPEG would be ~ 10^9 pixels).
@@ -134,7 +134,8 @@ def _processed(source: Source, config: PackConfig, workers: int) -> Generator[tu
     throttle = _Throttle(workers * config.chunksize * 4)
     with worker_pool(workers, _init_pool_worker, settings) as pool:
         try:
-            for item in pool.imap(process_task, throttle.feed(source.tasks()), config.chunksize):
+            for item in imap_watched(pool, process_task, throttle.feed(source.tasks()), config.chunksize,
+                                     doing=f"packing {escape_name(str(config.src))}"):
                 throttle.release()
                 yield item
         finally:

@@ -8,19 +8,29 @@ pack on a loaded machine). Here the teardown runs in a thread of its own: past
 :data:`TEARDOWN_S` the workers are killed and the stuck thread, a daemon, is
 left to end with the process, so the caller goes on to remove its partial
 outputs.
+
+A worker killed while it works (SIGKILL, the out-of-memory killer) is replaced
+by the pool, but the tasks it held are lost and ``imap`` would wait for their
+results forever: :func:`imap_watched` raises instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import os
+import signal
 import threading
 from multiprocessing.pool import Pool
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
+
+from dimd.errors import DimdError
 
 #: How long a pool's teardown may take before its workers are killed.
 TEARDOWN_S = 5.0
+#: How often a wait for a result checks that the pool's workers still run.
+WATCH_S = 0.5
 
 
 @contextlib.contextmanager
@@ -47,3 +57,49 @@ def terminate_within_deadline(pool: Pool, deadline_s: float = TEARDOWN_S) -> Non
         if worker.exitcode is None:
             worker.kill()
         worker.join(1.0)
+
+
+def imap_watched(pool: Pool, func: Callable[[Any], Any], items: Iterable[Any], chunksize: int = 1, *,
+                 doing: str = "working", poll_s: float = WATCH_S) -> Iterator[Any]:
+    """``pool.imap(func, items, chunksize)``, except that a worker that dies raises :class:`DimdError`.
+
+    ``doing`` ends the message ("packing data/train"). Workers never exit on
+    their own before the pool is torn down, so any exit of one means lost tasks.
+    """
+    workers = list(getattr(pool, "_pool", ()))
+    # Chunks made here, as imap makes them, so that its result iterator (which can wait with a
+    # timeout) is the one that comes back, not the generator imap wraps it in for chunksize > 1.
+    results = pool.imap(_run_chunk, ((func, chunk) for chunk in _chunks(items, chunksize)))
+    while True:
+        try:
+            chunk = results.next(timeout=poll_s)
+        except StopIteration:
+            return
+        except multiprocessing.TimeoutError:
+            for worker in workers:
+                code = worker.exitcode
+                if code is not None:
+                    how = (f"was killed by {_signal_name(-code)}" if code < 0
+                           else f"exited with status {code}")
+                    raise DimdError(f"worker process {worker.pid} {how} while {doing} (out of memory?); "
+                                    "its work is lost, so the run stops") from None
+            continue
+        yield from chunk
+
+
+def _run_chunk(task: tuple[Callable[[Any], Any], tuple[Any, ...]]) -> list[Any]:
+    func, chunk = task
+    return [func(item) for item in chunk]
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[tuple[Any, ...]]:
+    iterator = iter(items)
+    while chunk := tuple(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

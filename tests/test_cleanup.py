@@ -105,6 +105,22 @@ def test_a_signal_mid_pack_leaves_nothing_and_no_workers(slow_list, tmp_path, si
     assert not [pid for pid in workers if alive(pid)]
 
 
+def test_a_worker_killed_mid_pack_ends_the_pack_in_one_line_and_leaves_nothing(slow_list, tmp_path):
+    """The out-of-memory killer takes one worker: the pool replaces it, but its tasks are lost."""
+    out = tmp_path / "out" / "x"
+    proc = start_pack(slow_list, out, "--workers", "2")
+    victim = min(wait_for_records(out, proc))
+    os.kill(victim, signal.SIGKILL)
+    try:
+        _, stderr = proc.communicate(timeout=60)    # not a wait, forever, for the lost tasks' results
+    finally:
+        proc.terminate()
+    assert proc.returncode == 1, stderr
+    assert stderr.strip() == (f"dimd: error: worker process {victim} was killed by SIGKILL while packing "
+                              f"{slow_list[0]} (out of memory?); its work is lost, so the run stops")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_a_pool_teardown_that_hangs_is_cut_off_and_its_workers_killed():
     """Pool.terminate() waits forever on a result-queue lock that a killed worker held (cpython#96995).
 
