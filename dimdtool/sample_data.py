@@ -4,22 +4,26 @@ Each class is a (shape, colour) pair drawn on a varied, muted background at a
 random position, scale and rotation; images have mixed sizes and aspect
 ratios, and a share of them are larger than 1000 px so that packing exercises
 draft decoding. Every image is generated from its own seed, so the output is
-the same for any number of workers.
+the same for any number of workers. Each image is written under a hidden
+temporary name and renamed into place, so no file is ever a truncated JPEG; a
+write that fails (a full disk) ends the run in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, Iterator, Literal
 
 import numpy as np
 
 from dimd.checks import at_least, in_range, one_of
-from dimd.errors import ConfigError
+from dimd.errors import ConfigError, DimdError
 
 SHAPES = ("circle", "square", "triangle", "cross", "star", "ring", "diamond", "bar")
 COLOURS = {
@@ -88,32 +92,51 @@ def generate(spec: SampleSpec, *, workers: int | None = None,
             (root / name).mkdir(exist_ok=True)
     workers = workers or os.cpu_count() or 1
     total = 0
-    if workers == 1:
-        results = map(_render_job, jobs)
-        for size in results:
-            total += size
-            if advance:
-                advance(1)
-    else:
-        with ProcessPoolExecutor(workers) as pool:
-            for size in pool.map(_render_job, jobs, chunksize=8):
+    try:
+        with contextlib.ExitStack() as stack:
+            results: Iterator[int]
+            if workers == 1:
+                results = map(_render_job, jobs)
+            else:
+                pool = ProcessPoolExecutor(workers)
+                stack.callback(pool.shutdown, cancel_futures=True)  # a failure stops the jobs not begun
+                results = pool.map(_render_job, jobs, chunksize=8)
+            for size in results:
                 total += size
                 if advance:
                     advance(1)
-    list_file = None
-    if spec.layout == "flat":
-        list_file = root / "labels.txt"
-        list_file.write_text("".join(f"{Path(job[0]).name} {job[2]}\n" for job in jobs))
-        (root / "classes.txt").write_text("".join(f"{n}\n" for n in names))
+        list_file = None
+        if spec.layout == "flat":
+            from dimd.fsutil import atomic_write_text
+
+            list_file = root / "labels.txt"
+            atomic_write_text(list_file, "".join(f"{Path(job[0]).name} {job[2]}\n" for job in jobs))
+            atomic_write_text(root / "classes.txt", "".join(f"{n}\n" for n in names))
+    except OSError as exc:
+        raise DimdError(f"{exc.filename or root}: cannot write ({exc.strerror or exc}); the sample set "
+                        f"in {root} is incomplete") from None
     return SampleResult(root=root, images=len(jobs), classes=names, bytes=total, list_file=list_file)
 
 
 def _render_job(job: tuple) -> int:
+    from dimd.fsutil import temporary_sibling
+
     path, name, label, index, seed, large_share, quality = job
     rng = np.random.default_rng([seed, label, index])
     image = render(name, rng, large_share)
-    image.save(path, "JPEG", quality=quality)
-    return os.path.getsize(path)
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=quality)
+    tmp = temporary_sibling(Path(path))
+    try:
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
+        os.replace(tmp, path)
+    except OSError as exc:  # named after the image, not its temporary
+        raise OSError(exc.errno, exc.strerror, path) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return buffer.tell()
 
 
 def render(class_name: str, rng: np.random.Generator, large_share: float = 0.15):

@@ -1,7 +1,11 @@
 """The sample set is real, learnable-looking and reproducible."""
 
 import hashlib
+import re
 
+import pytest
+from conftest import DIMD
+from hostile import can_mount_tmpfs, in_tmpfs
 from PIL import Image
 
 from dimd.sample_data import MAX_CLASSES, SampleSpec, class_names, generate
@@ -38,3 +42,23 @@ def test_flat_layout_writes_a_caffe_list(tmp_path):
 
 def test_class_names_are_distinct_up_to_the_maximum():
     assert len(set(class_names(MAX_CLASSES))) == MAX_CLASSES
+
+
+@pytest.mark.skipif(not can_mount_tmpfs(), reason="cannot mount a private tmpfs here")
+def test_a_full_disk_is_one_line_and_leaves_no_truncated_image(tmp_path):
+    mount = tmp_path / "mnt"
+    proc = in_tmpfs(mount, "128k", f"{' '.join(DIMD)} sample-data {mount}/s --classes 2 --per-class 10 "
+                                   f"--large-share 0 -q; echo rc=$?; "
+                                   f"cd {mount}/s && find . -type f | sort | xargs md5sum")
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "rc=1", (proc.stdout, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.fullmatch(rf"dimd: error: {mount}/s/\S+\.JPEG: cannot write \(No space left on device\); "
+                        rf"the sample set in {mount}/s is incomplete", proc.stderr.strip()), proc.stderr
+    written = dict(line.split()[::-1] for line in lines[1:])
+    assert written and not [name for name in written if "/." in name]   # no temporary left
+    # Each file that is there is whole: the very bytes a run with room for them writes.
+    expected = digest(generate(SampleSpec(tmp_path / "roomy", classes=2, per_class=10, large_share=0),
+                               workers=2).root)
+    assert {name[2:]: md5 for name, md5 in written.items()} == {name: expected[name] for name in
+                                                                (n[2:] for n in written)}
