@@ -90,6 +90,10 @@ class PackWriter:
 
     def __init__(self, out: str | os.PathLike, *, force: bool = False) -> None:
         self.data_path, self.index_path = dataset_paths(out)
+        stem = os.fspath(self.data_path)[: -len(DATA_SUFFIX)]
+        if Path(stem or ".").name in ("", ".", "..") or stem.endswith(os.sep):  # "-o ." wrote ..dimd
+            raise DimdError(f"output {out}: names a folder, not the stem of OUT{DATA_SUFFIX} and "
+                            f"OUT{INDEX_SUFFIX}; give one such as {Path(stem or '.', 'train')}")
         for path in (self.data_path, self.index_path):
             check_output(path, kind="file", create=True, what="output")
             if not force and path.exists():

@@ -44,6 +44,9 @@ def pack_cases(tmp_path):
                                                 "a file name"),
         (["-o", afile / "sub" / "x"], f"output {afile / 'sub' / 'x.dimd'}: cannot create folders under "
                                       f"{afile}, which is not a folder"),
+        # A folder is no stem: it would write the hidden pair ...dimd and ...idx.h5 in tmp_path.
+        (["-o", tmp_path / ".."], f"output {tmp_path / '..'}: names a folder, not the stem of OUT.dimd and "
+                                  f"OUT.idx.h5; give one such as {tmp_path / '..' / 'train'}"),
     ]
 
 
