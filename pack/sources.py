@@ -296,12 +296,14 @@ def read_classes_file(path: str | os.PathLike) -> list[str]:
 
 
 def _read_lines(path: Path, what: str) -> list[str]:
-    """A text file's lines; undecodable bytes kept as surrogate escapes (they may be file names)."""
+    """A text file's lines, without a leading byte order mark; undecodable bytes kept as surrogate
+    escapes (they may be file names)."""
     try:
         if not path.is_file():
             raise DimdError(f"{path}: cannot read {what} (" + ("not a regular file" if path.exists()
                                                                 else "No such file or directory") + ")")
-        return path.read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+        # utf-8-sig: a byte order mark (Windows editors write one) is no part of the first name.
+        return path.read_text(encoding="utf-8-sig", errors="surrogateescape").splitlines()
     except OSError as exc:
         raise DimdError(f"{path}: cannot read {what} ({_reason(exc)})") from None
 

@@ -52,6 +52,16 @@ def test_list_without_classes_file_names_classes_by_label(flat, tmp_path):
     assert PackedDataset(tmp_path / "val").classes == ["0", "1", "2"]
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_name(flat, tmp_path):
+    """Windows editors start UTF-8 files with a BOM: it is no part of the first file or class name."""
+    for name in ("labels.txt", "classes.txt"):
+        (flat / name).write_bytes(b"\xef\xbb\xbf" + (flat / name).read_bytes())
+    pack(PackConfig(flat, tmp_path / "val", list_file=flat / "labels.txt",
+                    classes_file=flat / "classes.txt", workers=1))
+    ds = PackedDataset(tmp_path / "val")
+    assert ds.names[0] == "img 0.JPEG" and ds.classes == ["green", "blue", "red"]
+
+
 def test_cli_list_with_labels_alias(flat, tmp_path):
     proc = run_dimd("pack", flat, "--labels", flat / "labels.txt", "--classes-file",
                     flat / "classes.txt", "-o", tmp_path / "val", check=True)
