@@ -101,6 +101,10 @@ def _tree_source(root: Path) -> Source:
     for label, name in enumerate(classes):
         walk.walk(name, label)
     walk.follow_links()
+    named = {name for name, _ in walk.rejected}
+    for label, name in enumerate(classes):  # kept, so labels match a sibling set's, but named
+        if not walk.files[label] and f"{name}/" not in named:
+            walk.rejected.append((f"{name}/", "a class folder with no images; its class is kept, empty"))
     files = [item for per_class in walk.files for item in per_class]
     if not files:
         loose = any(is_image_file(e.name) for e in os.scandir(root) if e.is_file())

@@ -121,6 +121,18 @@ def test_missing_and_empty_sources_are_clear_errors(tmp_path):
     assert not dataset_paths(tmp_path / "out")[1].exists()
 
 
+def test_a_class_folder_with_no_images_is_named_and_its_class_kept(colour_tree, tmp_path):
+    """An empty class is likely a failed copy, so it is named; kept, so labels still match the sibling set."""
+    (colour_tree / "grey").mkdir()
+    (colour_tree / "grey" / "readme.txt").write_text("no images here")
+    result = pack(PackConfig(colour_tree, tmp_path / "out", workers=1))
+    assert result.skipped == [("grey/", "a class folder with no images; its class is kept, empty")]
+    ds = PackedDataset(tmp_path / "out")
+    assert ds.classes == ["blue", "green", "grey", "red"] and sorted(set(ds.labels.tolist())) == [0, 1, 3]
+    with pytest.raises(DimdError, match="^grey/: a class folder with no images; its class is kept, empty"):
+        pack(PackConfig(colour_tree, tmp_path / "strict", strict=True, workers=1))
+
+
 @pytest.mark.parametrize("option, value, message", [
     ("--short-side", "0", "Invalid value for '--short-side': must be in [1, 65500] (got 0)"),
     ("--quality", "101", "Invalid value for '--quality': must be in [1, 100] (got 101)"),
