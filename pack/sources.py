@@ -67,15 +67,19 @@ def open_source(src: str | os.PathLike, list_file: str | os.PathLike | None = No
                 classes_file: str | os.PathLike | None = None) -> Source:
     """Resolve SRC (and ``--list``/``--classes-file``) into a :class:`Source`, or fail clearly."""
     root = Path(src)
-    if not root.exists():
-        raise DimdError(f"{root}: no such file or directory")
-    if root.is_file() and root.name == LMDB_DATA_FILE:
-        root = root.parent
-    if not root.is_dir():
-        raise DimdError(f"{root}: not a folder (expected a class tree, a folder with `list_file`, "
-                        f"or a Caffe LMDB folder holding {LMDB_DATA_FILE})")
+    try:  # a folder on the way that may be read but not entered makes these raise (EACCES)
+        if not root.exists():
+            raise DimdError(f"{root}: no such file or directory")
+        if root.is_file() and root.name == LMDB_DATA_FILE:
+            root = root.parent
+        if not root.is_dir():
+            raise DimdError(f"{root}: not a folder (expected a class tree, a folder with `list_file`, "
+                            f"or a Caffe LMDB folder holding {LMDB_DATA_FILE})")
+        is_lmdb = (root / LMDB_DATA_FILE).is_file()
+    except OSError as exc:
+        raise DimdError(f"{root}: cannot read folder ({_reason(exc)})") from None
     names = read_classes_file(classes_file) if classes_file is not None else None
-    if (root / LMDB_DATA_FILE).is_file():
+    if is_lmdb:
         if list_file is not None:
             raise DimdError(f"{root}: is an LMDB; `list_file` applies to image folders only")
         return _lmdb_source(root, names)
@@ -93,7 +97,11 @@ def is_image_file(name: str) -> bool:
 
 # ---------------------------------------------------------------------------- class tree
 def _tree_source(root: Path) -> Source:
-    classes = sorted(e.name for e in os.scandir(root) if not e.name.startswith(".") and _is_dir(e))
+    try:
+        entries = list(os.scandir(root))
+    except OSError as exc:
+        raise DimdError(f"{root}: cannot list folder ({_reason(exc)})") from None
+    classes = sorted(e.name for e in entries if not e.name.startswith(".") and _is_dir(e))
     walk = _TreeWalk(root, len(classes))
     # Real class folders claim their (device, inode) before symlinked ones: the real location wins.
     for name in sorted(classes, key=lambda name: (root / name).is_symlink()):
@@ -107,7 +115,7 @@ def _tree_source(root: Path) -> Source:
             walk.rejected.append((f"{name}/", "a class folder with no images; its class is kept, empty"))
     files = [item for per_class in walk.files for item in per_class]
     if not files:
-        loose = any(is_image_file(e.name) for e in os.scandir(root) if e.is_file())
+        loose = any(is_image_file(e.name) for e in entries if e.is_file())
         hint = (" (its images are not in class sub-folders: give `list_file`, a file of 'path label' lines)"
                 if loose else "")
         raise DimdError(f"{root}: no images found{hint}")

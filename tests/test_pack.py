@@ -6,7 +6,10 @@ one clear error for a bad source or option.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,7 @@ from PIL import Image
 from dimd.errors import DimdError
 from dimd.format import PackedDataset, dataset_paths
 from dimd.pack.packer import PackConfig, pack
+from dimd.pack.sources import open_source
 
 COLOURS = {"blue": (0, 0, 255), "green": (0, 255, 0), "red": (255, 0, 0)}
 
@@ -119,6 +123,31 @@ def test_missing_and_empty_sources_are_clear_errors(tmp_path):
     with pytest.raises(DimdError, match="not in class sub-folders: give `list_file`"):
         pack(PackConfig(tmp_path / "loose", tmp_path / "out"))
     assert not dataset_paths(tmp_path / "out")[1].exists()
+
+
+@contextlib.contextmanager
+def unprivileged():
+    """Root reads any folder: drop to nobody's user id (the saved one stays root, to come back)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.seteuid(65534)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+def test_a_source_folder_that_cannot_be_entered_is_one_clear_error(tmp_path):
+    root = tmp_path / "tree"
+    (root / "a").mkdir(parents=True)
+    root.chmod(0o600)  # its names can be listed, nothing in it can be opened
+    try:
+        with unprivileged(), pytest.raises(DimdError, match=rf"^{re.escape(str(root))}: cannot read folder "
+                                                            r"\(Permission denied\)$"):
+            open_source(root)
+    finally:
+        root.chmod(0o755)
 
 
 def test_a_class_folder_with_no_images_is_named_and_its_class_kept(colour_tree, tmp_path):
