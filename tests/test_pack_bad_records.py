@@ -47,6 +47,18 @@ def test_images_too_long_for_a_jpeg_are_skipped_and_named(tmp_path):
     assert (int(ds.records["height"][2]), int(ds.records["width"][2])) == (65500, 256)
 
 
+def test_past_twenty_skips_stderr_says_more_follow_and_the_file_names_them_all(tmp_path):
+    root = small_tree(tmp_path / "tree", {"a": 1})
+    for i in range(25):
+        (root / "a" / f"broken{i:02}.jpg").write_bytes(b"not a jpeg")
+    proc = run_dimd("pack", root, "-o", tmp_path / "x", "--skipped", tmp_path / "skipped.txt")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("dimd: skip")]
+    assert len(lines) == 21 and lines[-1].startswith("dimd: skipping more; the rest are not named here")
+    assert len((tmp_path / "skipped.txt").read_text().splitlines()) == 25
+    assert "packed 1 images in 1 classes (25 skipped)" in proc.stdout
+
+
 def test_a_raw_datum_too_long_for_a_jpeg_is_skipped(tmp_path):
     with lmdb.open(str(tmp_path / "db"), map_size=1 << 24) as env, env.begin(write=True) as txn:
         txn.put(b"0", Datum(data=jpeg((60, 50)), label=0, encoded=True).SerializeToString())

@@ -20,6 +20,9 @@ from dimd.units import format_bytes
 _FILE = click.Path(dir_okay=False, path_type=Path)
 #: A scan of SRC that takes longer than this gets a line saying what is happening.
 SCAN_NOTICE_S = 2.0
+#: Skipped images named on stderr; past this (an LMDB of something other than Caffe's Datum skips every
+#: record) one line says more follow, and the end's count and ``--skipped`` say how many and which.
+SKIP_LINES = 20
 
 
 @click.command("pack")
@@ -93,8 +96,15 @@ def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, q
         bar[0] = bars.enter_context(
             progress(source.count, f"pack ({source.kind})", unit="img", enabled=not quiet))
 
+    skips = [0]
+
     def on_skip(name: str, reason: str) -> None:
-        click.echo(f"dimd: skipped {name}: {cli_message(reason)}", err=True)
+        skips[0] += 1
+        if skips[0] <= SKIP_LINES:
+            click.echo(f"dimd: skipped {name}: {cli_message(reason)}", err=True)
+        elif skips[0] == SKIP_LINES + 1:
+            click.echo("dimd: skipping more; the rest are not named here (`--skipped FILE` names every "
+                       "one), only counted at the end", err=True)
 
     with bars:
         result = pack(config, advance=advance, on_skip=on_skip,
