@@ -18,7 +18,7 @@ JPEG_MAX_SIDE = 65500
 @dataclass(frozen=True)
 class PackConfig:
     src: Path
-    out: Path
+    out: str | Path   # the stem as given: a trailing / (a folder, refused) survives only in a str
     list_file: Path | None = None
     classes_file: Path | None = None
     short_side: int = 256

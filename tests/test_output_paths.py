@@ -47,6 +47,8 @@ def pack_cases(tmp_path):
         # A folder is no stem: it would write the hidden pair ...dimd and ...idx.h5 in tmp_path.
         (["-o", tmp_path / ".."], f"output {tmp_path / '..'}: names a folder, not the stem of OUT.dimd and "
                                   f"OUT.idx.h5; give one such as {tmp_path / '..' / 'train'}"),
+        (["-o", f"{tmp_path}/"], f"output {tmp_path}/: names a folder, not the stem of OUT.dimd and "
+                                 f"OUT.idx.h5; give one such as {tmp_path / 'train'}"),
     ]
 
 

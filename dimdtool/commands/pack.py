@@ -27,7 +27,7 @@ SKIP_LINES = 20
 
 @click.command("pack")
 @click.argument("src", type=click.Path(path_type=Path))
-@config_option(PackConfig, "out", "-o", "--output", required=True, type=click.Path(path_type=Path),
+@config_option(PackConfig, "out", "-o", "--output", required=True, type=click.Path(),  # str: out/ keeps its /
                help="Output stem: writes OUT.dimd (the JPEGs) and OUT.idx.h5 (the index); "
                     "missing folders are created.")
 @config_option(PackConfig, "list_file", "--list", "--labels", type=_FILE,
