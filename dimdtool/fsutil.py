@@ -210,7 +210,7 @@ def disk_full_message(path: str | os.PathLike, exc: OSError, needed: int | None,
         free = "free space unknown"
     need = f", the output needs about {format_bytes(needed)}" if needed else ""
     return (f"{target}: {_FULL.get(exc.errno or 0) or exc.strerror} on the file system at {mount} "
-            f"({free}{need}); nothing was kept")
+            f"({free}{need}); nothing of this write was kept")
 
 
 def mount_point(path: str | os.PathLike) -> Path:

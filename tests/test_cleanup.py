@@ -188,7 +188,7 @@ def test_a_full_disk_is_one_line_and_frees_what_it_used(tmp_path):
     assert len(stderr) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert re.fullmatch(rf"dimd: error: {mount}/sub/x\.dimd: no space left on device on the file system "
                         rf"at {mount} \(\d+\.\d KiB free of 64\.0 KiB, the output needs about "
-                        rf"\d+\.\d [KM]iB\); nothing was kept", stderr[0]), stderr[0]
+                        rf"\d+\.\d [KM]iB\); nothing of this write was kept", stderr[0]), stderr[0]
 
 
 @needs_tmpfs

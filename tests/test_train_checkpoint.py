@@ -29,7 +29,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_older_ones_stay
         save_checkpoint(tmp_path, state(0, 3), keep=2)
     message = str(caught.value)
     assert "checkpoint-e0000-s00000003.pt: no space left on device on the file system at " in message
-    assert "nothing was kept" in message
+    assert "nothing of this write was kept" in message
     assert "the 2 older checkpoint(s)" in message and "\n" not in message
     assert {p.name: p.read_bytes() for p in list_checkpoints(tmp_path)} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before)     # no temporary left behind
