@@ -312,7 +312,7 @@ def _flags(callback: Callable[..., Any] | None) -> dict[str, str]:
 #: share, written once, as each default is (in the commands' config dataclasses).
 SHARED_HELP = {
     "model": "Model name (`dimd train --list-models`).",
-    "device": "auto: one GPU per rank when CUDA is available, else CPU.",
+    "device": "auto: one GPU per rank when every rank has CUDA, else CPU.",
     "threads": "Torch compute threads per rank [default: cores / ranks on the node].",
     "decode_workers": "Decoding worker processes of each rank's loader [default: the rank's cores but one].",
     "crop_scale": ("Smallest share of the image area a random-resized training crop keeps (0.08 as for "

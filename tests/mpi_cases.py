@@ -761,6 +761,26 @@ def overlap_on_and_off_train_alike(algorithm: str = "ring") -> None:
 
 
 @case
+def device_auto_where_one_rank_has_cuda() -> None:
+    """``auto`` on a job where only rank 1 sees CUDA (faked): the CPU on every rank, and no rank left
+    waiting in the node's GPU pairing::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py device_auto_where_one_rank_has_cuda
+        -> devices cpu cpu
+    """
+    import torch
+
+    from dimd.train.hardware import pick_device
+
+    comm = world()
+    if comm.Get_rank() == 1:
+        torch.cuda.is_available = lambda: True
+    devices = comm.gather(str(pick_device("auto", comm)))
+    if comm.Get_rank() == 0:
+        say("devices " + " ".join(devices))
+
+
+@case
 def two_wrapped_models_in_one_backward(algorithm: str = "ring") -> None:
     """A GAN-like step: one backward pass through a generator and a discriminator, each wrapped with overlap.
 

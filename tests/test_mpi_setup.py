@@ -126,6 +126,12 @@ def test_a_problem_every_rank_finds_after_mpi_started_ends_the_job_in_order(pack
 
 
 @pytest.mark.mpi
+def test_device_auto_uses_the_cpu_everywhere_when_some_rank_has_no_gpu():
+    proc = mpi_run("device_auto_where_one_rank_has_cuda", 2, timeout=60, check=True)
+    assert "devices cpu cpu" in proc.stdout
+
+
+@pytest.mark.mpi
 def test_a_rank_left_waiting_for_a_silent_peer_ends_the_job_with_one_line(mpi_leaves_no_files):
     """The stall watchdog: rank 1 stops answering, rank 0 names itself, its host and the wait, and the job ends."""
     proc = mpi_run("a_peer_stops_answering", 2, 1, timeout=60)

@@ -36,15 +36,18 @@ def set_threads(threads: int | None, comm: Any) -> tuple[int, str | None]:
 
 
 def pick_device(choice: str, comm: Any) -> torch.device:
-    """Collective for ``cuda`` (every rank must find one; agreed, so that none is left waiting and a job
-    without CUDA ends in order) and wherever CUDA is present. ``auto``: CUDA when present (one GPU per rank
-    on a node, by node-local rank), else CPU."""
-    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+    """Collective unless ``cpu``. ``cuda``: one GPU per rank of a node, by node-local rank; every rank must
+    find one (agreed, so that none is left waiting and a job without CUDA ends in order). ``auto``: the
+    same where every rank has CUDA, else the CPU on every rank (a job whose nodes differ would otherwise
+    leave its CPU ranks behind while the others pair up the node's GPUs)."""
+    if choice == "cpu":
         return torch.device("cpu")
     from mpi4py import MPI
 
     from dimd.mpi import agree_or_raise
 
+    if choice == "auto" and not comm.allreduce(int(torch.cuda.is_available()), op=MPI.MIN):   # MPI: on every rank?
+        return torch.device("cpu")
     if choice == "cuda":
         agree_or_raise(comm, None if torch.cuda.is_available()   # MPI: every rank asked for cuda
                        else "device cuda: this torch build or machine has no CUDA device")
