@@ -300,7 +300,6 @@ class GradientBuckets:
         if errors:
             raise errors[0]
 
-
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate gradients locally; the next synchronized one reduces the sum."""
