@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -89,14 +90,18 @@ def test_resume_mid_epoch_continues_exactly(straight_run, packed_sample, tmp_pat
     """Resume from step 4 (epoch 2, step 1 of 3, just before a reshuffle): the same final weights."""
     out, _ = straight_run
     start = "checkpoint-e0001-s00000004.pt"
-    run_mpi_dimd(2, *train_args(packed_sample, tmp_path, "--resume-from", out / "checkpoints" / start),
-                 timeout=180, check=True)
+    shutil.copy(out / "metrics.jsonl", tmp_path / "metrics.jsonl")   # as a crashed run left it: epochs 1-4
+    run_mpi_dimd(2, *train_args(packed_sample, tmp_path, "--resume-from", out / "checkpoints" / start,
+                                "--metrics", tmp_path / "metrics.jsonl"), timeout=180, check=True)
     straight, resumed = final_weights(out / "checkpoints"), final_weights(tmp_path / "checkpoints")
     assert straight.keys() == resumed.keys()
     for name in straight:
         assert torch.allclose(straight[name].double(), resumed[name].double(), atol=1e-6), name
     history = json.loads((tmp_path / "train.json").read_text())["result"]["history"]
     assert [e["epoch"] for e in history] == [1, 2, 3, 4]   # the history travels in the checkpoint
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == [1, 2, 3, 4]   # epochs 2-4 ran again: their old lines went
+    assert len({line["run_id"] for line in lines}) == 1
 
 
 @pytest.mark.mpi

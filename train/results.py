@@ -6,7 +6,10 @@ checkpoints (:mod:`dimd.train.checkpoint`) as dicts.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from dimd.train.config import TrainConfig
@@ -165,3 +168,37 @@ class TrainResult:
             "history": [e.as_dict() for e in self.epochs],
             "evaluations": [e.__dict__ for e in self.evaluations],
         }
+
+
+def metrics_line(metrics: EpochMetrics, run_id: str) -> str:
+    """One ``--metrics`` line: the epoch's figures and the run they belong to (its checkpoints' id)."""
+    return json.dumps({"run_id": run_id, **metrics.as_dict()}) + "\n"
+
+
+def drop_superseded_metrics(path: str | os.PathLike, run_id: str, epochs_done: int) -> int:
+    """Before a resumed run appends to ``path``: remove its own lines for the epochs it will run again.
+
+    A run resumed from an earlier checkpoint than its last line (a crash after
+    epoch 5, the newest checkpoint after epoch 3) would otherwise append
+    epochs 4 and 5 a second time. Other runs' lines, and anything that is not
+    a metrics line, stay. Returns how many lines went.
+    """
+    from dimd.fsutil import atomic_write_text
+
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="surrogateescape").splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0
+    kept = [line for line in lines if not _superseded(line, run_id, epochs_done)]
+    if len(kept) < len(lines):
+        atomic_write_text(path, "".join(kept))
+    return len(lines) - len(kept)
+
+
+def _superseded(line: str, run_id: str, epochs_done: int) -> bool:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return (isinstance(record, dict) and record.get("run_id") == run_id
+            and isinstance(record.get("epoch"), int) and record["epoch"] > epochs_done)

@@ -7,7 +7,6 @@ Every option except the outputs (``--metrics``, ``--json``) is a field of
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +273,7 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
     from dimd.report import result_document, write_json
     from dimd.train.engine import Hooks, Trainer
     from dimd.train.folderlock import claim_checkpoint_folder
+    from dimd.train.results import drop_superseded_metrics, metrics_line
     from dimd.train.signals import stop_request
 
     config = build_config(TrainConfig, train=train_set, val=val_set, **fields)
@@ -285,14 +285,18 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
     say = (lambda line: click.echo(line)) if leader else (lambda line: None)
     stack = contextlib.ExitStack()
     advance = [lambda n: None]
+    run_id = [""]
 
     def on_epoch(metrics) -> None:
         say(_epoch_line(metrics, config.epochs))
         if leader and metrics_path:
             with open(metrics_path, "a") as f:
-                f.write(json.dumps(metrics.as_dict()) + "\n")
+                f.write(metrics_line(metrics, run_id[0]))
 
     def on_start(trainer) -> None:
+        run_id[0] = trainer.state.run_id
+        if leader and metrics_path:   # a resume from an earlier checkpoint runs some epochs again
+            drop_superseded_metrics(metrics_path, run_id[0], trainer.state.epoch)
         info = trainer.model_info
         say(f"{config.model}: {info['parameters']:,} parameters, {info['gradient_bytes'] / 2**20:.1f} MiB of "
             f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
