@@ -108,7 +108,7 @@ class DistributedGradients:
         self._step_hooks = ([optimizer.register_step_pre_hook(lambda *_: self.synchronize()),
                              optimizer.register_step_post_hook(lambda *_: self._consumed())]
                             if optimizer is not None else [])
-        # a backward pass that raised (and the script caught it) is forgotten at the next forward
+        # a backward pass that raised (and the script caught it) is dropped at the next forward
         self._forward_hook = model.register_forward_pre_hook(self._before_forward)
         self._steps = 0
         # MPI: a wait for the other ranks that outlasts `stall_timeout` (a peer's host is gone) ends the job
