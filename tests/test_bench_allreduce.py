@@ -77,6 +77,14 @@ def test_unknown_algorithm_is_one_usage_error_before_mpi_starts():
 
 
 @pytest.mark.mpi
+def test_unknown_model_is_one_usage_error_before_mpi_starts():
+    proc = run_mpi_dimd(2, "bench-allreduce", "--model", "nope", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("Invalid value for '--model': 'nope' is not one of 'lenet',") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "MPI_Abort" not in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.mpi
 def test_bad_size_range_is_refused():
     proc = run_mpi_dimd(1, "bench-allreduce", "--min-bytes", "1M", "--max-bytes", "1K", timeout=60)
     assert proc.returncode == 2  # a usage error, named by its flag

@@ -12,7 +12,14 @@ import click
 from dimd.allreduce.api import STANDALONE
 from dimd.allreduce.bench import DTYPE_NAMES, PEERS, BenchConfig
 from dimd.commands.mpi_job import mpi_command
-from dimd.options import SIZE, NameListType, build_config, config_option, json_option, stall_timeout_option
+from dimd.options import (SIZE, NameListType, RegistryChoice, build_config, config_option, json_option,
+                          stall_timeout_option)
+
+
+def _models() -> Any:
+    from dimd.train.models import MODELS   # on first use: --help imports no model zoo
+
+    return MODELS
 
 
 def idle_ranks(mpi_setup) -> str:
@@ -60,7 +67,7 @@ def _line(row) -> str:
                     "the wrong elements (summed over ranks) in #wrong; exit 1 if any.")
 @config_option(BenchConfig, "peer", type=click.Choice(PEERS),
                help="Also time torch.distributed all_reduce (gloo backend) in the same job.")
-@click.option("--model", default=None,
+@click.option("--model", type=RegistryChoice(_models), default=None,
               help="Also time a message of this model's gradient size (float32, as `dimd train` "
                    "allreduces it; `dimd train --list-models`).")
 @click.option("--classes", type=click.IntRange(min=2), default=None,
