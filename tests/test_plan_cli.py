@@ -68,6 +68,17 @@ def test_step_time_on_real_batches_counts_the_loader(colour_set, tmp_path):
 
 
 @pytest.mark.mpi
+def test_step_time_refuses_a_largest_batch_its_data_cannot_give_each_rank_before_any_step(colour_set):
+    """48 records cannot give 2 ranks 32 images each: every rank says so at once, the job ends in order."""
+    proc = run_mpi_dimd(2, "plan-batch", "step-time", "--model", "lenet", "--image-size", "16", "--batch-sizes",
+                        "1,32", "--data", colour_set, "--threads", "1", "--decode-workers", "1", timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("48 records are fewer than one batch per rank (2 ranks x batch size 32)") == 1
+    assert "MPI_Abort" not in proc.stderr and "Traceback" not in proc.stderr
+    assert "timing lenet steps" not in proc.stderr   # refused before the first step, not at the largest batch
+
+
+@pytest.mark.mpi
 def test_bench_allreduce_times_the_models_gradient_size(chain):
     doc = json.loads(chain["bench"][0].read_text())
     nbytes = doc["result"]["gradient_bytes"]

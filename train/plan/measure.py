@@ -94,8 +94,15 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     store = None
     if config.data is not None:
+        from dimd.mpi import agree_or_raise
         from dimd.shuffle import DistributedStore
+        from dimd.shuffle.loader import too_few_for_a_batch
+        from dimd.shuffle.store import packed_record_count
 
+        # MPI: every rank refuses, before any step, a largest batch the set cannot give each rank
+        records = packed_record_count(comm, config.data)
+        agree_or_raise(comm, too_few_for_a_batch(config.data, records, comm.Get_size(),
+                                                 max(config.batch_sizes)))
         store = DistributedStore.load(config.data, comm)   # MPI: collective; each rank holds its share
     classes = len(store.classes) if store is not None else config.num_classes
     model = build_model(config.model, classes).to(device)
