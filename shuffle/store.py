@@ -142,6 +142,7 @@ class DistributedStore:
             problem = str(exc)
         agree_or_raise(comm, problem)                       # MPI: one rank's problem ends every rank
         assert dataset is not None
+        agree_or_raise(comm, _other_sets(dataset, comm))    # MPI: every rank must read the same pack
 
         total = len(dataset)
         size, rank = group_comm.Get_size(), group_comm.Get_rank()
@@ -316,6 +317,28 @@ class DistributedStore:
             self._send = np.empty(0, np.uint8)   # let the old one go before the new one is made
             self._send = np.empty(nbytes + nbytes // 8, np.uint8)
         return self._send
+
+
+def _other_sets(dataset: PackedDataset, comm: Any) -> str | None:
+    """Collective: why the ranks' ``dataset`` is not one pack everywhere (a stale copy on a node's disk), or None.
+
+    A rank would otherwise cut its share out of another set and fail later, far from the cause. The
+    pack is known by its record count, its size and the checksum of its records' CRCs.
+    """
+    import socket
+    import zlib
+
+    mine = (len(dataset), dataset.data_bytes, zlib.crc32(np.ascontiguousarray(dataset.records["crc32"]).tobytes()))
+    seen = comm.allgather((mine, socket.gethostname()))
+    first, first_host = seen[0]
+    other = [(rank, host, found) for rank, (found, host) in enumerate(seen) if found != first]
+    if not other:
+        return None
+    rank, host, (records, nbytes, _) = other[0]
+    more = f" (and {len(other) - 1} more rank(s))" if len(other) > 1 else ""
+    return (f"{dataset.data_path}: rank {rank} on {host}{more} reads a different pack ({records} records, "
+            f"{nbytes} bytes) from rank 0 on {first_host} ({first[0]} records, {first[1]} bytes): every rank "
+            f"must read the same pack (a copy on each node's own disk must be identical)")
 
 
 def _read_range(path: Path, begin: int, out: np.ndarray, advance: Callable[[int], None] | None) -> int:

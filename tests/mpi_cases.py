@@ -258,6 +258,25 @@ def send_buffer_across_shuffles(dataset: str, rounds: str) -> None:
 
 
 @case
+def each_rank_loads_its_own_copy(*datasets: str) -> None:
+    """Rank r loads DATASETS[r], as a job reads a copy of the set on each node's own disk.
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py each_rank_loads_its_own_copy a/train b/train
+        -> rank 0: loaded 40 records     (one line per rank; copies that differ: rank 0: refused: <why>)
+    """
+    from dimd.mpi import AgreedError
+    from dimd.shuffle import DistributedStore
+
+    comm = world()
+    try:
+        store = DistributedStore.load(datasets[comm.rank], comm)
+    except AgreedError as exc:   # every rank refuses alike, so the job can end in order
+        say(f"rank {comm.rank}: refused: {exc}")
+        return
+    say(f"rank {comm.rank}: loaded {store.total} records")
+
+
+@case
 def loader_batches(dataset: str, groups: str) -> None:
     """Load DATASET in GROUPS groups, train an epoch, shuffle, train one more and evaluate one.
 

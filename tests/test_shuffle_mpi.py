@@ -95,6 +95,25 @@ def test_index_and_data_mismatch_ends_the_job(packed_sample, tmp_path):
     assert proc.returncode != 0 and "the index expects" in proc.stderr
 
 
+def test_ranks_that_read_different_packs_under_one_name_are_refused_on_every_rank(packed_sample, tmp_path):
+    """A stale copy on one node's disk: every rank refuses before reading a share, naming who reads what."""
+    copy = tmp_path / "copy" / "sample"
+    copy.parent.mkdir()
+    for suffix in (".dimd", ".idx.h5"):
+        copy.with_suffix(suffix).write_bytes(packed_sample.with_suffix(suffix).read_bytes())
+    proc = mpi_run("each_rank_loads_its_own_copy", 2, packed_sample, copy, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [f"rank {r}: loaded {len(PackedDataset(packed_sample))} records"
+                                                for r in (0, 1)]
+    stale = pack_subset(packed_sample, tmp_path / "stale", 5)
+    proc = mpi_run("each_rank_loads_its_own_copy", 2, packed_sample, stale, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(proc.stdout.splitlines())
+    assert len(lines) == 2 and all(line.startswith(f"rank {r}: refused: ") for r, line in enumerate(lines))
+    assert "rank 1 on " in lines[0] and "reads a different pack (5 records" in lines[0], lines
+    assert "every rank must read the same pack" in lines[0] and lines[0][9:] == lines[1][9:]
+
+
 def test_groups_must_divide_the_job(packed_sample):
     proc = run_mpi_dimd(3, "shuffle", packed_sample, "--groups", 2, timeout=60)
     assert proc.returncode != 0 and "--groups 2 does not divide the 3 ranks" in proc.stderr
