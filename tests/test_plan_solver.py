@@ -163,6 +163,8 @@ def test_the_fastest_algorithm_is_chosen_per_rank_count():
     ({"ranks": ()}, "at least one rank count"),
     ({"strong_batch": 0}, "strong_batch must be at least 1"),
     ({"allowed_per_rank": (0, 4)}, "allowed_per_rank must be positive"),
+    ({"ranks": (1, 2), "max_batch": 4, "strong_batch": 10}, r"strong_batch must not exceed `max_batch` \(got 10 > 4\)"),
+    ({"ranks": (1, 8), "max_batch": 4}, "max_batch must give each rank an image: 4 is smaller than P = 8"),
 ])
 def test_solve_config_refuses_bad_values(values, message):
     with pytest.raises(ConfigError, match=message):

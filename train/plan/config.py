@@ -132,6 +132,11 @@ class SolveConfig:
         positive(self, "max_holdout_error", optional=True)
         require(self.allowed_per_rank is None or (bool(self.allowed_per_rank) and min(self.allowed_per_rank) >= 1),
                 "allowed_per_rank", "must be positive whole batch sizes")
+        if self.max_batch is not None:   # the cap holds for every batch the plan takes
+            require(self.max_batch >= max(self.ranks), "max_batch",
+                    f"must give each rank an image: {self.max_batch} is smaller than P = {max(self.ranks)}")
+            require(self.strong_batch is None or self.strong_batch <= self.max_batch, "strong_batch",
+                    f"must not exceed `max_batch` (got {self.strong_batch} > {self.max_batch})")
 
 
 #: The TrainConfig fields ``plan-batch convergence`` passes through when given (None: `dimd train`'s default).
