@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Mapping, MutableMapping, NoReturn
 
@@ -371,7 +372,9 @@ def init_mpi(thread_level: ThreadLevel = "single") -> MpiSetup:
 
     mpi4py.rc.thread_level = thread_level
     mpi4py.rc.threads = thread_level != "single"
-    from mpi4py import MPI
+    with warnings.catch_warnings():   # mpi4py's three lines on another MPI's launcher: launch_mismatch says one
+        warnings.filterwarnings("ignore", "suspicious MPI execution environment", RuntimeWarning)
+        from mpi4py import MPI
 
     library = library_version()
     mismatch = launch_mismatch(MPI.COMM_WORLD.Get_size(), library)

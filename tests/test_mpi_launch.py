@@ -73,6 +73,15 @@ def test_every_mpi_command_stops_at_start_under_plain_srun(tmp_path):
     assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == ""   # exit 1 could cut task 0 off
 
 
+def test_open_mpis_mpirun_over_an_mpich_build_is_one_line():
+    """mpi4py warns in three lines of its own on each process; dimd's one line says what is wrong and what to do."""
+    env = {**os.environ, "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}
+    proc = run_dimd("bench-allreduce", "--max-bytes", "64", env=env, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dimd: error: Open MPI's mpirun started 2 processes"), lines
+
+
 @pytest.mark.mpi
 def test_mpiexec_inside_an_allocation_runs():
     env = {**PLAIN_SRUN, "SLURM_STEP_NUM_TASKS": "1"}   # one Hydra proxy per node, started by srun
