@@ -192,6 +192,8 @@ def test_comm_says_which_size_it_lacks(chain):
     one_line_error(proc, "no gradient size: give --model or --bytes")
     proc = invoke_dimd("plan-batch", "comm", *chain["bench"], "--model", "lenet", "--bytes", "1M")
     one_line_error(proc, "give --model or --bytes, not both")
+    proc = invoke_dimd("plan-batch", "comm", *chain["bench"], "--bytes", "0")
+    one_line_error(proc, "Invalid value for '--bytes': must be positive (got 0)")
 
 
 @pytest.mark.mpi

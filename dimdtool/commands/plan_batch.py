@@ -156,6 +156,8 @@ def comm_fit(files: tuple[Path, ...], model: str | None, classes: int | None, nb
         raise click.UsageError("give --model or --bytes, not both")
     if classes is not None and model is None:
         raise click.UsageError("--classes goes with --model")
+    if nbytes is not None and nbytes < 1:
+        raise click.BadParameter(f"must be positive (got {nbytes})", param_hint="'--bytes'")
     if values.get("algorithms") is not None:
         values["algorithms"] = tuple(a.strip() for a in values["algorithms"].split(",") if a.strip())
     try:
