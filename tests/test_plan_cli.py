@@ -343,6 +343,17 @@ def test_convergence_refuses_bad_inputs_in_one_line(colour_set, tmp_path):
                                                  "--batch-sizes", "8,16")), "index file not found")
 
 
+@pytest.mark.mpi
+def test_convergence_refuses_a_validation_set_of_other_classes_before_any_run(colour_set, packed_sample):
+    """Two groups of one rank: both would find it as their first run starts; the job refuses it first, in order."""
+    args = convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,16")
+    args[args.index("--val") + 1] = str(packed_sample)
+    proc = run_mpi_dimd(2, *args, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count(f"{packed_sample}: 4 of its 4 classes are not classes of {colour_set}") == 1
+    assert "MPI_Abort" not in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_a_target_no_run_reaches_is_one_line_and_the_runs_are_kept(colour_set, tmp_path):
     path = tmp_path / "never.json"
     proc = run_dimd(*convergence_args(colour_set, "--target-top1", "1.0", "--batch-sizes", "24,48",

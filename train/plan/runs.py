@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dimd.errors import DimdError
-from dimd.mpi import agreed
+from dimd.mpi import agree_or_raise, agreed
 from dimd.shuffle.store import packed_record_count
 from dimd.train.plan.config import ConvergenceConfig
 from dimd.train.plan.convergence import Run, convergence_figures, first_reached, unfitted_figures
@@ -196,6 +196,22 @@ def next_run(comm: Any, sub: Any, dispatcher: Dispatcher | None) -> int:
     return int(index)
 
 
+def _other_classes(config: ConvergenceConfig) -> str | None:
+    """Why VAL is no validation set of TRAIN (classes TRAIN does not have), or None.
+
+    Each group's engine would find it only as its first run starts, on its group alone, and abort the job.
+    """
+    from dimd.format import PackedDataset
+    from dimd.train.engine import val_label_map
+
+    try:
+        val_label_map(list(PackedDataset(config.train).classes), list(PackedDataset(config.val).classes),
+                      config.val, config.train)
+    except DimdError as exc:
+        return str(exc)
+    return None
+
+
 def run_convergence(config: ConvergenceConfig, comm: Any, *,
                     on_run: Callable[[RunRecord, int, int], None] | None = None) -> ConvergenceRuns:
     """Collective over ``comm``: train every run of ``config``; the records gathered on rank 0.
@@ -215,6 +231,7 @@ def run_convergence(config: ConvergenceConfig, comm: Any, *,
     if max(config.batch_sizes) > total:
         raise agreed(comm, f"`batch_sizes`: {max(config.batch_sizes)} is more than the {total} records of "
                            f"{config.train}: every batch must fit in the training set")
+    agree_or_raise(comm, _other_classes(config) if rank == 0 else None)   # MPI: before any group loads
     every = config.eval_every_images or max(1, total // DEFAULT_EVALUATIONS_PER_EPOCH)
     # MPI: the node's cores are shared by all the job's ranks, whatever group they train in
     threads = config.threads or default_threads(comm)
