@@ -243,6 +243,10 @@ class BenchConfig:
                 f"(got {self.min_bytes}): a row is labelled with the bytes it reduces")
         require(all(size >= 0 for size in self.extra_sizes), "extra_sizes",
                 f"must be sizes of at least 0 bytes (got {list(self.extra_sizes)})")
+        uneven = [size for size in self.extra_sizes if size % itemsize]
+        require(not uneven, "extra_sizes", f"must be whole numbers of {self.dtype} elements, multiples of {itemsize} "
+                                           f"bytes (got {uneven[0] if uneven else 0}): a row is labelled with the "
+                                           f"bytes it reduces")
         at_least(self, "stall_timeout", 0)
         finite(self, "stall_timeout")
 

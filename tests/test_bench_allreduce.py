@@ -8,7 +8,8 @@ from conftest import invoke_dimd, run_mpi_dimd
 from hostile import one_error_line
 
 from dimd.allreduce import STANDALONE
-from dimd.allreduce.bench import message_sizes
+from dimd.allreduce.bench import BenchConfig, message_sizes
+from dimd.errors import ConfigError
 
 
 @pytest.mark.mpi
@@ -126,3 +127,20 @@ def test_bench_allreduce_rows_are_labelled_with_the_size_asked_for(tmp_path):
 
     rows = json.loads((tmp_path / "ar.json").read_text())["result"]["rows"]
     assert [r["bytes"] for r in rows] == [0, 4, 20] and [r["count"] for r in rows] == [0, 1, 5]
+
+
+@pytest.mark.mpi
+def test_a_models_gradient_row_is_whole_elements_or_refused():
+    """lenet with 3 classes has an odd count of float32 gradients: no whole number of float64 elements."""
+    proc = run_mpi_dimd(1, "bench-allreduce", "-a", "mpi", "-b", "8", "-e", "8", "--model", "lenet",
+                        "--classes", "3", "-d", "float64", timeout=120)
+    assert one_error_line(proc, code=2) == (
+        "Invalid value for '--model': lenet's gradients (245644 bytes of float32) are not a whole number of "
+        "float64 elements; time them with --dtype float32, as dimd train allreduces them")
+
+
+def test_extra_sizes_must_be_whole_elements():
+    with pytest.raises(ConfigError, match=r"extra_sizes must be whole numbers of int64 elements, multiples of 8 "
+                                          r"bytes \(got 12\)"):
+        BenchConfig(dtype="int64", extra_sizes=(16, 12))
+    assert BenchConfig(dtype="int32", max_bytes=8, extra_sizes=(12,)).sizes() == [8, 12]

@@ -101,9 +101,16 @@ def bench_allreduce(json_path: Path | None, model: str | None, classes: int | No
         raise click.UsageError("--classes goes with --model")
     gradient_bytes = None
     if model is not None:  # the allreduce package knows no models: the size comes from here
+        import numpy as np
+
         from dimd.train.plan.measure import model_gradient_bytes
 
         gradient_bytes = model_gradient_bytes(model, classes)
+        # an odd count of float32 gradients is no whole number of 8-byte elements
+        if gradient_bytes % np.dtype(fields["dtype"]).itemsize:
+            raise click.BadParameter(f"{model}'s gradients ({gradient_bytes} bytes of float32) are not a whole "
+                                     f"number of {fields['dtype']} elements; time them with --dtype float32, "
+                                     f"as dimd train allreduces them", param_hint="'--model'")
     config = build_config(BenchConfig, extra_sizes=(gradient_bytes,) if gradient_bytes is not None else (),
                           **fields)
     root = comm.Get_rank() == 0
