@@ -2,10 +2,13 @@
 
 import json
 import os
+import signal
+import subprocess
+import time
 
 import numpy as np
 import pytest
-from conftest import invoke_dimd, mpi_run, run_dimd, run_mpi_dimd
+from conftest import DIMD, invoke_dimd, mpi_command, mpi_run, run_dimd, run_mpi_dimd, signal_at
 
 from dimd.host import available_cores
 from dimd.report import result_document, write_json
@@ -352,6 +355,20 @@ def test_convergence_refuses_a_validation_set_of_other_classes_before_any_run(co
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count(f"{packed_sample}: 4 of its 4 classes are not classes of {colour_set}") == 1
     assert "MPI_Abort" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.mpi
+def test_a_stop_signal_during_a_run_ends_the_sweep_as_terminated(colour_set):
+    """SIGTERM to mpiexec mid-run (a scheduler's time limit) ends it as between runs: one line, 128 + 15."""
+    args = convergence_args(colour_set, "--target-top1", "0.99", "--batch-sizes", "4,8", "--lr", "1e-6",
+                            "--max-epochs", "1000")
+    args.remove("-q")   # its header: the runs start
+    env = dict(os.environ)
+    job = subprocess.Popen(mpi_command(2, [*DIMD, *args], env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=env)
+    out, err = signal_at(job, "runs to validation top-1", lambda j: (time.sleep(3), j.send_signal(signal.SIGTERM)))
+    assert job.returncode == 128 + signal.SIGTERM, out + err
+    assert err.count("terminated (SIGTERM)") == 1 and "stopped by" not in err, err
 
 
 def test_a_target_no_run_reaches_is_one_line_and_the_runs_are_kept(colour_set, tmp_path):

@@ -283,8 +283,12 @@ def train_one(config: ConvergenceConfig, spec: RunSpec, comm: Any, group: int, t
         reason = f"diverged at step {trainer.state.step}"
         evaluations = trainer.state.evaluations
     else:
-        if result.stopped_by not in (None, "target"):
-            raise DimdError(f"the run at batch {spec.batch}, seed {spec.seed} was stopped by {result.stopped_by}")
+        if result.stopped_by not in (None, "target"):   # a stop signal: ends the sweep as it does between runs
+            import signal
+
+            from dimd.signals import Terminated
+
+            raise Terminated(signal.Signals[result.stopped_by])
         evaluations = result.evaluations
     updates = first_reached([(e.step, e.top1) for e in evaluations], config.target_top1)
     hit = next((e for e in evaluations if e.top1 >= config.target_top1), None)   # that same evaluation
