@@ -227,6 +227,8 @@ def test_help_names_the_steps():
     text = " ".join(invoke_dimd("plan-batch", "--help", check=True).stdout.split())
     for step in ("step-time", "comm", "solve"):
         assert step in text
+    text = " ".join(invoke_dimd("plan-batch", "convergence", "--help", check=True).stdout.split())
+    assert "each group asks rank 0 for its next run as it finishes one, largest M first" in text   # not dealt out
 
 
 # ---------------------------------------------------------------------------- convergence

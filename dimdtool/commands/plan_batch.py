@@ -254,9 +254,9 @@ def convergence(train_set: str, val_set: str, json_path: Path | None, quiet: boo
     reached, and counts as "more than its budget" in its batch's median. The
     fit is least squares of the per-batch medians on 1/M. Run it under
     mpirun: the ranks split into groups of --ranks-per-run (default 1), which
-    train their shares of the runs at the same time (largest M first, dealt
-    in a snake), so P ranks go through the sweep about P times faster; it
-    also runs on one rank. The JSON is what `plan-batch solve --convergence`
+    train the runs at the same time (each group asks rank 0 for its next run
+    as it finishes one, largest M first), so P ranks go through the sweep
+    about P times faster; it also runs on one rank. The JSON is what `plan-batch solve --convergence`
     reads.
 
     \b
