@@ -167,6 +167,10 @@ def test_comm_inputs_are_checked():
         fit_algorithms(two, CommFitConfig(files=("x",), gradient_bytes=4096, holdout=(7,)))
     with pytest.raises(DimdError, match="must leave at least one measured rank count"):
         fit_algorithms(two, CommFitConfig(files=("x",), gradient_bytes=4096, holdout=(2, 3)))
+    wide = bench_document(3, truth)
+    wide["parameters"]["dtype"] = "int64"
+    with pytest.raises(DimdError, match="P3: measured int64 elements, P2 float32: fit the results of one --dtype"):
+        load_bench_results([("P2", bench_document(2, truth)), ("P3", wide)])
     other = result_document("plan-batch step-time", {}, {"gamma": 1.0})
     with pytest.raises(DimdError, match="step.json: a result of `plan-batch step-time`, expected `bench-allreduce`"):
         load_bench_results([("step.json", other)])

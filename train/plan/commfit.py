@@ -59,13 +59,19 @@ class BenchResults:
 
 
 def load_bench_results(documents: Iterable[tuple[str, dict[str, Any]]]) -> BenchResults:
-    """Samples from ``(source, envelope)`` pairs of bench-allreduce results."""
+    """Samples from ``(source, envelope)`` pairs of bench-allreduce results, all of one element type."""
     out = BenchResults()
+    dtypes: dict[str, str] = {}   # element type -> the first file that measured it
     for source, document in documents:
         if document.get("command") != BENCH_COMMAND:
             raise DimdError(f"{source}: a result of `{document.get('command')}`, expected `{BENCH_COMMAND}`")
         result = document.get("result") or {}
         parameters = document.get("parameters") or {}
+        dtypes.setdefault(str(parameters.get("dtype", "float32")), source)
+        if len(dtypes) > 1:   # a sum costs per element, and repeats would be combined across the types
+            (first, first_source), (other, _) = dtypes.items()
+            raise DimdError(f"{source}: measured {other} elements, {first_source} {first}: fit the results "
+                            f"of one --dtype (float32, as gradients are)")
         mpi = document.get("mpi") or {}
         ranks = result.get("world_size")
         rows = result.get("rows")
