@@ -53,12 +53,13 @@ def memory_problem(need: RankMemory, *, budget: int, memory_limit: int | None, r
         if need.total > limit:
             decoders = f", its {workers} decoding worker{'s' * (workers != 1)}" if workers else ""
             batches = " and its batches" if need.batches else ""
-            fewer_groups = f"fewer `groups`: a group now has {group_size} ranks, or " if groups > 1 else ""
-            remedies = [(need.share, f"spread the set over more ranks ({fewer_groups}more ranks)"),
+            how = f" (fewer `groups`: a group now has {group_size} ranks, or more ranks)" if groups > 1 else ""
+            remedies = [(need.share, f"spread the set over more ranks{how}"),
                         (need.batches, "use a smaller batch or image size")]
             if workers > 1:
                 remedies.append((need.workers, "use fewer decoding workers"))
             advice = max(remedies, key=lambda remedy: remedy[0])[1]   # the largest part that can shrink
-            return (f"{path}: rank {rank}'s share ({records} records){decoders}{batches} need "
+            verb = "need" if decoders or batches else "needs"
+            return (f"{path}: rank {rank}'s share ({records} records){decoders}{batches} {verb} "
                     f"{format_bytes(need.total)} but the {what} is {format_bytes(limit)}; {advice}")
     return None

@@ -46,8 +46,7 @@ def test_a_group_of_one_rank_shuffles_by_reordering_only(packed_sample, world):
 
 
 def test_memory_limit_error_suggests_more_ranks_when_the_share_is_the_most(packed_sample, world):
-    with pytest.raises(DimdError, match=r"need .* `memory_limit` is 1.0 KiB; spread the set over more ranks "
-                                        r"\(more ranks\)$"):
+    with pytest.raises(DimdError, match=r"needs .* `memory_limit` is 1.0 KiB; spread the set over more ranks$"):
         DistributedStore.load(packed_sample, world, memory_limit=1024)
 
 
@@ -60,10 +59,14 @@ def test_memory_error_advice_is_about_the_largest_part_that_can_shrink():
         return text and text.split("; ")[-1]
 
     assert advice(RankMemory(share=90)) is None
+    assert memory_problem(RankMemory(share=200), budget=100, memory_limit=None, rank=0, records=9, group_size=2,
+                          groups=1, path="x.dimd") == ("x.dimd: rank 0's share (9 records) needs 200 B but the "
+                                                       "available memory per rank on this node is 100 B; spread "
+                                                       "the set over more ranks")
     assert advice(RankMemory(share=200), groups=2) == (
         "spread the set over more ranks (fewer `groups`: a group now has 2 ranks, or more ranks)")
     assert advice(RankMemory(share=10, workers=300), workers=6) == "use fewer decoding workers"
-    assert advice(RankMemory(share=10, workers=300), workers=1) == "spread the set over more ranks (more ranks)"
+    assert advice(RankMemory(share=10, workers=300), workers=1) == "spread the set over more ranks"
     assert advice(RankMemory(share=10, workers=50, batches=900)) == "use a smaller batch or image size"
 
 
