@@ -706,13 +706,15 @@ def distributed_gradients_match_flat_allreduce(*algorithms: str) -> None:
 
 @case
 def overlap_on_and_off_train_alike(algorithm: str = "ring") -> None:
-    """Eight SGD steps (momentum, weight decay, gradients clipped between backward and step, as in a DDP
+    """Nine SGD steps (momentum, weight decay, gradients clipped between backward and step, as in a DDP
     script) with overlap on and off.
 
     Each rank leaves a branch unused in some steps; one step accumulates two passes inside no_sync()
-    and another finds one rank with no backward pass at all. A layer is frozen after wrapping, and one
-    backward pass raises half-way on every rank (the script skips that step). Rank 0 prints whether the two
-    runs' weights are bit-identical and whether every rank holds the same weights::
+    and another finds one rank with no backward pass at all. A layer is frozen after wrapping. Two backward
+    passes raise half-way on every rank, and the script skips those steps: after the first it goes on to a
+    step that starts inside no_sync(); after the second it drops the pass with zero_grad() and makes an MPI
+    call of its own. Rank 0 prints whether the two runs' weights are bit-identical and whether every rank
+    holds the same weights::
 
         mpiexec -n 3 python -m mpi4py tests/mpi_cases.py overlap_on_and_off_train_alike ring
         -> identical True replicas True moved 0.0731
@@ -744,24 +746,31 @@ def overlap_on_and_off_train_alike(algorithm: str = "ring") -> None:
 
         model.conv.register_forward_hook(hook_output)
         g = torch.Generator().manual_seed(7 + rank)
-        for step in range(8):
+        for step in range(9):
             model.branch = "ab" if (step + rank) % 3 else "a"
             x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
             optimizer.zero_grad()
             if step == 2:
                 model.a.bias.requires_grad_(False)   # frozen after wrapping: weight decay must not move it
                 frozen = model.a.bias.clone()
-            if step == 5:
+            if step in (5, 7):
                 broken.append(True)
                 try:
                     F.cross_entropy(model(x), y).backward()
                 except ValueError:
                     broken.clear()
+                    if step == 7:
+                        grads.zero_grad()   # drops the pass now: the script's own MPI call is safe after it
+                        comm.allreduce(1)
                     continue
             if step == 3:     # every pass accumulates inside no_sync(); the step reduces the sum
                 with grads.no_sync():
                     F.cross_entropy(model(x), y).backward()
                     F.cross_entropy(model(2 * x), y).backward()
+            elif step == 6:   # after a raised pass: the first pass inside no_sync(), the second outside it
+                with grads.no_sync():
+                    F.cross_entropy(model(x), y).backward()
+                F.cross_entropy(model(2 * x), y).backward()
             elif step != 4 or rank != 1:   # at step 4 rank 1 runs no backward pass: it takes part as zeros
                 F.cross_entropy(model(x), y).backward()
             if step != 4:   # (rank 1's gradients are averaged only at the step there: nothing to clip before)
@@ -800,11 +809,63 @@ def device_auto_where_one_rank_has_cuda() -> None:
 
 
 @case
+def raised_pass_then_accumulation(algorithm: str = "ring") -> None:
+    """Every rank's backward pass raises half-way (caught); the next step accumulates a pass inside
+    no_sync() and one outside. Its gradients must be the two passes' average over ranks, as plain autograd
+    plus one MPI_Allreduce gives them: the raised pass dropped, the accumulated one kept::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_cases.py raised_pass_then_accumulation ring
+        -> overlap True max_diff 0 overlap False max_diff 0
+    """
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+    from torch import nn
+
+    from dimd.train.distributed import DistributedGradients
+
+    comm = world("serialized")
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(comm.Get_rank())
+    xs = [torch.randn(6, 5, generator=g) for _ in range(3)]
+    line = []
+    for overlap in (True, False):
+        torch.manual_seed(0)
+        head, tail = nn.Sequential(nn.Linear(5, 16), nn.ReLU()), nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 3))
+        model = nn.Sequential(head, tail)
+        expected = torch.cat([p.reshape(-1) for p in torch.autograd.grad(
+            model(xs[1]).square().mean() + model(xs[2]).square().mean(), list(model.parameters()))]).numpy()
+        comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
+        expected /= comm.Get_size()
+        grads = DistributedGradients(model, comm, algorithm=algorithm, overlap=overlap, bucket_mb=0.0001)
+
+        def refuse(grad: torch.Tensor) -> None:
+            raise ValueError("a refused batch")
+
+        hidden = head(xs[0])
+        hidden.register_hook(refuse)   # the tail's buckets start, the head's never come
+        try:
+            tail(hidden).square().mean().backward()
+        except ValueError:
+            pass
+        model.zero_grad()
+        with grads.no_sync():
+            model(xs[1]).square().mean().backward()
+        model(xs[2]).square().mean().backward()
+        got = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy()
+        grads.close()
+        line.append(f"overlap {overlap} max_diff {float(np.abs(got - expected).max()):.3g}")
+    if comm.Get_rank() == 0:
+        say(" ".join(line))
+
+
+@case
 def two_wrapped_models_in_one_backward(algorithm: str = "ring") -> None:
     """A GAN-like step: one backward pass through a generator and a discriminator, each wrapped with overlap.
 
-    Both models' buckets go to one communication thread in the order backward completes them; the
-    gradients as ``backward()`` returns are compared with plain autograd's, summed by one MPI_Allreduce::
+    The discriminator has a branch rank 1 never uses (so the ranks complete its buckets in another order
+    than the generator's) and batch norm with its statistics averaged (``sync_buffers``). The gradients as
+    ``backward()`` returns are compared with plain autograd's, summed by one MPI_Allreduce::
 
         mpiexec -n 2 python -m mpi4py tests/mpi_cases.py two_wrapped_models_in_one_backward ring
         -> steps 5 max_diff 0
@@ -812,14 +873,28 @@ def two_wrapped_models_in_one_backward(algorithm: str = "ring") -> None:
     import numpy as np
     import torch
     from mpi4py import MPI
+    from torch import nn
 
     from dimd.train.distributed import DistributedGradients
 
+    class Discriminator(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 5), nn.Linear(3, 5)
+            self.norm, self.out = nn.BatchNorm1d(5), nn.Linear(5, 1)
+            self.use_b = True
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x) + (self.b(x).tanh() if self.use_b else 0)
+            return self.out(self.norm(h).relu())
+
     comm = world("serialized")
     torch.set_num_threads(1)
-    generator, discriminator = BranchyNet.build(), torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(5, 1))
+    generator, discriminator = BranchyNet.build(), Discriminator()
+    discriminator.use_b = comm.Get_rank() != 1
     models = (generator, discriminator)
-    grads = [DistributedGradients(m, comm, algorithm=algorithm, bucket_mb=0.0005) for m in models]
+    grads = [DistributedGradients(generator, comm, algorithm=algorithm, bucket_mb=0.0005),
+             DistributedGradients(discriminator, comm, algorithm=algorithm, bucket_mb=0.0001, sync_buffers=True)]
     g = torch.Generator().manual_seed(comm.Get_rank())
     worst, steps = 0.0, 5
     for _ in range(steps):
@@ -830,7 +905,8 @@ def two_wrapped_models_in_one_backward(algorithm: str = "ring") -> None:
             for wrapped in grads:
                 local.enter_context(wrapped.no_sync())
             discriminator(generator(x)).sum().backward()
-        expected = torch.cat([p.grad.reshape(-1) for m in models for p in m.parameters() if p.requires_grad]).numpy()
+        expected = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                              for m in models for p in m.parameters() if p.requires_grad]).numpy()
         comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
         expected /= comm.Get_size()
         for m in models:

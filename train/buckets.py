@@ -18,7 +18,11 @@ in front of it, and a single thread runs them one after another. The thread
 is one per process, shared by every ``GradientBuckets``: two wrapped models
 in one backward pass (a GAN's generator step reaches the discriminator too)
 would otherwise call MPI from two threads at once, which ``THREAD_SERIALIZED``
-forbids, in an order that differs between ranks. Why a
+forbids. And while two wrappers (``at_backward_end``) are alive, neither
+starts a bucket during backward: each rank completes their buckets in its own
+order (an unused branch on one rank holds one wrapper's bucket back), so the
+wrappers are reduced one after the other at the pass's end, in the order they
+were made. Why a
 thread and not ``MPI_Iallreduce``: a non-blocking collective only advances
 inside MPI calls (MPICH's asynchronous progress is off by default), and
 dimd's own algorithms are point-to-point Python loops that need a caller
@@ -41,6 +45,7 @@ import bisect
 import contextlib
 import queue
 import threading
+import weakref
 from concurrent.futures import Future
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator
@@ -117,6 +122,14 @@ def communication_thread() -> CommunicationThread:
         return _communication
 
 
+#: The live buckets that end each backward pass themselves (``at_backward_end``), in the order they were made.
+_wrappers: list[weakref.ref[GradientBuckets]] = []
+
+
+def _live_wrappers() -> list[GradientBuckets]:
+    return [b for b in (ref() for ref in _wrappers) if b is not None]
+
+
 class GradientBuckets:
     """The gradients of ``parameters`` in buckets of about ``bucket_bytes``, summed (and averaged) over ranks.
 
@@ -160,6 +173,8 @@ class GradientBuckets:
         self._reset()
         self._hooks = [p.register_post_accumulate_grad_hook(partial(self._on_gradient, i))
                        for i, p in enumerate(self.parameters)]
+        if at_backward_end is not None:
+            _wrappers.append(weakref.ref(self))
 
     @property
     def buckets(self) -> int:
@@ -195,8 +210,8 @@ class GradientBuckets:
             self._end_queued = True
             self._pass_task = task
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
-        if not self.overlap:
-            return
+        if not self.overlap or (self.at_backward_end is not None and len(_live_wrappers()) > 1):
+            return   # (another wrapper alive: the pass's end reduces both, in a fixed order)
         if self._ready[index]:
             raise RuntimeError("a second backward pass reached a gradient whose bucket is already being "
                                "reduced; call step()/synchronize() after each backward, or run the "
@@ -208,9 +223,12 @@ class GradientBuckets:
             self._start_ready()
 
     def _backward_ended(self) -> None:
-        self._ended_task = self._pass_task
-        assert self.at_backward_end is not None   # queued only when there is one
-        self.at_backward_end()
+        """As the pass ends: every wrapper it reached, in the order they were made (the same on every rank)."""
+        for buckets in _live_wrappers():
+            if buckets._end_queued and buckets._pass_task == self._pass_task:   # reached by this pass, not ended
+                buckets._ended_task = buckets._pass_task
+                assert buckets.at_backward_end is not None
+                buckets.at_backward_end()
 
     def _start_ready(self) -> None:
         """Start every complete bucket from the next one on, stopping at the first incomplete one."""
@@ -319,6 +337,7 @@ class GradientBuckets:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        _wrappers[:] = [ref for ref in _wrappers if ref() not in (None, self)]
         with contextlib.suppress(BaseException):
             self._wait_started()
 

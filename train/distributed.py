@@ -117,7 +117,7 @@ class DistributedGradients:
     def _before_forward(self, *_: Any) -> None:
         """A forward outside backward while a backward pass is still open: that pass raised (and the script
         went on). Its step is dropped now, on every rank alike (:meth:`_drop_raised_pass`)."""
-        if self.buckets.pass_open and self.buckets.syncing and torch._C._current_graph_task_id() == -1:
+        if self.buckets.pass_open and torch._C._current_graph_task_id() == -1:
             self._drop_raised_pass()
 
     def _drop_raised_pass(self) -> None:
@@ -131,7 +131,11 @@ class DistributedGradients:
         dropped: every rank starts the next pass from zero gradients, with
         overlap or without.
         """
-        self._synchronize("the gradients' allreduce of a backward pass that raised")
+        syncing, self.buckets.syncing = self.buckets.syncing, True   # inside no_sync() too: the pass was not
+        try:
+            self._synchronize("the gradients' allreduce of a backward pass that raised")
+        finally:
+            self.buckets.syncing = syncing
         self.buckets.zero()
         self.buckets.reduced = True   # zeros, alike on every rank
 
@@ -178,7 +182,14 @@ class DistributedGradients:
 
     def zero_grad(self) -> None:
         """Zero the gradients in one pass over the flat buffer (``optimizer.zero_grad()`` works too,
-        at the cost of copying each new gradient back into the buffer)."""
+        at the cost of copying each new gradient back into the buffer).
+
+        Collective after a backward pass that raised: it drops that pass (:meth:`_drop_raised_pass`),
+        so call it first in the ``except`` block, before any MPI call of the script's own.
+        """
+        if self.buckets.pass_open:
+            self._drop_raised_pass()
+            return
         self.buckets.zero()
         self.buckets.reduced = False
 
@@ -192,7 +203,7 @@ class DistributedGradients:
         for hook in [*self._step_hooks, self._forward_hook]:
             hook.remove()
         self._step_hooks = []
-        if self.buckets.pass_open and self.buckets.syncing:   # the last backward pass raised
+        if self.buckets.pass_open:   # the last backward pass raised
             self._drop_raised_pass()
         self.buckets.close()
         self._watchdog.__exit__()
