@@ -132,6 +132,22 @@ def test_a_failing_exit_on_one_rank_under_python_m_mpi4py_ends_the_job_at_once(t
     assert "gave up" in proc.stderr and "dimd:" not in proc.stderr
 
 
+@pytest.mark.mpi
+def test_an_error_every_rank_raises_under_python_m_mpi4py_ends_the_job_in_order(tmp_path, mpi_leaves_no_files):
+    """mpi4py's runner asks for MPI_Abort after any uncaught exception; dimd takes that back for an error
+    every rank raised alike, so the job still leaves through MPI_Finalize."""
+    script = tmp_path / "user_script.py"
+    script.write_text(OTHER_MODEL)
+    proc, hydra_files = run_mpi_watched(2, sys.executable, "-m", "mpi4py", str(script), timeout=60)
+    assert proc.returncode != 0
+    assert [text for text in proc.stderr.splitlines() if text.startswith("dimd:")] == [
+        "dimd: error: rank 1's model differs from rank 0's: 6 parameters and buffers against 4 (the first one "
+        "only on rank 1: 4.weight [2, 2] float32); build the same model"]
+    assert "Abort(" not in proc.stdout + proc.stderr and "MPI_ABORT" not in proc.stdout + proc.stderr
+    assert hydra_files or os.environ.get("MPIEXEC"), "the test saw no hydra topology file to check"
+    assert not [path for path in hydra_files if os.path.exists(path)]
+
+
 def test_distributed_gradients_refuses_parameters_that_are_not_float32_in_one_line(world):
     with pytest.raises(dimd.errors.DimdError, match=r"reduces dense float32 parameters on one device; weight is "
                                                     r"torch.bfloat16 on cpu \(keep the weights in float32"):

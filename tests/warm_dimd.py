@@ -171,7 +171,7 @@ def end_as_python_ends(program: Callable[[], None]) -> NoReturn:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized():
         if not mpi.Is_finalized():
-            abort = next((c for c in map(exit_code, abort_requests) if c), 0)
+            abort = exit_code(abort_requests[-1]) if abort_requests else 0   # the last request stands
             if abort:
                 mpi.COMM_WORLD.Abort(abort)
             mpi.Finalize()
@@ -225,7 +225,9 @@ def record_mpi4py_abort_requests() -> list[object]:
     """What ``python -m mpi4py`` asks for after an uncaught exception: ``MPI_Abort`` at exit.
 
     mpi4py does it from an exit handler this child skips, so the requests are
-    recorded here too and :func:`end_as_python_ends` aborts in its place.
+    recorded here too and :func:`end_as_python_ends` aborts in its place. The
+    last one stands: dimd takes the request back (0) for an error every rank
+    raised alike.
     """
     requests: list[object] = []
     ask = mpi4py.run.set_abort_status
@@ -233,6 +235,16 @@ def record_mpi4py_abort_requests() -> list[object]:
     def recording(status: object) -> None:
         requests.append(status)
         ask(status)
+        mpi = sys.modules.get("mpi4py.MPI")   # imported by now: later requests (a take-back, 0) land there
+        if mpi is not None and not getattr(mpi._set_abort_status, "recorded", False):
+            inner = mpi._set_abort_status
+
+            def later(code: int) -> None:
+                requests.append(code)
+                inner(code)
+
+            later.recorded = True  # type: ignore[attr-defined]
+            mpi._set_abort_status = later
 
     mpi4py.run.set_abort_status = recording
     return requests

@@ -89,6 +89,7 @@ def _abort_job_hook(comm: Any) -> Any:
             if comm.Get_rank() == 0:
                 sys.stderr.write(f"dimd: error: {error}\n")
                 sys.stderr.flush()
+            _leave_in_order()
             return   # exit status 1; the exit watch (_end_together) meets the others, then MPI_Finalize
         if issubclass(kind, DimdError):
             sys.stderr.write(f"dimd: error: rank {comm.Get_rank()}: {error}\n")   # one write, a whole line
@@ -116,6 +117,17 @@ def _note_abort_at_exit(mpi: Any) -> None:
         asked(status)
 
     mpi._set_abort_status = set_abort_status
+
+
+def _leave_in_order() -> None:
+    """Take back mpi4py's request for ``MPI_Abort`` at exit (``python -m mpi4py`` makes it on any uncaught
+    exception): an error every rank raised ends the job through ``MPI_Finalize``."""
+    global _abort_at_exit
+    if _abort_at_exit:
+        _abort_at_exit = 0
+        from mpi4py import MPI
+
+        MPI._set_abort_status(0)
 
 
 def _end_together(comm: Any, leaving: Any, timeout: float) -> None:
