@@ -102,8 +102,11 @@ class NodeCores:
         take turns on them, and each step waits for the slowest."""
         if threads <= self.threads:
             return None
-        return (f"--threads {threads} on each of {self.sharing} rank(s) sharing {self.own} core(s) "
-                f"outnumbers the cores, which slows the steps; leave it out for {self.threads} per rank")
+        if self.sharing == 1:
+            return (f"--threads {threads} outnumbers the {self.own} core(s) this rank has, which slows the steps; "
+                    f"leave it out for {self.threads}")
+        return (f"--threads {threads} on each of {self.sharing} ranks sharing {self.own} core(s) outnumbers "
+                f"them, which slows the steps; leave it out for {self.threads} per rank")
 
 
 def node_cores(comm: Any) -> NodeCores:

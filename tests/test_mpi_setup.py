@@ -42,8 +42,11 @@ def test_threads_follow_the_binding_and_the_ranks_that_share_it():
 def test_more_threads_than_a_ranks_cores_are_taken_with_a_warning():
     two_ranks = NodeCores(node=2, own=2, local_ranks=2, sharing=2)
     assert two_ranks.too_many_threads(1) is None
-    assert two_ranks.too_many_threads(1000) == ("--threads 1000 on each of 2 rank(s) sharing 2 core(s) outnumbers "
-                                                "the cores, which slows the steps; leave it out for 1 per rank")
+    assert two_ranks.too_many_threads(1000) == ("--threads 1000 on each of 2 ranks sharing 2 core(s) outnumbers "
+                                                "them, which slows the steps; leave it out for 1 per rank")
+    alone = NodeCores(node=2, own=2, local_ranks=1, sharing=1)
+    assert alone.too_many_threads(3) == ("--threads 3 outnumbers the 2 core(s) this rank has, which slows the "
+                                         "steps; leave it out for 2")
 
 
 @pytest.mark.mpi
