@@ -218,6 +218,12 @@ def signal_at(job: subprocess.Popen, marker: str, send) -> tuple[str, str]:
     return "".join(seen) + out, err or ""
 
 
+def launcher_is_open_mpi() -> bool:
+    """Whether ``$MPIEXEC`` is Open MPI's mpirun (which kills the ranks 250 ms after a SIGTERM)."""
+    version = subprocess.run([mpiexec()[0], "--version"], capture_output=True, text=True)
+    return "Open MPI" in version.stdout + version.stderr
+
+
 def launcher(n: int) -> list[str]:
     """``$MPIEXEC -n N``, for the test now running, which must be marked ``@pytest.mark.mpi``."""
     if _current_test is not None and _current_test.get_closest_marker("mpi") is None:

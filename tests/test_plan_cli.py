@@ -8,7 +8,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import DIMD, invoke_dimd, mpi_command, mpi_run, run_dimd, run_mpi_dimd, signal_at
+from conftest import (DIMD, invoke_dimd, launcher_is_open_mpi, mpi_command, mpi_run, run_dimd, run_mpi_dimd,
+                      signal_at)
 
 from dimd.host import available_cores
 from dimd.report import result_document, write_json
@@ -362,6 +363,8 @@ def test_convergence_refuses_a_validation_set_of_other_classes_before_any_run(co
 @pytest.mark.mpi
 def test_a_stop_signal_during_a_run_ends_the_sweep_as_terminated(colour_set):
     """SIGTERM to mpiexec mid-run (a scheduler's time limit) ends it as between runs: one line, 128 + 15."""
+    if launcher_is_open_mpi():
+        pytest.skip("Open MPI's mpirun kills the ranks 250 ms after a SIGTERM (docs/batch-jobs.md)")
     args = convergence_args(colour_set, "--target-top1", "0.99", "--batch-sizes", "4,8", "--lr", "1e-6",
                             "--max-epochs", "1000")
     args.remove("-q")   # its header: the runs start

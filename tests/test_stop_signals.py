@@ -15,12 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DIMD, mpi_command, mpiexec, run_mpi_dimd, signal_at
-
-
-def launcher_is_open_mpi() -> bool:
-    version = subprocess.run([mpiexec()[0], "--version"], capture_output=True, text=True)
-    return "Open MPI" in version.stdout + version.stderr
+from conftest import DIMD, launcher_is_open_mpi, mpi_command, run_mpi_dimd, signal_at
 
 
 def stop_signal() -> signal.Signals:
