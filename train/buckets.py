@@ -170,6 +170,7 @@ class GradientBuckets:
         self._pass_task = -1    # autograd's id of the backward pass at_backward_end is queued with
         self._ended_task = -1   # ... and of the last one that ended (ids grow: a lower one is an enclosing pass)
         self._failed = False   # a bucket's reduction raised: the later ones of the pass are skipped
+        self._early = True     # buckets start during backward (no other wrapper alive at the pass's start)
         self._reset()
         self._hooks = [p.register_post_accumulate_grad_hook(partial(self._on_gradient, i))
                        for i, p in enumerate(self.parameters)]
@@ -209,9 +210,10 @@ class GradientBuckets:
                 raise DimdError(_NESTED_PASS)
             self._end_queued = True
             self._pass_task = task
+            self._early = len(_live_wrappers()) == 1   # else the pass's end reduces the wrappers, in a fixed order
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
-        if not self.overlap or (self.at_backward_end is not None and len(_live_wrappers()) > 1):
-            return   # (another wrapper alive: the pass's end reduces both, in a fixed order)
+        if not self.overlap or not self._early:
+            return
         if self._ready[index]:
             raise RuntimeError("a second backward pass reached a gradient whose bucket is already being "
                                "reduced; call step()/synchronize() after each backward, or run the "
