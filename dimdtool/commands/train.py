@@ -295,7 +295,7 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
 
     def on_start(trainer) -> None:
         run_id[0] = trainer.state.run_id
-        if leader and metrics_path:   # a resume from an earlier checkpoint runs some epochs again
+        if leader and metrics_path and trainer.resume_path:   # a resume may run some epochs again
             drop_superseded_metrics(metrics_path, run_id[0], trainer.state.epoch)
         info = trainer.model_info
         say(f"{config.model}: {info['parameters']:,} parameters, {info['gradient_bytes'] / 2**20:.1f} MiB of "
