@@ -174,8 +174,9 @@ def main(argv: list[str] | None = None) -> None:
     from dimd.mpi import init_mpi
     from dimd.report import result_document, spread, write_json
     from dimd.shuffle import DistributedStore
+    from dimd.shuffle.normalize import Normalize
     from dimd.train.models import build_model
-    from dimd.train.sgd import Normalize, make_optimizer
+    from dimd.train.sgd import make_optimizer
 
     init_mpi("funneled")
     from mpi4py import MPI
@@ -227,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
             row["step_over_alone"] = round(row["step_ms"]["median"] / statistics.median(alone), 3)
     print(f"load: {os.getloadavg()}", file=sys.stderr)
     if args.json:
-        write_json(args.json, result_document("bench/decode_contention.py", vars(args) | {"json": str(args.json)},
+        write_json(args.json, result_document("bench/decode_contention.py",
+                                              vars(args) | {"json": str(args.json)},
                                               {"rows": rows, "load_average": os.getloadavg()}))
 
 

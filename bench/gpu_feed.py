@@ -83,9 +83,10 @@ def model_and_step(name: str, classes: int, precision: str) -> tuple[Any, Any]:
     import torch
     import torch.nn.functional as F
 
+    from dimd.shuffle.normalize import Normalize
     from dimd.train.models import build_model
     from dimd.train.precision import Precision, memory_format
-    from dimd.train.sgd import Normalize, make_optimizer
+    from dimd.train.sgd import make_optimizer
 
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -174,7 +175,7 @@ def dimd_loader_job(args: argparse.Namespace) -> dict[str, Any]:
 
     from dimd.mpi import init_mpi
     from dimd.shuffle import BatchLoader, DistributedStore
-    from dimd.train.device_feed import device_feed
+    from dimd.shuffle.device_feed import device_feed
 
     init_mpi("funneled")
     from mpi4py import MPI

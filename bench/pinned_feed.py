@@ -3,7 +3,7 @@
 
 The decoding workers write each batch into a slot of the loader's shared ring; a copy to the GPU
 runs asynchronously only from page-locked (pinned) memory. Four ways, each the real
-:class:`dimd.shuffle.BatchLoader` through :class:`dimd.train.device_feed.DeviceFeed`:
+:class:`dimd.shuffle.BatchLoader` through :class:`dimd.shuffle.device_feed.DeviceFeed`:
 
 * ``copy``             the step's thread copies the slot into a fresh pinned tensor (torch's caching
                        host allocator), then starts its copy to the GPU and waits for it;
@@ -35,7 +35,7 @@ def make_feed(way: str, store: Any, args: argparse.Namespace) -> Any:
     import torch
 
     from dimd.shuffle import BatchLoader
-    from dimd.train.device_feed import DeviceFeed
+    from dimd.shuffle.device_feed import DeviceFeed
 
     ahead, borrow = WAYS[way]
     loader = BatchLoader(store, args.batch_size, args.image_size, workers=args.workers, seed=0, pin_memory=True)

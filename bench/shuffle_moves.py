@@ -71,7 +71,8 @@ def main() -> None:
         median = {way: float(np.median(s[1:] or s)) for way, s in seconds.items()}
         figures = {"records": store.total, "data_bytes": data_bytes,
                    "seconds": seconds, "median_seconds": median, "python_over_c": median["python"] / median["c"]}
-        write_json(args.json, result_document("bench/shuffle_moves.py", vars(args), figures, mpi=setup.as_dict()))
+        write_json(args.json, result_document("bench/shuffle_moves.py", vars(args), figures,
+                                              mpi=setup.as_dict()))
         print(f"{store.total} records: c {1e3 * median['c']:.1f} ms, python {1e3 * median['python']:.1f} ms, "
               f"python / c {figures['python_over_c']:.2f}")
 

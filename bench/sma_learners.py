@@ -33,7 +33,7 @@ def images_per_second(model: str, size: int, k: int, batch: int, compute: str, t
                       steps: int, repeats: int) -> list[float]:
     from dimd.train.learners import Learners
     from dimd.train.models import build_model
-    from dimd.train.sgd import Normalize
+    from dimd.shuffle.normalize import Normalize
 
     torch.manual_seed(0)
     group = Learners(build_model(model, 10), k, compute=compute, threads=threads,
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
             best[key] = {"compute": r["compute"], "images_per_s": r["images_per_s"]["median"]}
     figures = {"threads": threads, "rows": rows, "fastest": best}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.json, result_document("bench/sma_learners", vars(args), figures))
+    write_json(args.json, result_document("bench/sma_learners.py", vars(args), figures))
     print(f"wrote {args.json}", file=sys.stderr)
 
 

@@ -66,7 +66,7 @@ def train_epochs(model: Any, optimizer: Any, loader: Any, sampler: Any, args: ar
     import torch
     import torch.nn.functional as F
 
-    from dimd.train.sgd import Normalize
+    from dimd.shuffle.normalize import Normalize
 
     normalize = Normalize(torch.device("cpu"))
     history = []

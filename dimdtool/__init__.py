@@ -21,8 +21,8 @@ __version__: str
 _LIBRARY = {
     "init": "dimd.train.launch",
     "Job": "dimd.train.launch",
-    "open_loader": "dimd.train.launch",
-    "Normalize": "dimd.train.sgd",
+    "open_loader": "dimd.shuffle.loader",
+    "Normalize": "dimd.shuffle.normalize",
     "DistributedGradients": "dimd.train.distributed",
 }
 

@@ -28,6 +28,7 @@ import numpy as np
 from dimd.errors import DimdError
 from dimd.format import crc32
 from dimd.shuffle.crop import SCALE
+from dimd.shuffle.memory import batch_memory
 from dimd.shuffle.pinned import page_lock, page_unlock
 from dimd.shuffle.shm import Segment
 from dimd.shuffle.store import DistributedStore
@@ -401,6 +402,30 @@ class BatchLoader:
         if not 0 <= state["step"] <= self.steps_per_epoch:
             raise DimdError(f"loader state step {state['step']} is outside 0..{self.steps_per_epoch}")
         self.seek(int(state["epoch"]), int(state["step"]))
+
+
+def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224, train: bool = True,
+                workers: int = 2, seed: int = 0, groups: int = 1, memory_limit: int | None = None,
+                crop_scale: float | None = None) -> BatchLoader:
+    """Collective: load this rank's share of the packed set at ``path`` into memory and return its loader.
+
+    The :class:`BatchLoader` yields uint8 ``N x 3 x H x W`` images
+    and int64 labels: ``len(loader)`` batches per epoch (the same on every
+    rank when ``train``), ``loader.epoch(e)`` the batches of epoch ``e``,
+    ``state_dict()``/``load_state_dict()`` to resume mid-epoch,
+    ``loader.store.classes`` the class names. A training set is shuffled across
+    the ranks once (round 0, as ``dimd train`` does): loaded in order, each
+    rank would hold a few classes of a class-sorted pack. ``train=False`` yields every
+    local record once (each rank its share; sum the counts over ranks).
+    Normalise on the device with :class:`dimd.Normalize`.
+    """
+    store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit, decode_workers=workers,
+                                  batch_bytes=batch_memory(batch_size, image_size, 3, workers))
+    if train:   # MPI: round 0, as dimd train: in load order a rank's share is a few classes of a class-sorted pack
+        store.shuffle(seed, 0)
+    extra: dict[str, Any] = {} if crop_scale is None else {"crop_scale": crop_scale}
+    return BatchLoader(store, batch_size, image_size, train=train, workers=workers, seed=seed,
+                       pin_memory=_cuda_available(), **extra)
 
 
 @dataclass

@@ -80,7 +80,7 @@ def test_a_run_resumes_on_the_gpu_where_its_checkpoint_left_off(packed_sample, t
 
 def test_the_feed_copies_the_loaders_page_locked_slots_to_the_gpu_ahead_of_the_step(store):
     from dimd.shuffle import BatchLoader
-    from dimd.train.device_feed import device_feed
+    from dimd.shuffle.device_feed import device_feed
 
     with BatchLoader(store, batch_size=8, image_size=32, seed=5) as loader:
         expected = [(images.clone(), labels.clone()) for images, labels in loader.epoch(0)]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dimd.shuffle import BatchLoader
-from dimd.train.device_feed import DeviceFeed
+from dimd.shuffle.device_feed import DeviceFeed
 
 
 def labels_of(batches):

@@ -9,6 +9,7 @@ import torch
 from conftest import run_mpi, run_mpi_watched
 
 import dimd
+import dimd.shuffle
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -75,6 +76,8 @@ def run_users_script(tmp_path, text: str, timeout: float):
 def test_the_library_is_reached_from_the_package_lazily():
     assert set(dimd.__all__) >= {"init", "Job", "open_loader", "Normalize", "DistributedGradients"}
     assert dimd.DistributedGradients.__module__ == "dimd.train.distributed"
+    assert dimd.open_loader is dimd.shuffle.open_loader   # the data path lives in dimd.shuffle
+    assert dimd.Normalize is dimd.shuffle.Normalize
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         dimd.nothing  # noqa: B018
 

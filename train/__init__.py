@@ -1,10 +1,29 @@
-"""Training: models, schedules, the S-SGD engine, checkpoints, evaluation.
+"""Training: the loop, its two synchronisation strategies, the gradient exchange, and the run's files.
 
-``models`` (the zoo), ``schedule`` (learning-rate rules as pure functions),
-``flatgrad`` (all gradients in one buffer), ``sgd`` (one synchronous step),
-``engine`` (the run's set-up and loop), ``checkpoint`` (the files, and a run's
-save and resume), ``results`` (the records a run reports), ``hardware`` (threads
-and device), ``evaluate``, ``signals`` (SIGTERM/SIGUSR1 -> checkpoint and exit), ``filesource``
-(the read-the-original-files baseline), ``config`` (the frozen run configuration).
+The batches come from :mod:`dimd.shuffle` (the data path ends there, on the
+device); everything from the forward pass on is here. By job:
+
+- the run: ``config`` (``TrainConfig``, the only defaults), ``engine``
+  (``Trainer``: set-up and the loop), ``steps`` (one step and the
+  ``Strategy`` interface), ``evaluate``, ``results`` (what a run reports),
+  ``signals`` (a scheduler's SIGTERM/SIGUSR1 -> checkpoint and stop),
+  ``hardware`` (threads and device), ``precision`` (32-bit or autocast);
+- the strategies: ``sgd`` (``SSGD``, S-SGD: one learner per rank, the
+  gradients averaged every step), ``sma`` (Crossbow's model averaging),
+  ``learners`` (K replicas of one model in flat buffers), ``autotune``
+  (Crossbow's learner count), ``batchnorm`` (statistics recomputed over the
+  ranks);
+- the gradients: ``flatgrad`` (every gradient in one buffer), ``buckets``
+  (``GradientBuckets``: reduced while backward runs, through
+  :mod:`dimd.allreduce`), ``distributed`` (``DistributedGradients`` for a
+  user's own loop), ``noise`` (the gradient noise scale);
+- models and schedules: ``models`` (the zoo), ``model_source`` (``--model
+  file.py:build``), ``schedule`` (learning-rate rules as pure functions);
+- checkpoints: ``checkpoint`` (the files, a run's save and resume),
+  ``folderlock`` (one run per folder);
+- a user's own script: ``launch`` (``dimd.init``: MPI, threads, device);
+- ``plan`` (``dimd plan-batch``): the batch size and rank count, from
+  measurements; it builds on training, never the reverse.
+
 Importing this package is cheap; its modules import torch.
 """

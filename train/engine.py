@@ -144,14 +144,14 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
     pin = device.type == "cuda"
     source: Any = store
     if config.read_from != "memory":
-        from dimd.train.filesource import OriginalFiles
+        from dimd.shuffle.filesource import OriginalFiles
 
         source = OriginalFiles(store, config.files_root, cold=config.read_from == "files-cold")
     loader = BatchLoader(source, config.batch_size, config.image_size, train=True, workers=workers,
                          seed=config.seed, pin_memory=pin, crop_scale=config.crop_scale)
     val_loader = BatchLoader(val_store, config.eval_batch_size or config.batch_size, config.image_size,
                              train=False, workers=workers, seed=config.seed, pin_memory=pin)
-    from dimd.train.device_feed import device_feed
+    from dimd.shuffle.device_feed import device_feed
 
     # The batches reach the device one step ahead, on a copy stream (decoded there with decode gpu).
     return device_feed(loader, device, config.decode), device_feed(val_loader, device, config.decode)
@@ -280,7 +280,8 @@ class Trainer:
                  eval_every_images: int | None = None, target_top1: float | None = None,
                  device: torch.device | None = None) -> None:
         from dimd.shuffle import DistributedStore
-        from dimd.train.sgd import Normalize, broadcast_state
+        from dimd.shuffle.normalize import Normalize
+        from dimd.train.sgd import broadcast_state
 
         self.started = time.perf_counter()
         self.memory: list[dict[str, int]] = []   # each rank's memory at the last epoch's end (dimd.shuffle.memory)

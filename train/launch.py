@@ -1,8 +1,7 @@
-"""What a user's own training script starts with: MPI, threads, the device, and a loader.
+"""What a user's own training script starts with: MPI, threads and the device.
 
     import dimd
     comm, device = dimd.init()
-    loader = dimd.open_loader("/scratch/set/train", comm, batch_size=64, image_size=32)
 
 :func:`init` is what ``dimd train`` does before it trains, for a script that
 runs its own loop under ``mpiexec``: MPI at a thread level that lets
@@ -11,7 +10,9 @@ launch check that refuses N separate one-rank jobs, torch threads shared
 out among the node's ranks, one GPU per rank, an exception hook that ends
 the whole job (``MPI_Abort``) when one rank fails, so no rank is left waiting,
 and a watch at exit for a rank whose script ended while others still wait
-for it (``sys.exit`` on one rank, which no exception hook sees).
+for it (``sys.exit`` on one rank, which no exception hook sees). The loader
+a script reads its batches from is :func:`dimd.open_loader`
+(:mod:`dimd.shuffle.loader`).
 """
 
 from __future__ import annotations
@@ -157,30 +158,3 @@ def _end_together(comm: Any, leaving: Any, timeout: float) -> None:
             finally:   # MPICH's MPI_Abort may return when called at exit: no traceback after the line
                 os._exit(1)
         time.sleep(0.01)
-
-
-def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224, train: bool = True,
-                workers: int = 2, seed: int = 0, groups: int = 1, memory_limit: int | None = None,
-                crop_scale: float | None = None) -> Any:
-    """Collective: load this rank's share of the packed set at ``path`` into memory and return its loader.
-
-    The :class:`dimd.shuffle.BatchLoader` yields uint8 ``N x 3 x H x W`` images
-    and int64 labels: ``len(loader)`` batches per epoch (the same on every
-    rank when ``train``), ``loader.epoch(e)`` the batches of epoch ``e``,
-    ``state_dict()``/``load_state_dict()`` to resume mid-epoch,
-    ``loader.store.classes`` the class names. A training set is shuffled across
-    the ranks once (round 0, as ``dimd train`` does): loaded in order, each
-    rank would hold a few classes of a class-sorted pack. ``train=False`` yields every
-    local record once (each rank its share; sum the counts over ranks).
-    Normalise on the device with :class:`dimd.Normalize`.
-    """
-    from dimd.shuffle import BatchLoader, DistributedStore
-    from dimd.shuffle.memory import batch_memory
-
-    store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit, decode_workers=workers,
-                                  batch_bytes=batch_memory(batch_size, image_size, 3, workers))
-    if train:   # MPI: round 0, as dimd train: in load order a rank's share is a few classes of a class-sorted pack
-        store.shuffle(seed, 0)
-    extra: dict[str, Any] = {} if crop_scale is None else {"crop_scale": crop_scale}
-    return BatchLoader(store, batch_size, image_size, train=train, workers=workers, seed=seed,
-                       pin_memory=torch.cuda.is_available(), **extra)

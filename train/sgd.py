@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from dimd.shuffle.normalize import Normalize
 from dimd.train.buckets import GradientBuckets
 from dimd.train.flatgrad import Reduce
 from dimd.train.noise import NoiseScale
@@ -27,11 +28,6 @@ from dimd.train.steps import Batches, StepResult, StepTimes, forward_backward
 #: EXTRA_OVERFLOW: 16-mixed: 1 if this rank's gradients are not finite; summed, every rank skips alike.
 EXTRA_LOSS, EXTRA_CORRECT, EXTRA_SAMPLES, EXTRA_STOP, EXTRA_SQNORM, EXTRA_OVERFLOW = range(6)
 EXTRAS = 6
-
-#: ImageNet's per-channel mean and standard deviation (0..255 scale), as the ResNet recipe uses.
-MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-
 
 def decays(p: torch.Tensor, decay_bn_and_bias: bool = False) -> bool:
     """Whether ``p`` gets weight decay: weights do; batch-norm scales/shifts and biases (1-d) are exempt."""
@@ -57,21 +53,6 @@ def make_optimizer(model: nn.Module, *, lr: float, momentum: float, weight_decay
     # SGD reads .grad and never replaces it, so the flat buffer's views survive every step.
     return torch.optim.SGD(parameter_groups(model, weight_decay, decay_bn_and_bias=decay_bn_and_bias),
                            lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
-
-
-class Normalize:
-    """uint8 N x 3 x H x W images -> normalised float32 on the device, in one pass (in ``memory_format``:
-    channels-last is made from the uint8 batch, a quarter of the bytes of the float one)."""
-
-    def __init__(self, device: torch.device, memory_format: torch.memory_format = torch.contiguous_format) -> None:
-        self.device = device
-        self.memory_format = memory_format
-        self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
-        self.inv_std = (1.0 / torch.tensor(STD, device=device)).view(1, 3, 1, 1)
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        x = images.to(self.device, non_blocking=True).contiguous(memory_format=self.memory_format).float()
-        return x.sub_(self.mean).mul_(self.inv_std)
 
 
 class SSGD:

@@ -82,10 +82,11 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     import torch
     from mpi4py import MPI
 
+    from dimd.shuffle.normalize import Normalize
     from dimd.train.config import TrainConfig
     from dimd.train.hardware import default_decode_workers, pick_device, set_threads
     from dimd.train.models import build_model, gradient_bytes, parameter_count
-    from dimd.train.sgd import SSGD, Normalize, make_optimizer
+    from dimd.train.sgd import SSGD, make_optimizer
 
     advance = on_step or (lambda n: None)
     threads, _ = set_threads(config.threads, comm)

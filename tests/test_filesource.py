@@ -7,7 +7,7 @@ import pytest
 
 from dimd.errors import DimdError
 from dimd.format import PackedDataset
-from dimd.train.filesource import OriginalFiles
+from dimd.shuffle.filesource import OriginalFiles
 
 
 class LocalShare:
