@@ -226,7 +226,7 @@ def effects(c: dict[str, Any]) -> str:
     hardware = ("" if most == 1 else
                 f"K = {most} learners per rank processed {fixed[most]:.2f}x the images/s of "
                 f"{c['hardware_efficiency_over']} (set-ups run one after another: a changing load moves this; "
-                f"bench/sma_learners.py times the learners alone). ")
+                f"bench/probes/sma_learners.py times the learners alone). ")
     epochs = c["statistical_efficiency_epochs"]
     ssgd = epochs.get(c["best_ssgd"])
     sma = {n: e for n, e in epochs.items() if n.startswith("sma-") and e is not None}
@@ -261,7 +261,7 @@ def findings(envelope: dict[str, Any]) -> str:
                      f"{hardware} (hardware efficiency). Median epochs to the target (statistical efficiency): "
                      f"{epochs}. {effects(c)}")
     return " ".join(lines) + (" How much of a gain in images/s is the learners' compute and how much fewer "
-                              "synchronisations per image: bench/sma_learners.py and docs/sma.md.")
+                              "synchronisations per image: bench/probes/sma_learners.py and docs/sma.md.")
 
 
 REPRODUCTION = Reproduction(

@@ -12,7 +12,7 @@ whose host-side work then also leaves the step's thread. The thread releases
 the GIL while it waits (for the decoding workers, for a copy), and it never
 calls MPI, so the rank stays ``MPI_THREAD_FUNNELED``.
 
-Measured on an H100 with 14 decoding workers (``bench/pinned_feed.py``, see
+Measured on an H100 with 14 decoding workers (``bench/probes/pinned_feed.py``, see
 docs/gpu.md): copying each slot into pinned memory in the step's thread cost
 it 3.9-5.5 ms per batch of 128 at 224 px; a page-locked ring costs none, and
 the thread takes the rest of the hand-over off the step (0.2 ms left).

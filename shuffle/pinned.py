@@ -3,7 +3,7 @@
 A copy to the GPU runs asynchronously only from page-locked (pinned) host
 memory. Copying each slot into a fresh pinned tensor cost the training
 process's thread 3.9-5.5 ms per batch of 128 at 224 px on an H100 machine
-(``bench/pinned_feed.py``, two runs); registering the ring once with
+(``bench/probes/pinned_feed.py``, two runs); registering the ring once with
 ``cudaHostRegister`` costs nothing per batch. The ring is a shared memfd
 mapping (:mod:`dimd.shuffle.shm`); the driver pins its pages for this
 process only, the decoding workers write into them as before.

@@ -117,7 +117,7 @@ def test_the_region_benchmark_times_both_ways_on_equal_crops(packed_sample, tmp_
     from conftest import BENCH, run_python
 
     out = tmp_path / "region.json"
-    run_python(BENCH / "region_decode.py", packed_sample, "--runs", "2", "--images", "12",
+    run_python(BENCH / "probes" / "region_decode.py", packed_sample, "--runs", "2", "--images", "12",
                "--image-size", "48", "--json", out, check=True, timeout=200)
     results = json.loads(out.read_text())["result"]["results"]
     for kind in ("train", "eval"):

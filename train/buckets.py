@@ -26,7 +26,7 @@ were made. Why a
 thread and not ``MPI_Iallreduce``: a non-blocking collective only advances
 inside MPI calls (MPICH's asynchronous progress is off by default), and
 dimd's own algorithms are point-to-point Python loops that need a caller
-anyway; bench/overlap.py measures the two (docs/library.md).
+anyway; bench/probes/overlap.py measures the two (docs/library.md).
 
 ``overlap=False`` reduces the same buckets with the same code, in the same
 order, on the caller's thread at :meth:`synchronize`: the sums are the same

@@ -17,7 +17,7 @@ Two ways to compute the K gradients (``compute``), each learner with
 * ``threads``: the ``loop`` replicas run in K threads at once, each with an
   equal share of torch's threads.
 
-``bench/sma_learners.py`` measures them; see docs/sma.md for the choice (a
+``bench/probes/sma_learners.py`` measures them; see docs/sma.md for the choice (a
 third, one ``vmap`` pass over the stacked replicas, was the slowest at every
 point measured and is gone).
 """

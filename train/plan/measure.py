@@ -10,7 +10,7 @@ synthetic by default: random uint8 images and labels, made once per batch
 size, so the time is compute only. With ``data`` they are real batches from
 ``dimd train``'s loader and the wait for each counts: the loader's decoding
 worker processes compete with the step for the cores
-(bench/decode_contention.py measures by how much), which synthetic inputs
+(bench/probes/decode_contention.py measures by how much), which synthetic inputs
 do not see.
 
 Under MPI every rank runs the same steps at once, after a barrier each, so

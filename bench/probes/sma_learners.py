@@ -8,8 +8,8 @@ its share of torch's threads). The results on file also time a third,
 ``vmap``, the slowest at every point and since removed. One learner step is what `dimd train --sync sma` does per
 step without the data loading: forward, backward, the learner update.
 
-    python bench/sma_learners.py                      # writes bench/results/sma_learners.json
-    python bench/sma_learners.py --quick --json /tmp/l.json
+    python bench/probes/sma_learners.py                      # writes bench/probes/results/sma_learners.json
+    python bench/probes/sma_learners.py --quick --json /tmp/l.json
 
 Run it with the threads one rank has (`--threads`, default: all cores), on a
 quiet machine: every figure is a median of ``--repeats`` timings.
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
             best[key] = {"compute": r["compute"], "images_per_s": r["images_per_s"]["median"]}
     figures = {"threads": threads, "rows": rows, "fastest": best}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.json, result_document("bench/sma_learners.py", vars(args), figures))
+    write_json(args.json, result_document("bench/probes/sma_learners.py", vars(args), figures))
     print(f"wrote {args.json}", file=sys.stderr)
 
 

@@ -14,7 +14,7 @@ dimd/naive (1 worker) and 2 workers/1 worker, and output quality: PSNR of
 dimd's images against the naive loop's, and of both against a reference
 (full decode, LANCZOS resize, no re-encoding). --json PATH writes it all.
 
-    .venv/bin/python bench/pack_throughput.py --images 400 --repeats 3 --json pack-bench.json
+    .venv/bin/python bench/probes/pack_throughput.py --images 400 --repeats 3 --json pack-bench.json
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def run(argv: list[str] | None, work: Path) -> int:
           f"{quality['psnr_naive_vs_reference_db']:.2f} dB")
     if args.json:
         params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        write_json(args.json, result_document("bench/pack_throughput.py", params, figures))
+        write_json(args.json, result_document("bench/probes/pack_throughput.py", params, figures))
     return 0
 
 

@@ -9,7 +9,7 @@ interleaved run by run; the ratio full / region is taken within each run, and th
 reported with min, max and every run (``dimd.report.spread``, as dimd reports repeated measurements).
 The crops are asserted equal to the bit on every image, so the speed is all that differs.
 
-    python bench/region_decode.py TRAIN_STEM --image-size 224 --runs 5 --json build/region_decode.json
+    python bench/probes/region_decode.py TRAIN_STEM --image-size 224 --runs 5 --json build/region_decode.json
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         from dimd.report import result_document, write_json
 
-        write_json(args.json, result_document("bench/region_decode.py", {**vars(args), "json": str(args.json)},
+        write_json(args.json, result_document("bench/probes/region_decode.py", {**vars(args), "json": str(args.json)},
                                               document))
     return 0
 

@@ -18,7 +18,7 @@ process's own CPU time per batch (the hand-over). Run it under the
 ``PYTHONPATH`` of another tree to measure that tree's loader the same way
 (how the old thread loader was compared with the worker processes).
 
-    .venv/bin/python bench/decode_contention.py bench/work/data/sample/train --model lenet \\
+    .venv/bin/python bench/probes/decode_contention.py bench/work/data/sample/train --model lenet \\
         --image-size 32 --beside none,threads:1,loader:1,none --json build/decode_contention.json
 """
 
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
             row["step_over_alone"] = round(row["step_ms"]["median"] / statistics.median(alone), 3)
     print(f"load: {os.getloadavg()}", file=sys.stderr)
     if args.json:
-        write_json(args.json, result_document("bench/decode_contention.py",
+        write_json(args.json, result_document("bench/probes/decode_contention.py",
                                               vars(args) | {"json": str(args.json)},
                                               {"rows": rows, "load_average": os.getloadavg()}))
 

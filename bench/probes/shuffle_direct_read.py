@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A design not built yet, measured: ranks of one node read their arriving records straight from the senders.
 
-    mpiexec -n P python -m mpi4py bench/shuffle_direct_read.py DATA --reps 7 --json out.json
+    mpiexec -n P python -m mpi4py bench/probes/shuffle_direct_read.py DATA --reps 7 --json out.json
 
 Loads DATA (a packed set) as ``dimd shuffle`` does and moves the bytes of
 round 0 of seed 0 three ways, ``--reps`` times each in turn, from the same
@@ -148,7 +148,7 @@ def main() -> None:
         figures = {"records": store.total, "seconds": seconds, "median_seconds": median, "same_bytes": same,
                    "today_over_bare": median["today"] / median["bare"],
                    "direct_over_bare": median["direct"] / median["bare"]}
-        write_json(args.json, result_document("bench/shuffle_direct_read.py", vars(args), figures,
+        write_json(args.json, result_document("bench/probes/shuffle_direct_read.py", vars(args), figures,
                                               mpi=setup.as_dict()))
         print(" ".join(f"{way} {1e3 * v:.1f} ms" for way, v in median.items())
               + f"; today / bare {figures['today_over_bare']:.2f}, direct / bare {figures['direct_over_bare']:.2f}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A shuffle's byte-range copies, the loop in C against one Python call per record (docs/shuffle.md).
 
-    mpiexec -n P python -m mpi4py bench/shuffle_moves.py DATA --rounds 7 --json out.json
+    mpiexec -n P python -m mpi4py bench/probes/shuffle_moves.py DATA --rounds 7 --json out.json
 
 Loads DATA (a packed set) as ``dimd shuffle`` does and runs shuffle rounds
 (seed 0, rounds 0, 1, ...), alternating the way the records are gathered and
@@ -71,7 +71,7 @@ def main() -> None:
         median = {way: float(np.median(s[1:] or s)) for way, s in seconds.items()}
         figures = {"records": store.total, "data_bytes": data_bytes,
                    "seconds": seconds, "median_seconds": median, "python_over_c": median["python"] / median["c"]}
-        write_json(args.json, result_document("bench/shuffle_moves.py", vars(args), figures,
+        write_json(args.json, result_document("bench/probes/shuffle_moves.py", vars(args), figures,
                                               mpi=setup.as_dict()))
         print(f"{store.total} records: c {1e3 * median['c']:.1f} ms, python {1e3 * median['python']:.1f} ms, "
               f"python / c {figures['python_over_c']:.2f}")

@@ -16,7 +16,7 @@ For each: images/s to the GPU with nothing else running, the step's thread's CPU
 (what the step's Python loses), and images/s training MODEL beside it. Interleaved runs, medians;
 ratios against ``copy`` within each run. Needs CUDA (else one line, exit 2).
 
-    python bench/pinned_feed.py --per-class 400 --runs 3 --json build/pinned_feed.json
+    python bench/probes/pinned_feed.py --per-class 400 --runs 3 --json build/pinned_feed.json
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+#: bench/: the helpers the reproductions share (_common, gpu_feed), which this probe uses too.
+BENCH = Path(__file__).resolve().parent.parent
 #: way -> (batches a feeding thread stages ahead, borrow the page-locked slot)
 WAYS = {"copy": (0, False), "register": (0, True), "copy, thread": (2, False), "register, thread": (2, True)}
 
@@ -97,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"bench/pinned_feed.py measures on a GPU: this machine has no CUDA device (torch {torch.__version__})",
-              file=sys.stderr)
+        print(f"bench/probes/pinned_feed.py measures on a GPU: this machine has no CUDA device "
+              f"(torch {torch.__version__})", file=sys.stderr)
         return 2
+    sys.path.insert(1, str(BENCH))
     from _common import sample_set, spread
     from gpu_feed import device_versions, model_and_step
 
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:60s} {value['median']:10.2f}  ({value['min']:.2f}-{value['max']:.2f})")
     if args.json:
         versions = device_versions() if args.device == "cuda" else {}
-        write_json(args.json, result_document("bench/pinned_feed.py", {**vars(args), "json": str(args.json)},
+        write_json(args.json, result_document("bench/probes/pinned_feed.py", {**vars(args), "json": str(args.json)},
                                               {"figures": summary, "records": len(store), **versions}))
     return 0
 

@@ -10,7 +10,7 @@ The send buffers are zero pages touched only at the markers, so each rank
 really allocates about the receive size. Too slow and too big for the test
 suite (about 2 x 2.2 GB of memory), hence a script:
 
-    .venv/bin/mpiexec -n 2 .venv/bin/python bench/shuffle_large_count.py
+    .venv/bin/mpiexec -n 2 .venv/bin/python bench/probes/shuffle_large_count.py
 """
 
 from __future__ import annotations

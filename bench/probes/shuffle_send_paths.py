@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Ways to send a shuffle's leaving records, timed on the same round, interleaved (docs/shuffle.md).
 
-    mpiexec -n P python -m mpi4py bench/shuffle_send_paths.py DATA --reps 7 --json out.json
+    mpiexec -n P python -m mpi4py bench/probes/shuffle_send_paths.py DATA --reps 7 --json out.json
 
 Loads DATA (a packed set) as ``dimd shuffle`` does, takes the records that
 round 0 of seed 0 moves to another rank, and sends them to the ranks that
@@ -149,7 +149,7 @@ def main() -> None:
 
         figures = {"seconds": seconds, "bytes_moved": moved, "records_arriving_rank0": sum(arriving),
                    "median_seconds": {p: float(np.median(s[1:] or s)) for p, s in seconds.items()}}
-        write_json(args.json, result_document("bench/shuffle_send_paths.py", vars(args), figures,
+        write_json(args.json, result_document("bench/probes/shuffle_send_paths.py", vars(args), figures,
                                               mpi=setup.as_dict()))
         print(" ".join(f"{p} {1e3 * v:.1f} ms" for p, v in figures["median_seconds"].items()))
 

@@ -17,7 +17,7 @@ Figures per set-up: the step time, the exposed allreduce (step minus ``compute``
 long the buckets' reductions took while it ran (against the same reductions after it; for the
 ``iallreduce`` set-ups, the time in the final ``MPI_Waitall``: what did not progress by itself)::
 
-    mpiexec -n 2 python -m mpi4py bench/overlap.py --model vgg16 --batch-size 4 --json overlap.json
+    mpiexec -n 2 python -m mpi4py bench/probes/overlap.py --model vgg16 --batch-size 4 --json overlap.json
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def main() -> None:
                   f"reduce {1e3 * f['reduce']:7.1f} ms  exposed {1e3 * f.get('exposed_allreduce', 0):7.1f} ms  "
                   f"hidden {f.get('hidden_share')}", flush=True)
         if args.json:
-            write_json(args.json, result_document("bench/overlap.py", vars(args), result))
+            write_json(args.json, result_document("bench/probes/overlap.py", vars(args), result))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ L identical learners on f(w) = h w^2 / 2 take Crossbow's learner step (momentum 
 smallest lr*h in (0, 4] at which |w| + |z| grows past 1e6 within 2,000 steps (plain momentum SGD:
 2 (1 + mu) = 3.8 at mu = 0.9). docs/sma.md, "Why no central momentum by default", quotes it.
 
-    python bench/sma_stability.py
+    python bench/probes/sma_stability.py
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the figures are medians: training images/s and the last epoch's validation
 top-1. The library path should match dimd's own loop within 10% in speed and
 2 points in accuracy::
 
-    .venv/bin/python bench/own_loop_vs_train.py --runs 3 --json own_loop_vs_train.json
+    .venv/bin/python bench/probes/own_loop_vs_train.py --runs 3 --json own_loop_vs_train.json
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from _common import BENCH, BIN, WORK, json_job, machine, read_result, sample_set
-
+#: bench/: the helpers the reproductions share (_common), which this probe uses too.
+BENCH = Path(__file__).resolve().parent.parent
 EXAMPLE = BENCH.parent / "examples" / "own_loop.py"
 
 
@@ -36,6 +36,8 @@ def main() -> None:
     parser.add_argument("--per-class", type=int, default=64)
     parser.add_argument("--json")
     args = parser.parse_args()
+    sys.path.insert(1, str(BENCH))
+    from _common import BIN, WORK, json_job, machine, read_result, sample_set
 
     data = sample_set(args.classes, args.per_class, 8, log=lambda line: print(line, file=sys.stderr))
     common = [data.train, "--val", data.val, "--epochs", args.epochs, "--batch-size", args.batch_size,
@@ -67,7 +69,7 @@ def main() -> None:
     if args.json:
         from dimd.report import result_document, write_json
 
-        write_json(Path(args.json), result_document("bench/own_loop_vs_train.py", vars(args), figures))
+        write_json(Path(args.json), result_document("bench/probes/own_loop_vs_train.py", vars(args), figures))
 
 
 if __name__ == "__main__":
