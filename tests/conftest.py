@@ -1,7 +1,7 @@
 """Shared fixtures: the sample tree, packed sets, this process's MPI world, and real MPI jobs.
 
 Tests that start ranks go through :func:`run_mpi` (any program), :func:`run_mpi_dimd`
-(``dimd CMD`` as a user runs it) or :func:`mpi_run` (a case of ``mpi_cases.py``), and
+(``dimd CMD`` as a user runs it) or :func:`mpi_run` (a case, ``tests/mpi_case.py``), and
 carry ``@pytest.mark.mpi``, so ``pytest -m "not mpi"`` runs without launching MPI::
 
     MPIEXEC="srun --mpi=pmi2" pytest             # a site's launcher, with its own options
@@ -23,15 +23,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import pytest
+from mpi_case import case_command
 from mpi_segments import held_by, remove_leftover_mpi_segments
 
 BIN = Path(sys.executable).parent
 DIMD = [sys.executable, "-m", "dimd"]
-#: The MPI test cases, one function each, run by :func:`mpi_run`.
-MPI_CASES = Path(__file__).with_name("mpi_cases.py")
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 PEERS = BENCH / "peers"
 
@@ -294,18 +293,17 @@ def run_mpi_watched(n: int, *args: str, timeout: float = 240) -> tuple[subproces
         return subprocess.CompletedProcess(command, job.returncode, out.read(), err.read()), held
 
 
-def mpi_run(case: str, n: int, *args: str, timeout: float = 120, check: bool = False,
+def mpi_run(case: Callable[..., None], n: int, *args: object, timeout: float = 120, check: bool = False,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run one case of ``mpi_cases.py`` on N ranks: ``$MPIEXEC -n N python -m mpi4py mpi_cases.py CASE ARGS``.
+    """Run ``case`` (a function marked ``@case``, ``tests/mpi_case.py``) on N ranks under ``python -m mpi4py``.
 
     ``python -m mpi4py`` aborts the job when any rank raises, so a failed assert
     on one rank ends every rank at once, its traceback in ``stderr``::
 
-        proc = mpi_run("allreduce_sweep", 3, "ring,tree")
+        proc = mpi_run(allreduce_sweep, 3, "ring,tree")
         assert proc.returncode == 0, proc.stderr
     """
-    return run_mpi(n, sys.executable, "-m", "mpi4py", MPI_CASES, case, *args,
-                   timeout=timeout, check=check, env=env)
+    return run_mpi(n, *case_command(case), *map(str, args), timeout=timeout, check=check, env=env)
 
 
 @pytest.fixture

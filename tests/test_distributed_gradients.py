@@ -1,18 +1,21 @@
 """DistributedGradients and its buckets: the same averaged gradients as one flat allreduce, however cut.
 
-The MPI cases (tests/mpi_cases.py) compare against plain autograd plus one
+The MPI cases here (``@case``, run on ranks by ``mpi_run``) compare against plain autograd plus one
 MPI_Allreduce; the unit tests here run the bucket machinery on one process
 with a stand-in for the sum over ranks.
 """
 
+import contextlib
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import mpi_run
+from mpi_case import case, say, world
 
 from torch.utils.checkpoint import checkpoint
 
@@ -104,10 +107,128 @@ def test_an_error_on_the_communication_thread_reaches_synchronize():
     buckets.close()
 
 
+class BranchyNet:
+    """Builds a model with odd parameter counts, a frozen layer and two branches a step may leave unused."""
+
+    @staticmethod
+    def build(seed: int = 0) -> Any:
+        import torch
+        from torch import nn
+
+        class Branchy(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.conv = nn.Conv2d(3, 5, 3)       # 135 + 5 parameters
+                self.a = nn.Linear(180, 7)           # 1260 + 7
+                self.b = nn.Linear(180, 7)
+                self.frozen = nn.Linear(7, 7)
+                self.frozen.requires_grad_(False)
+                self.head = nn.Linear(7, 3)          # 21 + 3
+                self.branch = "ab"                   # which branches forward uses
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                h = self.conv(x).relu().flatten(1)
+                h = sum(getattr(self, name)(h) for name in self.branch)
+                return self.head(self.frozen(h).relu())
+
+        torch.manual_seed(seed)
+        return Branchy()
+
+    #: bucket sizes in bytes: one bucket, one per parameter, and cuts at every boundary in between
+    BUCKET_BYTES = (0, 1, 16, 30, 100, 600, 5100, 6000, 10_000, 1 << 20)
+
+
+def count_calls(owner: Any, name: str) -> list[None]:
+    """Wrap ``owner.name`` so that each call appends to the returned list (then calls through)."""
+    calls: list[None] = []
+    wrapped = getattr(owner, name)
+
+    def counted(*args: Any) -> Any:
+        calls.append(None)
+        return wrapped(*args)
+
+    setattr(owner, name, counted)
+    return calls
+
+
+def local_gradients(model: Any, batches: list, branches: list[str]) -> Any:
+    """This rank's summed gradients over ``batches`` by plain autograd, flat (zeros where none)."""
+    import torch
+    import torch.nn.functional as F
+
+    model.zero_grad(set_to_none=True)
+    for (x, y), branch in zip(batches, branches):
+        model.branch = branch
+        F.cross_entropy(model(x), y).backward()
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in model.parameters() if p.requires_grad])
+
+
+@case
+def distributed_gradients_match_flat_allreduce(*algorithms: str) -> None:
+    """DistributedGradients against one flat MPI_Allreduce of plain autograd's gradients, averaged.
+
+    For every bucket size of BranchyNet.BUCKET_BYTES, overlap on and off, and
+    each algorithm: each rank leaves a different branch unused, a layer is
+    frozen, and two of three backward passes run inside no_sync(). The
+    gradients are compared as the last ``backward()`` returns, before any
+    ``synchronize()``, which must then reduce nothing again. Rank 0 prints the
+    largest difference per algorithm (0 at P = 2: sums of two are exact)::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_case.py distributed_gradients_match_flat_allreduce mpi ring
+        -> mpi configurations 20 max_diff 5.96e-08
+    """
+    import copy
+
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    from dimd.train.distributed import DistributedGradients
+
+    comm = world("serialized")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(100 + rank)
+    batches = [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(3)]
+    branches = ["a", "b", "ab"] if rank % 2 == 0 else ["b", "b", "a"]   # rank 0 never uses b in pass 1...
+    if rank == size - 1:
+        branches = ["a", "a", "a"]          # ...and the last rank never uses b at all
+    reference_model = BranchyNet.build()
+    expected = local_gradients(reference_model, batches, branches).numpy().copy()
+    comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
+    expected /= size
+    for algorithm in algorithms:
+        worst, configurations = 0.0, 0
+        for bucket_bytes in BranchyNet.BUCKET_BYTES:
+            for overlap in (True, False):
+                model = copy.deepcopy(reference_model)
+                grads = DistributedGradients(model, comm, algorithm=algorithm, overlap=overlap,
+                                             bucket_mb=bucket_bytes / (1 << 20))
+                reductions = count_calls(grads.buckets, "reduce")
+                model.zero_grad(set_to_none=True)
+                for i, ((x, y), branch) in enumerate(zip(batches, branches)):
+                    model.branch = branch
+                    with grads.no_sync() if i < 2 else contextlib.nullcontext():
+                        torch.nn.functional.cross_entropy(model(x), y).backward()
+                assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+                got = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad]).numpy()
+                reduced = len(reductions)
+                grads.synchronize()
+                assert reduced == grads.buckets.buckets == len(reductions), (reduced, len(reductions))
+                diff = float(np.abs(got - expected).max())
+                assert diff <= (0.0 if size == 2 else 1e-6 * float(np.abs(expected).max())), (
+                    algorithm, bucket_bytes, overlap, diff)
+                worst, configurations = max(worst, diff), configurations + 1
+                grads.close()
+        if rank == 0:
+            say(f"{algorithm} configurations {configurations} max_diff {worst:.3g}")
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_gradients_equal_one_flat_allreduce_for_every_bucket_size(ranks):
-    proc = mpi_run("distributed_gradients_match_flat_allreduce", ranks, "mpi", "ring", timeout=180, check=True)
+    proc = mpi_run(distributed_gradients_match_flat_allreduce, ranks, "mpi", "ring", timeout=180, check=True)
     for algorithm in ("mpi", "ring"):
         line = next(x for x in proc.stdout.splitlines() if x.startswith(algorithm + " "))
         assert "configurations 20" in line
@@ -115,31 +236,267 @@ def test_gradients_equal_one_flat_allreduce_for_every_bucket_size(ranks):
             assert line.endswith("max_diff 0")
 
 
+@case
+def overlap_on_and_off_train_alike(algorithm: str = "ring") -> None:
+    """Nine SGD steps (momentum, weight decay, gradients clipped between backward and step, as in a DDP
+    script) with overlap on and off.
+
+    Each rank leaves a branch unused in some steps; one step accumulates two passes inside no_sync()
+    and another finds one rank with no backward pass at all. A layer is frozen after wrapping. Two backward
+    passes raise half-way on every rank, and the script skips those steps: after the first it goes on to a
+    step that starts inside no_sync(); after the second it drops the pass with zero_grad() and makes an MPI
+    call of its own. Rank 0 prints whether the two runs' weights are bit-identical and whether every rank
+    holds the same weights::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_case.py overlap_on_and_off_train_alike ring
+        -> identical True replicas True moved 0.0731
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from dimd.train.distributed import DistributedGradients
+    from dimd.train.sgd import replicas_identical
+
+    comm = world("serialized")
+    rank = comm.Get_rank()
+    torch.set_num_threads(1)
+
+    def train(overlap: bool) -> Any:
+        model = BranchyNet.build(seed=rank)   # different on purpose: the broadcast must fix it
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9,
+                                    weight_decay=0.01)
+        grads = DistributedGradients(model, comm, algorithm=algorithm, overlap=overlap, bucket_mb=0.001,
+                                     optimizer=optimizer)
+        broken = []   # while it holds an item, the conv layer's gradient raises: the heads' buckets started first
+
+        def backward_breaks(grad: torch.Tensor) -> None:
+            if broken:
+                raise ValueError("a broken backward pass")
+
+        def hook_output(layer: Any, inputs: Any, out: torch.Tensor) -> None:
+            out.register_hook(backward_breaks)
+
+        model.conv.register_forward_hook(hook_output)
+        g = torch.Generator().manual_seed(7 + rank)
+        for step in range(9):
+            model.branch = "ab" if (step + rank) % 3 else "a"
+            x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+            optimizer.zero_grad()
+            if step == 2:
+                model.a.bias.requires_grad_(False)   # frozen after wrapping: weight decay must not move it
+                frozen = model.a.bias.clone()
+            if step in (5, 7):
+                broken.append(True)
+                try:
+                    F.cross_entropy(model(x), y).backward()
+                except ValueError:
+                    broken.clear()
+                    if step == 7:
+                        grads.zero_grad()   # drops the pass now: the script's own MPI call is safe after it
+                        comm.allreduce(1)
+                    continue
+            if step == 3:     # every pass accumulates inside no_sync(); the step reduces the sum
+                with grads.no_sync():
+                    F.cross_entropy(model(x), y).backward()
+                    F.cross_entropy(model(2 * x), y).backward()
+            elif step == 6:   # after a raised pass: the first pass inside no_sync(), the second outside it
+                with grads.no_sync():
+                    F.cross_entropy(model(x), y).backward()
+                F.cross_entropy(model(2 * x), y).backward()
+            elif step != 4 or rank != 1:   # at step 4 rank 1 runs no backward pass: it takes part as zeros
+                F.cross_entropy(model(x), y).backward()
+            if step != 4:   # (rank 1's gradients are averaged only at the step there: nothing to clip before)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)   # reads and scales every .grad
+            optimizer.step()
+        grads.close()
+        assert torch.equal(model.a.bias, frozen)
+        return model
+
+    on, off = train(True), train(False)
+    identical = all(torch.equal(p, q) for p, q in zip(on.parameters(), off.parameters()))
+    replicas = replicas_identical(on, comm)
+    moved = max(float((p - q).detach().abs().max()) for p, q in zip(on.parameters(), BranchyNet.build().parameters()))
+    if rank == 0:
+        say(f"identical {identical} replicas {replicas} moved {moved:.3g}")
+
+
 @pytest.mark.mpi
 def test_overlap_on_and_off_give_the_same_weights():
-    proc = mpi_run("overlap_on_and_off_train_alike", 3, "ring", timeout=180, check=True)
+    proc = mpi_run(overlap_on_and_off_train_alike, 3, "ring", timeout=180, check=True)
     assert "identical True replicas True" in proc.stdout
     assert float(proc.stdout.split("moved ")[1].split()[0]) > 0.01   # the steps did train
+
+
+@case
+def two_wrapped_models_in_one_backward(algorithm: str = "ring") -> None:
+    """A GAN-like step: one backward pass through a generator and a discriminator, each wrapped with overlap.
+
+    The discriminator has a branch rank 1 never uses (so the ranks complete its buckets in another order
+    than the generator's) and batch norm with its statistics averaged (``sync_buffers``). The gradients as
+    ``backward()`` returns are compared with plain autograd's, summed by one MPI_Allreduce::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py two_wrapped_models_in_one_backward ring
+        -> steps 5 max_diff 0
+    """
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+    from torch import nn
+
+    from dimd.train.distributed import DistributedGradients
+
+    class Discriminator(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 5), nn.Linear(3, 5)
+            self.norm, self.out = nn.BatchNorm1d(5), nn.Linear(5, 1)
+            self.use_b = True
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x) + (self.b(x).tanh() if self.use_b else 0)
+            return self.out(self.norm(h).relu())
+
+    comm = world("serialized")
+    torch.set_num_threads(1)
+    generator, discriminator = BranchyNet.build(), Discriminator()
+    discriminator.use_b = comm.Get_rank() != 1
+    models = (generator, discriminator)
+    grads = [DistributedGradients(generator, comm, algorithm=algorithm, bucket_mb=0.0005),
+             DistributedGradients(discriminator, comm, algorithm=algorithm, bucket_mb=0.0001, sync_buffers=True)]
+    g = torch.Generator().manual_seed(comm.Get_rank())
+    worst, steps = 0.0, 5
+    for _ in range(steps):
+        x = torch.randn(4, 3, 8, 8, generator=g)
+        for m in models:
+            m.zero_grad(set_to_none=True)
+        with contextlib.ExitStack() as local:   # the same pass, by plain autograd on this rank alone
+            for wrapped in grads:
+                local.enter_context(wrapped.no_sync())
+            discriminator(generator(x)).sum().backward()
+        expected = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                              for m in models for p in m.parameters() if p.requires_grad]).numpy()
+        comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
+        expected /= comm.Get_size()
+        for m in models:
+            m.zero_grad(set_to_none=True)
+        discriminator(generator(x)).sum().backward()
+        got = torch.cat([p.grad.reshape(-1) for m in models for p in m.parameters() if p.requires_grad]).numpy()
+        worst = max(worst, float(np.abs(got - expected).max()))
+    for wrapped in grads:
+        wrapped.close()
+    if comm.Get_rank() == 0:
+        say(f"steps {steps} max_diff {worst:.3g}")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", ["ring", "mpi"])
 def test_two_wrapped_models_in_one_backward_average_both(algorithm):
     """Even where the ranks complete the two models' buckets in different orders (an unused branch)."""
-    proc = mpi_run("two_wrapped_models_in_one_backward", 2, algorithm, timeout=180, check=True)
+    proc = mpi_run(two_wrapped_models_in_one_backward, 2, algorithm, timeout=180, check=True)
     assert "steps 5 max_diff 0" in proc.stdout
+
+
+@case
+def raised_pass_then_accumulation(algorithm: str = "ring") -> None:
+    """Every rank's backward pass raises half-way (caught); the next step accumulates a pass inside
+    no_sync() and one outside. Its gradients must be the two passes' average over ranks, as plain autograd
+    plus one MPI_Allreduce gives them: the raised pass dropped, the accumulated one kept::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py raised_pass_then_accumulation ring
+        -> overlap True max_diff 0 overlap False max_diff 0
+    """
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+    from torch import nn
+
+    from dimd.train.distributed import DistributedGradients
+
+    comm = world("serialized")
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(comm.Get_rank())
+    xs = [torch.randn(6, 5, generator=g) for _ in range(3)]
+    line = []
+    for overlap in (True, False):
+        torch.manual_seed(0)
+        head, tail = nn.Sequential(nn.Linear(5, 16), nn.ReLU()), nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 3))
+        model = nn.Sequential(head, tail)
+        expected = torch.cat([p.reshape(-1) for p in torch.autograd.grad(
+            model(xs[1]).square().mean() + model(xs[2]).square().mean(), list(model.parameters()))]).numpy()
+        comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
+        expected /= comm.Get_size()
+        grads = DistributedGradients(model, comm, algorithm=algorithm, overlap=overlap, bucket_mb=0.0001)
+
+        def refuse(grad: torch.Tensor) -> None:
+            raise ValueError("a refused batch")
+
+        hidden = head(xs[0])
+        hidden.register_hook(refuse)   # the tail's buckets start, the head's never come
+        try:
+            tail(hidden).square().mean().backward()
+        except ValueError:
+            pass
+        model.zero_grad()
+        with grads.no_sync():
+            model(xs[1]).square().mean().backward()
+        model(xs[2]).square().mean().backward()
+        got = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy()
+        grads.close()
+        line.append(f"overlap {overlap} max_diff {float(np.abs(got - expected).max()):.3g}")
+    if comm.Get_rank() == 0:
+        say(" ".join(line))
 
 
 @pytest.mark.mpi
 def test_a_raised_pass_is_dropped_and_the_next_accumulation_kept():
-    proc = mpi_run("raised_pass_then_accumulation", 2, "ring", timeout=180, check=True)
+    proc = mpi_run(raised_pass_then_accumulation, 2, "ring", timeout=180, check=True)
     diffs = [float(word) for word in proc.stdout.split("max_diff ")[1:] for word in [word.split()[0]]]
     assert len(diffs) == 2 and max(diffs) < 1e-6, proc.stdout
 
 
+@case
+def torch_algorithm_sums_with_gloo() -> None:
+    """The registry's ``torch`` algorithm over a gloo group set up over MPI: sums, and DistributedGradients on it.
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py torch_algorithm_sums_with_gloo
+        -> torch sum ok gradients ok
+    """
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from mpi4py import MPI
+
+    from dimd.allreduce import allreduce
+    from dimd.allreduce.gloo import gloo_reducer
+    from dimd.train.distributed import DistributedGradients
+
+    comm = world("serialized")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    _, close = gloo_reducer(comm)
+    try:
+        for count in (1, 7, 100_003):
+            mine = np.arange(count, dtype=np.float32) * (rank + 1)
+            allreduce(mine, comm, "torch")
+            assert np.array_equal(mine, np.arange(count, dtype=np.float32) * sum(range(1, size + 1))), count
+        model = BranchyNet.build()
+        x, y = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(rank)), torch.tensor([0, 1, 2, 0])
+        expected = local_gradients(BranchyNet.build(), [(x, y)], ["ab"]).numpy().copy()
+        comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
+        grads = DistributedGradients(model, comm, algorithm="torch", bucket_mb=0.002)
+        F.cross_entropy(model(x), y).backward()
+        grads.synchronize()
+        got = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad]).numpy()
+        assert np.allclose(got, expected / size, rtol=1e-6, atol=1e-7)
+        grads.close()
+    finally:
+        close()
+    if rank == 0:
+        say("torch sum ok gradients ok")
+
+
 @pytest.mark.mpi
 def test_torch_algorithm_sums_over_a_gloo_group():
-    proc = mpi_run("torch_algorithm_sums_with_gloo", 2, timeout=180, check=True)
+    proc = mpi_run(torch_algorithm_sums_with_gloo, 2, timeout=180, check=True)
     assert "torch sum ok gradients ok" in proc.stdout
 
 

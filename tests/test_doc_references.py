@@ -25,7 +25,7 @@ SKIPPED_FOLDERS = {".git", ".venv", "build", "demo", "node_modules", "__pycache_
 MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 #: A Markdown file named anywhere (a comment, a docstring, prose), with an optional section.
 MARKDOWN_MENTION = re.compile(r"(?<![\w/.-])((?:\.\.?/)*[\w.-]+(?:/[\w.-]+)*\.md)(#[\w-]+)?(?![\w])")
-#: A file of the tree named by its path from the root (``bench/netfs.sh``, ``tests/mpi_cases.py``).
+#: A file of the tree named by its path from the root (``bench/netfs.sh``, ``tests/mpi_case.py``).
 TREE_PATH = re.compile(r"(?<![\w/.-])((?:bench|bin|docs|examples|tests|dimdtool|pack|shuffle|allreduce|train)"
                        r"/[\w./-]*\.(?:py|sh|json|png|sbatch|lsf|toml|txt))(?![\w])")
 

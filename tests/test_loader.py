@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from mpi_case import case, case_command, say, world
 
 from dimd.errors import DimdError
 from dimd.format import PackedDataset
@@ -353,13 +355,34 @@ def test_a_worker_whose_rank_ended_while_it_started_leaves_quietly():
     assert (worker.returncode, worker.stderr) == (0, "")
 
 
+@case
+def loader_as_a_library(dataset: str, hold: str = "") -> None:
+    """What a user's own script does, with no launcher: load DATASET, read one training epoch.
+
+    Prints one JSON line: the crc32 of each batch's images and labels and the
+    decoding workers' and its own process ids. With HOLD, then waits (for a test to kill it)::
+
+        python tests/mpi_case.py loader_as_a_library packed/sample
+        -> {"batches": [[123, 456], ...], "workers": [4242, 4243], "pid": 4240}
+    """
+    import time
+
+    from dimd.shuffle import BatchLoader, DistributedStore
+
+    store = DistributedStore.load(dataset, world("funneled"))
+    with BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=3) as loader:
+        batches = [(zlib.crc32(images.numpy().tobytes()), zlib.crc32(labels.numpy().tobytes()))
+                   for images, labels in loader.epoch(0)]
+        say(json.dumps({"batches": batches, "workers": loader.worker_pids, "pid": os.getpid()}))
+        while hold:
+            time.sleep(1)
+
+
 @pytest.fixture(scope="module")
 def library_user(packed_sample):
-    """``mpi_cases.py loader_as_a_library DATASET hold``, started as a user's own script (no launcher),
-    after its first epoch: (the process, its JSON line)."""
-    from conftest import MPI_CASES
-
-    process = subprocess.Popen([sys.executable, MPI_CASES, "loader_as_a_library", str(packed_sample), "hold"],
+    """:func:`loader_as_a_library` on DATASET with ``hold``, started as a user's own script (no launcher,
+    no ``-m mpi4py``), after its first epoch: (the process, its JSON line)."""
+    process = subprocess.Popen([*case_command(loader_as_a_library, mpi4py=False), str(packed_sample), "hold"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = process.stdout.readline()
     if not line:
@@ -407,10 +430,10 @@ def wait_until_gone(pid: int, what: str) -> None:
 @pytest.mark.mpi
 def test_a_sigkilled_rank_of_a_job_leaves_nothing_in_dev_shm(packed_sample, mpi_leaves_no_files):
     """MPICH's per-node file included: dimd unlinks it as soon as every rank of the node has it mapped."""
-    from conftest import MPI_CASES, launcher
+    from conftest import launcher
 
-    job = subprocess.Popen([*launcher(2), sys.executable, "-m", "mpi4py", MPI_CASES, "loader_as_a_library",
-                            str(packed_sample), "hold"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen([*launcher(2), *case_command(loader_as_a_library), str(packed_sample), "hold"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ranks = [json.loads(job.stdout.readline()) for _ in range(2)]
         os.kill(ranks[1]["pid"], signal.SIGKILL)

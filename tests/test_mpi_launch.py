@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pytest
 import torch
 
 from conftest import DIMD, mpi_run, run_dimd, run_mpi
+from mpi_case import case
 from dimd.mpi import launch_mismatch
 
 MPICH = "MPICH Version:      5.0.2"
@@ -90,12 +92,42 @@ def test_mpiexec_inside_an_allocation_runs():
     assert "mpi" in proc.stdout
 
 
+@case
+def dimd_warned_right_after_mpi_starts(ranks: str, *args: str) -> None:
+    """``dimd ARGS``, with a SIGUSR1 (a scheduler's time-limit warning) sent just after MPI_Init to each rank
+    of RANKS (``all``, or comma-separated ranks: the warning reaching the others later, or never).
+
+    MPI_Init puts its own handler on SIGUSR1; dimd's must already be there, so the run stops cleanly::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py dimd_warned_right_after_mpi_starts all train data ...
+        -> stopped by SIGUSR1 after step 1; checkpoint ...
+    """
+    import os
+    import signal
+
+    from dimd.cli import main
+    from dimd.commands import mpi_job
+
+    started = mpi_job.init_mpi
+
+    def init_then_warn(level: Any) -> Any:
+        setup = started(level)
+        from mpi4py import MPI
+
+        if ranks == "all" or str(MPI.COMM_WORLD.Get_rank()) in ranks.split(","):
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return setup
+
+    mpi_job.init_mpi = init_then_warn
+    main(list(args), prog_name="dimd")
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("warned", ["all", "1"])
 def test_a_warning_right_after_mpi_starts_is_not_lost_and_is_named_on_every_rank(packed_sample, tmp_path, warned):
     """MPI_Init puts its own handler on SIGUSR1; dimd's must already be there (and after it). A warning
     that reached rank 1 only is still SIGUSR1 in rank 0's result: bin/'s scripts requeue on that name."""
-    proc = mpi_run("dimd_warned_right_after_mpi_starts", 2, warned, "train", packed_sample, "--val", packed_sample,
+    proc = mpi_run(dimd_warned_right_after_mpi_starts, 2, warned, "train", packed_sample, "--val", packed_sample,
                    "--model", "lenet", "--image-size", "32", "--epochs", "50", "--batch-size", "8",
                    "--decode-workers", "1", "--threads", "1", "--checkpoint-dir", tmp_path / "ck",
                    "--json", tmp_path / "train.json", timeout=180)
@@ -108,7 +140,7 @@ def test_a_warning_right_after_mpi_starts_is_not_lost_and_is_named_on_every_rank
 
 @pytest.mark.mpi
 def test_a_stop_without_a_checkpoint_folder_says_nothing_was_saved(packed_sample, tmp_path):
-    proc = mpi_run("dimd_warned_right_after_mpi_starts", 2, "all", "train", packed_sample, "--val", packed_sample,
+    proc = mpi_run(dimd_warned_right_after_mpi_starts, 2, "all", "train", packed_sample, "--val", packed_sample,
                    "--model", "lenet", "--image-size", "32", "--epochs", "50", "--batch-size", "8",
                    "--decode-workers", "1", "--threads", "1", "--json", tmp_path / "train.json", timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr

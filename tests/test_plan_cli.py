@@ -5,11 +5,13 @@ import os
 import signal
 import subprocess
 import time
+from typing import Any, Callable
 
 import numpy as np
 import pytest
 from conftest import (DIMD, invoke_dimd, launcher_is_open_mpi, mpi_command, mpi_run, run_dimd, run_mpi_dimd,
                       signal_at)
+from mpi_case import case
 
 from dimd.host import available_cores
 from dimd.report import result_document, write_json
@@ -238,6 +240,33 @@ def convergence_args(data, *extra):
             "--crop-scale", "1", "--threads", "1", "--decode-workers", "1", "-q", *map(str, extra)]
 
 
+def score_by_law(n_inf: float, alpha: float, samples: int = 1) -> Callable[[Any], Any]:
+    """A ``Trainer.evaluate`` whose top-1 is 1 once the run has taken N_inf + alpha/M steps, 0 before."""
+    from dimd.train.evaluate import EvalResult
+
+    def evaluate(trainer: Any) -> EvalResult:
+        reached = trainer.state.step >= n_inf + alpha / trainer.global_batch
+        return EvalResult(loss=0.0, top1=1.0 if reached else 0.0, top5=1.0, samples=samples, seconds=0.0)
+
+    return evaluate
+
+
+@case
+def dimd_scored_by_known_law(n_inf: str, alpha: str, *args: str) -> None:
+    """``dimd ARGS`` with validation top-1 replaced by a known law: 1 once a run has taken N_inf + alpha/M steps.
+
+    The real engine trains; only the score is set, so ``plan-batch convergence``'s
+    updates-to-target come out exactly::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py dimd_scored_by_known_law 3 32 plan-batch convergence ...
+    """
+    from dimd.cli import main
+    from dimd.train.engine import Trainer
+
+    Trainer.evaluate = score_by_law(float(n_inf), float(alpha))  # type: ignore[method-assign]
+    main(list(args), prog_name="dimd")
+
+
 @pytest.fixture(scope="module")
 def conv(colour_set, tmp_path_factory):
     """2 ranks, a run each at a time, the real engine, validation "top-1" by a known law: 1 from step
@@ -245,7 +274,7 @@ def conv(colour_set, tmp_path_factory):
     (N = 11); M = 8 every 2, at 8 (N = 7); M = 16 every step, at 5 (N = 5); M = 48 needs 4 steps and has
     1 an epoch, 2 in all: never."""
     path = tmp_path_factory.mktemp("conv") / "conv.json"
-    proc = mpi_run("dimd_scored_by_known_law", 2, "3", "32",
+    proc = mpi_run(dimd_scored_by_known_law, 2, "3", "32",
                    *convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "4,8,16,48",
                                      "--seeds", "2", "--max-epochs", "2", "--eval-every-images", "16",
                                      "--json", path), timeout=240)

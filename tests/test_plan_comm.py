@@ -1,10 +1,12 @@
 """The allreduce cost models: they count what dimd's algorithms send, and their fits predict held-out P."""
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
 from conftest import mpi_run
+from mpi_case import case, say, world
 
 from dimd.errors import DimdError
 from dimd.report import result_document
@@ -13,17 +15,78 @@ from dimd.train.plan.commfit import (Sample, default_holdout, fit_algorithms, fi
 from dimd.train.plan.commmodel import COST_MODELS, features, multicolor_plan, ring_root_segments
 from dimd.train.plan.config import CommFitConfig
 
-# Every message each rank sends and receives, per algorithm, on real ranks: mpi_cases.allreduce_message_counts.
+# Every message each rank sends and receives, per algorithm, on real ranks: allreduce_message_counts below.
 COUNTED = ["ring", "recursive-doubling", "rabenseifner", "tree", "ps", "ring-root", "multicolor"]
 #: Divisible by 2..5 and by 4 colours, so blocks are equal and the counts exact.
 ELEMENTS = 60 * 4096
+
+
+@case
+def allreduce_message_counts(count: str, algorithms: str) -> None:
+    """Count every message each rank sends and receives, per algorithm, on COUNT float32 ones.
+
+    Each algorithm runs on a communicator that counts its point-to-point calls;
+    rank 0 prints one JSON line: per algorithm, every rank's [messages, bytes]::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_case.py allreduce_message_counts 245760 ring,tree
+        -> {"ring": [[4, 655360], ...], "tree": [...]}
+    """
+    import numpy as np
+
+    from dimd.allreduce import ALGORITHMS
+
+    class Counting:
+        def __init__(self, comm: Any) -> None:
+            self.comm, self.messages, self.moved = comm, 0, 0
+
+        def Get_size(self) -> int:
+            return self.comm.Get_size()
+
+        def Get_rank(self) -> int:
+            return self.comm.Get_rank()
+
+        def _count(self, buf: Any) -> None:
+            self.messages += 1
+            self.moved += np.asarray(buf).nbytes
+
+        def Send(self, buf: Any, *a: Any) -> Any:
+            self._count(buf)
+            return self.comm.Send(buf, *a)
+
+        def Recv(self, buf: Any, *a: Any) -> Any:
+            self._count(buf)
+            return self.comm.Recv(buf, *a)
+
+        def Isend(self, buf: Any, *a: Any) -> Any:
+            self._count(buf)
+            return self.comm.Isend(buf, *a)
+
+        def Irecv(self, buf: Any, *a: Any) -> Any:
+            self._count(buf)
+            return self.comm.Irecv(buf, *a)
+
+        def Sendrecv(self, send: Any, dest: int, stag: int, recv: Any, source: int, rtag: int) -> Any:
+            self._count(send)
+            self._count(recv)
+            return self.comm.Sendrecv(send, dest, stag, recv, source, rtag)
+
+    comm = world()
+    out = {}
+    for name in algorithms.split(","):
+        counting = Counting(comm.Dup())
+        buf = np.ones(int(count), np.float32)
+        ALGORITHMS[name].function(buf, counting, **ALGORITHMS[name].options)
+        assert np.all(buf == comm.Get_size()), name
+        out[name] = comm.gather([counting.messages, counting.moved])
+    if comm.Get_rank() == 0:
+        say(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
 def message_counts():
     counts = {}
     for ranks in (2, 3, 4, 5):
-        proc = mpi_run("allreduce_message_counts", ranks, ELEMENTS, ",".join(COUNTED), timeout=120, check=True)
+        proc = mpi_run(allreduce_message_counts, ranks, ELEMENTS, ",".join(COUNTED), timeout=120, check=True)
         counts[ranks] = json.loads(proc.stdout.strip().splitlines()[-1])
     return counts
 

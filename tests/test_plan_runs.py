@@ -8,7 +8,7 @@ are known exactly.
 """
 
 import pytest
-from mpi_cases import score_by_law
+from test_plan_cli import score_by_law
 
 
 def config(data, **changes):

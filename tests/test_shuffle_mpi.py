@@ -4,11 +4,14 @@
 """
 
 import json
+import zlib
+from typing import Any
 
 import numpy as np
 import pytest
 
 from conftest import mpi_run, run_mpi_dimd
+from mpi_case import case, say, world
 from dimd.format import PackedDataset, PackedRecord, PackWriter
 
 pytestmark = pytest.mark.mpi
@@ -47,9 +50,30 @@ def test_shuffle_conserves_balances_and_reorders(packed_sample, tmp_path, ranks,
     assert all(m == 0 for m in moved) if per_group == 1 else all(m > 0 for m in moved)
 
 
+@case
+def send_buffer_across_shuffles(dataset: str, rounds: str) -> None:
+    """Shuffle DATASET ROUNDS times; each round says whether it gathered into the last round's send buffer.
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py send_buffer_across_shuffles packed/sample 4
+        -> {"rank": 0, "rounds": [[bytes sent, capacity before, same buffer], ...]}   (one line per rank)
+
+    A new buffer is allowed only where the bytes leaving outgrew the one held.
+    """
+    from dimd.shuffle import DistributedStore
+
+    store = DistributedStore.load(dataset, world())
+    rounds_seen = []
+    for r in range(int(rounds)):
+        before = store._send
+        stats = store.shuffle(seed=2, round=r)
+        rounds_seen.append([stats.bytes_sent, len(before), store._send is before])
+        assert len(store._send) >= stats.bytes_sent
+    say(json.dumps({"rank": store.group_comm.Get_rank(), "rounds": rounds_seen}))
+
+
 def test_a_shuffle_gathers_into_the_last_shuffles_send_buffer_unless_it_outgrew_it(packed_sample):
     """The leaving records are packed into the buffer the previous shuffle faulted in (docs/shuffle.md)."""
-    proc = mpi_run("send_buffer_across_shuffles", 2, packed_sample, "4", timeout=120)
+    proc = mpi_run(send_buffer_across_shuffles, 2, packed_sample, "4", timeout=120)
     assert proc.returncode == 0, proc.stderr
     for line in proc.stdout.strip().splitlines():
         rounds = json.loads(line)["rounds"]
@@ -95,18 +119,37 @@ def test_index_and_data_mismatch_ends_the_job(packed_sample, tmp_path):
     assert proc.returncode != 0 and "the index expects" in proc.stderr
 
 
+@case
+def each_rank_loads_its_own_copy(*datasets: str) -> None:
+    """Rank r loads DATASETS[r], as a job reads a copy of the set on each node's own disk.
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py each_rank_loads_its_own_copy a/train b/train
+        -> rank 0: loaded 40 records     (one line per rank; copies that differ: rank 0: refused: <why>)
+    """
+    from dimd.mpi import AgreedError
+    from dimd.shuffle import DistributedStore
+
+    comm = world()
+    try:
+        store = DistributedStore.load(datasets[comm.rank], comm)
+    except AgreedError as exc:   # every rank refuses alike, so the job can end in order
+        say(f"rank {comm.rank}: refused: {exc}")
+        return
+    say(f"rank {comm.rank}: loaded {store.total} records")
+
+
 def test_ranks_that_read_different_packs_under_one_name_are_refused_on_every_rank(packed_sample, tmp_path):
     """A stale copy on one node's disk: every rank refuses before reading a share, naming who reads what."""
     copy = tmp_path / "copy" / "sample"
     copy.parent.mkdir()
     for suffix in (".dimd", ".idx.h5"):
         copy.with_suffix(suffix).write_bytes(packed_sample.with_suffix(suffix).read_bytes())
-    proc = mpi_run("each_rank_loads_its_own_copy", 2, packed_sample, copy, timeout=120)
+    proc = mpi_run(each_rank_loads_its_own_copy, 2, packed_sample, copy, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == [f"rank {r}: loaded {len(PackedDataset(packed_sample))} records"
                                                 for r in (0, 1)]
     stale = pack_subset(packed_sample, tmp_path / "stale", 5)
-    proc = mpi_run("each_rank_loads_its_own_copy", 2, packed_sample, stale, timeout=120)
+    proc = mpi_run(each_rank_loads_its_own_copy, 2, packed_sample, stale, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = sorted(proc.stdout.splitlines())
     assert len(lines) == 2 and all(line.startswith(f"rank {r}: refused: ") for r, line in enumerate(lines))
@@ -119,6 +162,56 @@ def test_groups_must_divide_the_job(packed_sample):
     assert proc.returncode != 0 and "--groups 2 does not divide the 3 ranks" in proc.stderr
 
 
+@case
+def loader_batches(dataset: str, groups: str) -> None:
+    """Load DATASET in GROUPS groups, train an epoch, shuffle, train one more and evaluate one.
+
+    The decoding workers read the load-order share in epoch 0 and the shuffled
+    one after it, without restarting; the shuffle comes while epoch 1 is being
+    read, and that iteration goes on. Rank 0 prints one JSON line: every rank's
+    steps per epoch, how many training images rank 0 saw after the shuffle,
+    whether any rank's workers restarted, whether every rank's iteration gave
+    after the shuffle (its batches in flight then included) what a loader
+    started on the shuffled store gives, and each rank's evaluation (global index, label, crc32 of the
+    decoded image), for the test to check against the packed set::
+
+        mpiexec -n 3 python -m mpi4py tests/mpi_case.py loader_batches packed/sample 1
+        -> {"steps": [4, 4, 4], "seen": 16, "restarted": false, "continued": true, "pairs": [[[0, 2, 123], ...]]}
+    """
+    from dimd.shuffle import BatchLoader, DistributedStore
+
+    comm = world("funneled")
+    from mpi4py import MPI
+
+    store = DistributedStore.load(dataset, comm, groups=int(groups))
+    train = BatchLoader(store, batch_size=4, image_size=32, workers=2, seed=1)
+    steps = comm.allgather(train.steps_per_epoch)
+    for _ in train.epoch(0):
+        pass
+    workers = train.worker_pids
+    def fingerprints(batches: Any) -> list[tuple[int, list[int]]]:
+        return [(zlib.crc32(images.numpy().tobytes()), labels.tolist()) for images, labels in batches]
+
+    in_flight = train.epoch(1)
+    next(in_flight)                  # batches 1 and 2 of epoch 1 still decoding while the bytes move
+    store.shuffle(seed=4, round=0)   # the workers move to the received share at this round boundary
+    continued = fingerprints(in_flight)   # batches 1 on: the shuffled store's
+    train.seek(1, 1)
+    continued_as_started = comm.allreduce(int(continued == fingerprints(train.epoch(1))), op=MPI.MIN)
+    train.seek(1)
+    seen = sum(len(labels) for _, labels in train.epoch(1))
+    restarted = bool(comm.allreduce(int(train.worker_pids != workers)))
+    evaluation = BatchLoader(store, batch_size=5, image_size=32, train=False, workers=2)
+    pairs: list[tuple[int, int, int]] = []
+    for images, labels in evaluation.epoch(0):
+        pairs += [(int(store.global_index[len(pairs) + j]), int(labels[j]),
+                   zlib.crc32(images[j].numpy().tobytes())) for j in range(len(labels))]
+    everything = comm.gather(pairs)
+    if comm.rank == 0:
+        say(json.dumps({"steps": steps, "seen": seen, "restarted": restarted,
+                        "continued": bool(continued_as_started), "pairs": everything}))
+
+
 @pytest.mark.parametrize("ranks,groups", [(3, 1)])
 def test_batches_decode_to_the_right_labels_on_every_rank(packed_sample, ranks, groups):
     """After a shuffle, every rank's batches carry its own records' labels and decode as packed,
@@ -127,7 +220,7 @@ def test_batches_decode_to_the_right_labels_on_every_rank(packed_sample, ranks, 
 
     from dimd.shuffle import decode_eval
 
-    proc = mpi_run("loader_batches", ranks, packed_sample, groups, timeout=120)
+    proc = mpi_run(loader_batches, ranks, packed_sample, groups, timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] == [48 // (ranks * 4)] * ranks  # the same on every rank

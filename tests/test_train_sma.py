@@ -5,18 +5,75 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from conftest import invoke_dimd, mpi_run, run_dimd, run_mpi_dimd
+from mpi_case import case, say, world
+
+
+def small_bn_model(classes: int = 5) -> Any:
+    """A convolution, batch norm and a linear layer: quick, and it has running statistics."""
+    from torch import nn
+
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, classes))
+
+
+@case
+def sma_distribution(learners_per_rank: str, compute: str = "loop", algorithm: str = "ring") -> None:
+    """P ranks x K learners against one process with P*K learners fed the same batches.
+
+    Rank 0 prints how far the distributed z (and, relatively, its averaged batch-norm
+    statistics) is from the single-process one, how far three synchronisations moved z, and
+    whether z is bit-identical on every rank::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py sma_distribution 2
+        -> z diff 1.2e-08 buffers diff 3e-09 moved 0.03 identical True
+    """
+    import torch
+
+    from dimd.allreduce import allreduce
+    from dimd.train.sma import SMA
+
+    comm = world()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    k = int(learners_per_rank)
+    total, b = size * k, 3
+
+    def sma(learners: int, world_size: int, reduce) -> SMA:
+        torch.manual_seed(0)
+        return SMA(small_bn_model(), reduce, world_size, learners=learners, alpha=None, momentum=0.9,
+                   central_momentum=None, weight_decay=1e-3, compute=compute)
+
+    g = torch.Generator().manual_seed(42)
+    steps = [[(torch.randint(0, 255, (b, 3, 16, 16), dtype=torch.uint8, generator=g),
+               torch.randint(0, 5, (b,), generator=g)) for _ in range(total)] for _ in range(3)]
+    mine = sma(k, size, lambda a: allreduce(a, comm, algorithm))
+    start = mine.z.clone()
+    for batches in steps:
+        result = mine.step(batches[rank * k:(rank + 1) * k], 0.05, sync=True)
+        assert result.synced and result.samples == total * b, result
+    mine.eval_model()
+    identical = mine.identical(comm)
+    if rank == 0:
+        single = sma(total, 1, lambda a: None)
+        for batches in steps:
+            single.step(batches, 0.05, sync=True)
+        single.eval_model()
+        z_diff = float((mine.z - single.z).abs().max())
+        buffers_diff = float(((mine.z_floats - single.z_floats).abs() / single.z_floats.abs().clamp(min=1)).max())
+        moved = float((mine.z - start).abs().max())
+        say(f"z diff {z_diff:.3g} buffers diff {buffers_diff:.3g} moved {moved:.3g} identical {identical}")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks, per_rank, compute", [(2, 2, "threads"), (3, 1, "loop")])
 def test_p_ranks_of_k_learners_equal_one_process_of_p_times_k(ranks, per_rank, compute):
     """2 ranks x 2 learners against 1 x 4, and 3 x 1 against 1 x 3, fed the same batches."""
-    proc = mpi_run("sma_distribution", ranks, per_rank, compute, check=True)
+    proc = mpi_run(sma_distribution, ranks, per_rank, compute, check=True)
     line = next(text for text in proc.stdout.splitlines() if text.startswith("z diff"))
     _, _, z_diff, _, _, buffers_diff, _, moved, _, identical = line.split()
     assert float(z_diff) < 1e-6, line           # the same z within float tolerance
@@ -25,13 +82,70 @@ def test_p_ranks_of_k_learners_equal_one_process_of_p_times_k(ranks, per_rank, c
     assert identical == "True", line            # bit-identical on every rank
 
 
+@case
+def sma_losses_around_a_reshuffle(data: str) -> None:
+    """SMA on ``data`` (a packed set in class order) twice at equal seeds: reshuffled at every epoch,
+    and with every reshuffle after the first placement keeping the records where they are.
+
+    Rank 0 prints each run's per-synchronisation training loss and each rank prints the
+    classes its learners drew in epoch 1, one JSON line each::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py sma_losses_around_a_reshuffle colours
+        -> {"run": "reshuffled", "losses": [...], "steps_per_epoch": 6}
+           {"rank": 0, "epoch_1_classes": [7, 5, 6, 6]}
+    """
+    import numpy as np
+
+    from dimd.shuffle import DistributedStore
+    from dimd.train.config import TrainConfig
+    from dimd.train.engine import Trainer
+
+    comm = world()
+    config = TrainConfig(train=data, val=data, model="resnet20", image_size=16, epochs=2, batch_size=4, momentum=0.0,
+                         lr=0.05, lr_scaling=False, schedule="constant", decode_workers=1, threads=1,
+                         allreduce="ring", sync="sma", learners=1)
+    shuffle = DistributedStore.shuffle
+
+    def keep_after_the_first_step(store: Any, seed: int, round: int) -> Any:
+        if trainer.state.step == 0:
+            return shuffle(store, seed, round)
+        store.round = round                     # the reshuffle replaced by the identity
+        return None
+
+    def recording(trainer: Any) -> tuple[list, list]:
+        """Each step's loss, and the label counts of the first epoch's steps on this rank."""
+        step, losses, labels = trainer.strategy.step, [], []
+
+        def recorded(batches: Any, lr: float, **options: Any) -> Any:
+            result = step(batches, lr, **options)
+            losses.append(result.loss_sum / result.samples)
+            if len(labels) < trainer.steps_per_epoch:
+                labels.append(np.bincount(np.concatenate([b[1].numpy() for b in batches]), minlength=4))
+            return result
+
+        trainer.strategy.step = recorded
+        return losses, labels
+
+    for run in ("reshuffled", "kept"):
+        if run == "kept":
+            DistributedStore.shuffle = keep_after_the_first_step  # type: ignore[method-assign]
+        trainer = Trainer(config, comm)
+        losses, labels = recording(trainer)
+        trainer.run()
+        if comm.Get_rank() == 0:
+            say(json.dumps({"run": run, "losses": losses, "steps_per_epoch": trainer.steps_per_epoch}))
+        if run == "reshuffled":
+            say(json.dumps({"rank": comm.Get_rank(), "epoch_1_classes": np.sum(labels, axis=0).tolist()}))
+    DistributedStore.shuffle = shuffle  # type: ignore[method-assign]
+
+
 @pytest.mark.mpi
 def test_a_reshuffle_does_not_knock_smas_learners_back(colour_set):
     """The colour set is packed in class order, so a rank's share in load order holds two of its
     four classes. Every rank's learners must draw from every class from the first step, and the
     epoch after a reshuffle must train about as well as the same epoch with the records kept in
     place (in load order the learners fit two classes, and the reshuffle raised the loss 10x)."""
-    proc = mpi_run("sma_losses_around_a_reshuffle", 2, str(colour_set), timeout=240, check=True)
+    proc = mpi_run(sma_losses_around_a_reshuffle, 2, str(colour_set), timeout=240, check=True)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     classes = [line["epoch_1_classes"] for line in lines if "rank" in line]
     assert len(classes) == 2 and all(sum(1 for n in seen if n) >= 3 for seen in classes), classes
@@ -239,11 +353,34 @@ def test_a_diverged_run_exits_non_zero_and_keeps_the_last_good_checkpoint(sma_ru
     assert "the last good checkpoint is" in proc.stderr and not (tmp_path / "train.json").exists()
 
 
+@case
+def dimd_with_validation_loss_nan_from_epoch(epoch: str, *args: str) -> None:
+    """``dimd ARGS`` whose validation loss is NaN from the evaluation ending epoch ``epoch`` (1-based) on:
+    the real engine trains and scores; only the loss sum of the scores is replaced::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py dimd_with_validation_loss_nan_from_epoch 2 train ...
+    """
+    from dimd.cli import main
+    from dimd.train import engine
+
+    real, evaluations = engine.local_counts, []
+
+    def counts(*positional: Any, **options: Any) -> Any:
+        result = real(*positional, **options)
+        evaluations.append(1)
+        if len(evaluations) >= int(epoch):
+            result[0] = float("nan")
+        return result
+
+    engine.local_counts = counts  # type: ignore[assignment]
+    main(list(args), prog_name="dimd")
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("sync", ["ssgd", "sma"])
 def test_a_validation_loss_that_is_not_finite_ends_the_run_as_a_diverged_one(sync, packed_sample, tmp_path):
     args = [str(a) for a in (sma_args if sync == "sma" else ssgd_args)(packed_sample, tmp_path)]
-    proc = mpi_run("dimd_with_validation_loss_nan_from_epoch", 2, "2", *args, timeout=240)
+    proc = mpi_run(dimd_with_validation_loss_nan_from_epoch, 2, "2", *args, timeout=240)
     assert proc.returncode != 0, proc.stdout
     assert proc.stderr.count("dimd: error:") == 1, proc.stderr
     assert "training diverged at step" in proc.stderr and "(validation loss nan)" in proc.stderr, proc.stderr

@@ -6,7 +6,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from mpi_cases import small_bn_model
+from test_train_sma import small_bn_model
 from torch import nn
 
 from dimd.train.autotune import AutoTuner

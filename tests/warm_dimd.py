@@ -35,6 +35,7 @@ import dimd.commands.plan_batch
 import dimd.commands.train
 import dimd.train.engine  # noqa: F401
 import mpi4py.run  # no MPI yet: only the runner of ``python -m mpi4py``
+import pytest  # noqa: F401  # imported by the test files whose MPI cases the ranks run
 
 gc.freeze()   # what was imported stays out of the children's collections: their pages stay shared, not copied
 
