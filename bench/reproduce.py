@@ -100,6 +100,9 @@ def write_readme(reproductions: dict[str, Reproduction], results: Path, readme: 
            "DIMD (*Efficient Training of Convolutional Neural Nets on Large Distributed Systems*,",
            "arXiv:1711.00705), FireCaffe (*FireCaffe: near-linear acceleration of deep neural network",
            "training on compute clusters*, arXiv:1511.00175).", "",
+           "The one-off measurements behind design choices, which no figure here runs, are in",
+           "[probes/](probes/README.md); what was measured on the way, dated, in",
+           "[docs/measurements.md](../docs/measurements.md).", "",
            "| figure | paper | measured here |", "|---|---|---|"]
     sections = []
     for number, (name, reproduction) in enumerate(reproductions.items(), 1):
