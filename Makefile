@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml Makefile shuffle/_jpeg_region.c shuffle/_ranges.c
 
 # The whole pipeline (bin/pipeline.sh) on generated sample data: 10 classes,
 # 800 train and 200 val images; pack, shuffle --verify, bench-allreduce --check,
-# then train resnet20 at 32 px on $(NP) ranks (about three minutes on 2 cores); SYNC=sma trains with SMA
+# then train resnet20 at 32 px on $(NP) ranks (README.md, "The demo", gives its time); SYNC=sma trains with SMA
 # (--lr 0.8 is then scaled by a learner's batch of 16, not by the global batch).
 demo: setup
 	$(BIN)/dimd sample-data $(DEMO_DIR)/images/train --classes 10 --per-class 80 --seed 1
@@ -92,7 +92,7 @@ $(PLOTS_STAMP): $(STAMP)
 netfs-setup:
 	bench/netfs.sh install
 
-# Every figure at full size: about 30 minutes on a quiet 2-core machine.
+# Every figure at full size: about 40 minutes on a quiet 2-core machine (docs/measurements.md).
 reproduce: setup plots-setup netfs-setup
 	$(PY) bench/reproduce.py
 
