@@ -130,6 +130,7 @@ def sixteen_mixed_skips_on_every_rank() -> None:
     from dimd.train.models import build_model
     from dimd.train.precision import Precision
     from dimd.train.sgd import SSGD, broadcast_state, make_optimizer, replicas_identical
+    from dimd.train.steps import StepPlace
 
     comm = world()
     rank = comm.Get_rank()
@@ -147,7 +148,7 @@ def sixteen_mixed_skips_on_every_rank() -> None:
         if step == 1 and rank == 1:
             images[0, 0, 0, 0] = float("inf")
         before = [p.detach().clone() for p in model.parameters()]
-        result = sgd.step([(images, torch.randint(0, 10, (4,), generator=g))], 0.05)
+        result = sgd.step([(images, torch.randint(0, 10, (4,), generator=g))], StepPlace(lr=0.05))
         moved = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
         steps.append({"skipped": precision.last_skipped, "finite": result.finite, "moved": moved,
                       "scale": precision.loss_scale.scale, "events": len(result.events)})

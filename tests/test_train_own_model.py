@@ -101,6 +101,7 @@ def sgd_overlap_on_and_off_alike() -> None:
     from dimd.allreduce import allreduce
     from dimd.train.models import build_model
     from dimd.train.sgd import SSGD, broadcast_state, make_optimizer
+    from dimd.train.steps import StepPlace
 
     comm = world("serialized")
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -114,7 +115,7 @@ def sgd_overlap_on_and_off_alike() -> None:
         sgd = SSGD(model, opt, lambda a: allreduce(a, comm, "ring"), size, bucket_bytes=40_000, overlap=overlap)
         g = torch.Generator().manual_seed(rank)
         figures = [sgd.step([(torch.randn(6, 3, 32, 32, generator=g), torch.randint(0, 10, (6,), generator=g))],
-                            lr=0.05) for _ in range(4)]
+                            StepPlace(lr=0.05)) for _ in range(4)]
         sgd.buckets.close()
         return model, [(r.loss_sum, r.correct, r.samples) for r in figures], sgd.buckets.buckets
 

@@ -26,6 +26,7 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
     from dimd.allreduce import allreduce
     from dimd.train.models import build_model
     from dimd.train.sgd import SSGD, broadcast_state, make_optimizer, replicas_identical
+    from dimd.train.steps import StepPlace
 
     from dimd.host import available_cores
 
@@ -49,8 +50,8 @@ def sgd_step_equals_global_batch(*algorithms: str) -> None:
         single, single_sgd = engine(1, lambda a: None)
         for images, labels in steps:
             mine = slice(rank * b, (rank + 1) * b)
-            out = sgd.step([(images[mine], labels[mine])], lr=0.05)
-            ref = single_sgd.step([(images, labels)], lr=0.05)
+            out = sgd.step([(images[mine], labels[mine])], StepPlace(lr=0.05))
+            ref = single_sgd.step([(images, labels)], StepPlace(lr=0.05))
             assert out.samples == size * b and abs(out.loss_sum - ref.loss_sum) < 1e-3 * ref.loss_sum
         diff = max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), single.parameters()))
         moved = max(float((p - q).detach().abs().max())

@@ -37,6 +37,7 @@ def sma_distribution(learners_per_rank: str, compute: str = "loop", algorithm: s
 
     from dimd.allreduce import allreduce
     from dimd.train.sma import SMA
+    from dimd.train.steps import StepPlace
 
     comm = world()
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -54,14 +55,14 @@ def sma_distribution(learners_per_rank: str, compute: str = "loop", algorithm: s
     mine = sma(k, size, lambda a: allreduce(a, comm, algorithm))
     start = mine.z.clone()
     for batches in steps:
-        result = mine.step(batches[rank * k:(rank + 1) * k], 0.05, sync=True)
+        result = mine.step(batches[rank * k:(rank + 1) * k], StepPlace(lr=0.05))
         assert result.synced and result.samples == total * b, result
     mine.eval_model()
     identical = mine.identical(comm)
     if rank == 0:
         single = sma(total, 1, lambda a: None)
         for batches in steps:
-            single.step(batches, 0.05, sync=True)
+            single.step(batches, StepPlace(lr=0.05))
         single.eval_model()
         z_diff = float((mine.z - single.z).abs().max())
         buffers_diff = float(((mine.z_floats - single.z_floats).abs() / single.z_floats.abs().clamp(min=1)).max())
@@ -116,8 +117,8 @@ def sma_losses_around_a_reshuffle(data: str) -> None:
         """Each step's loss, and the label counts of the first epoch's steps on this rank."""
         step, losses, labels = trainer.strategy.step, [], []
 
-        def recorded(batches: Any, lr: float, **options: Any) -> Any:
-            result = step(batches, lr, **options)
+        def recorded(batches: Any, place: Any, **options: Any) -> Any:
+            result = step(batches, place, **options)
             losses.append(result.loss_sum / result.samples)
             if len(labels) < trainer.steps_per_epoch:
                 labels.append(np.bincount(np.concatenate([b[1].numpy() for b in batches]), minlength=4))

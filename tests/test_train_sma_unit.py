@@ -13,6 +13,7 @@ from dimd.train.autotune import AutoTuner
 from dimd.train.learners import Learners
 from dimd.train.models import build_model
 from dimd.train.sma import SMA
+from dimd.train.steps import StepPlace
 
 
 class Tiny(nn.Module):
@@ -99,10 +100,34 @@ def test_a_restart_sets_every_learner_to_z_and_keeps_the_momentum():
         sma.synchronize(stop=False)
     assert not torch.equal(group.W.detach()[0], sma.z)
     momentum = group.V.clone()
-    assert sma.restart()
+    sma.restart()
     for j in range(3):
         assert torch.equal(group.W.detach()[j], sma.z)
     assert torch.equal(group.V, momentum) and sma.restarts == 1
+
+
+def test_sma_synchronises_every_t_steps_and_at_each_epochs_end_and_restarts_past_a_milestone():
+    """SMA keeps its own cadence from where each step falls; a checkpoint of it continues the cadence."""
+    x = torch.randn(2, 3)
+    batches = [(x, torch.tensor([0, 1])), (x, torch.tensor([1, 1]))]
+    # two epochs of 4 steps; the schedule passes a milestone before step 5
+    places = [StepPlace(lr=0.1, step=i, epoch=i / 4, phase=int(i >= 5), last=i % 4 == 3) for i in range(8)]
+    sma = tiny_sma(2, alpha=0.5, momentum=0.0, central_momentum=0.0, weight_decay=0.0, sync_every=3)
+    results = [sma.step(batches, place) for place in places]
+    assert [r.synced for r in results] == [False, False, True, True, False, False, True, True]
+    assert sma.restarts == 1 and sma.syncs == 4
+    assert [r.events for r in results if r.events] == [
+        ["restart at step 5 (epoch 1.25): the learning rate drops to 0.1, every learner starts again from "
+         "the central model"]]
+    # a checkpoint after step 4 (one step since the last synchronisation, no milestone passed yet)
+    first = tiny_sma(2, alpha=0.5, momentum=0.0, central_momentum=0.0, weight_decay=0.0, sync_every=3)
+    for place in places[:5]:
+        first.step(batches, place)
+    resumed = tiny_sma(2, alpha=0.5, momentum=0.0, central_momentum=0.0, weight_decay=0.0, sync_every=3)
+    resumed.model.load_state_dict(first.model.state_dict())   # z, as a checkpoint restores it
+    resumed.load_state(first.global_state(), first.local_state())
+    assert [resumed.step(batches, place).synced for place in places[5:]] == [False, True, True]
+    assert resumed.restarts == 1 and torch.equal(resumed.z, sma.z)
 
 
 def test_the_central_model_is_the_modules_own_weights():
@@ -191,12 +216,12 @@ def test_the_auto_tuner_never_goes_below_one_learner_or_above_its_cap():
 
 
 def test_a_stop_request_rides_the_synchronisation_and_learner_steps_without_one_report_nothing():
-    sma = tiny_sma(2, alpha=0.5, momentum=0.0, central_momentum=0.0, weight_decay=0.0)
+    sma = tiny_sma(2, alpha=0.5, momentum=0.0, central_momentum=0.0, weight_decay=0.0, sync_every=2)
     x = torch.randn(2, 3)
     batches = [(x, torch.tensor([0, 1])), (x, torch.tensor([1, 1]))]
-    local = sma.step(batches, 0.1, sync=False, stop=True)
+    local = sma.step(batches, StepPlace(lr=0.1), stop=True)
     assert not local.synced and not local.stop and local.samples == 0
-    synced = sma.step(batches, 0.1, sync=True, stop=True)
+    synced = sma.step(batches, StepPlace(lr=0.1), stop=True)
     assert synced.synced and synced.stop and synced.samples == 8 and sma.syncs == 1   # both steps counted
 
 
@@ -275,6 +300,6 @@ def test_the_central_model_is_evaluated_with_statistics_recomputed_once_per_sync
     assert drawn == [(0, 12)] and not torch.equal(before, sma.model[1].running_var)
     assert sma.learner_group.float_rows()[0].abs().sum() > 0      # the learners' own are untouched
     batch = [(torch.randint(0, 255, (4, 3, 16, 16), dtype=torch.uint8), torch.zeros(4, dtype=torch.int64))] * 2
-    sma.step(batch, 0.05, sync=True)
+    sma.step(batch, StepPlace(lr=0.05))
     sma.eval_model()
     assert drawn == [(0, 12), (1, 12)]

@@ -3,7 +3,7 @@
 A checkpoint holds what an exact resume needs: the model that is evaluated
 (S-SGD's replica, SMA's central model z), the synchronisation strategy's
 shared state (S-SGD: optimizer momentum; SMA: Delta_prev, alpha, the learner
-count and the auto-tuner), every rank's own state (batch-norm statistics;
+count, its cadence and the auto-tuner), every rank's own state (batch-norm statistics;
 SMA: every learner's weights, momentum and buffers), the sampler positions and
 torch RNGs, the schedule position (epoch and batch of the loader, so it does
 not depend on the rank count), the store's last shuffle round and the metrics
@@ -47,10 +47,11 @@ from dimd.train.steps import Strategy
 FORMAT = "dimd-checkpoint"
 #: 3: a run id in every checkpoint (rotation and resume go by the order checkpoints were written).
 #: 4: one random stream per purpose (dimd.shuffle.streams): the same position holds other records and crops.
-VERSION = 4
+#: 5: SMA's cadence (steps since its last synchronisation, milestones passed) is in its strategy state.
+VERSION = 5
 #: What a resume reads from every checkpoint: a file without one of them is refused in one line.
 REQUIRED = ("run_id", "sync", "model_name", "classes", "config", "layout", "world_size", "epoch", "step",
-            "position", "since_sync", "lr_phase", "images", "next_eval_images", "model", "strategy", "ranks",
+            "position", "images", "next_eval_images", "model", "strategy", "ranks",
             "store_round", "tally", "history")
 _NAME = re.compile(r"^checkpoint-e(\d+)-s(\d+)\.pt$")
 
@@ -199,8 +200,6 @@ class RunState:
 
     epoch: int = 0                 # epochs finished
     step: int = 0                  # steps taken (each consumes one batch per learner)
-    since_sync: int = 0            # SMA: learner steps since the last synchronisation
-    lr_phase: int = 0              # milestones passed when the last step ran (SMA restarts)
     images: int = 0                # training images processed, all ranks
     train_seconds: float = 0.0     # in training steps so far (this rank's clock)
     next_eval_images: int = 0      # the periodic evaluation is due once ``images`` reaches this
@@ -291,7 +290,7 @@ def run_document(run: Run, state: RunState) -> dict[str, Any] | None:
         # The schedule's position, in epochs and batches of the loader: it does not depend on P.
         "position": {"epoch": state.epoch, "batch": done if epoch == state.epoch else 0,
                      "batches_per_epoch": per_epoch},
-        "since_sync": state.since_sync, "lr_phase": state.lr_phase, "images": state.images,
+        "images": state.images,
         "train_seconds": state.train_seconds,
         "next_eval_images": state.next_eval_images,
         "lr": run.schedule.lr(max(state.epoch * per_epoch + done - 1, 0)),
@@ -352,10 +351,8 @@ def restore_run(run: Run, path: str) -> tuple[RunState, list[str]]:
         run.loader.load_state_dict(mine["loader"])
         torch.set_rng_state(mine["torch_rng"])
         state.tally = EpochTally.from_dict(document["tally"])
-        state.since_sync, state.lr_phase = int(document["since_sync"]), int(document["lr_phase"])
     else:
         run.loader.seek(state.epoch)
-        state.lr_phase = run.schedule.phase(max(state.epoch * run.loader.steps_per_epoch - 1, 0))
         old = document.get("layout") or {"world_size": document["world_size"]}
         notes.insert(0, f"the checkpoint's layout ({describe_layout(old)}) differs from this run's "
                         f"({describe_layout(layout)}); continuing from the end of epoch {state.epoch}")

@@ -5,11 +5,11 @@ and validation sets into memory (:class:`dimd.shuffle.DistributedStore`) and
 builds the same model (rank 0's weights broadcast). Then each step
 
 1. takes this rank's next batches from the loader, one per learner,
-2. asks the schedule for the learning rate (restarting SMA's learners at a
-   milestone of the step schedule),
+2. asks the schedule where the step falls (:class:`~dimd.train.steps.StepPlace`:
+   the learning rate, the milestones passed, whether it ends the epoch),
 3. hands both to the synchronisation strategy (:mod:`dimd.train.steps`):
    S-SGD's gradient allreduce (:class:`dimd.train.sgd.SSGD`) or SMA's model
-   averaging (:class:`dimd.train.sma.SMA`),
+   averaging (:class:`dimd.train.sma.SMA`), which keeps its own cadence,
 4. adds the step to the epoch's tally, checkpoints or reshuffles if due.
 
 At an epoch's end: evaluate (the replica, or SMA's central model z), record
@@ -49,7 +49,7 @@ from dimd.train.precision import Precision, memory_format
 from dimd.train.results import NOISE_FIELDS, EpochMetrics, EpochTally, Evaluation, TrainResult
 from dimd.train.schedule import Schedule, make_schedule
 from dimd.train.signals import StopRequest, first_signal, stop_request
-from dimd.train.steps import TIME_SPLIT, StepTimes, Strategy
+from dimd.train.steps import TIME_SPLIT, StepPlace, StepTimes, Strategy
 
 
 class TrainingDiverged(DimdError):
@@ -242,6 +242,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
         return SMA(model, reduce, world_size, learners=None if cfg.autotune else int(cfg.learners or 1),
                    alpha=cfg.alpha, momentum=cfg.momentum, central_momentum=cfg.sma_momentum,
                    weight_decay=cfg.weight_decay, decay_bn_and_bias=cfg.decay_bn_and_bias,
+                   sync_every=cfg.sync_every,
                    compute=learner_compute(cfg.learner_compute),
                    normalize=normalize, threads=torch.get_num_threads(),
                    autotune_threshold=cfg.autotune_threshold,
@@ -345,6 +346,7 @@ class Trainer:
         self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
                                                 self.normalize, self.batches_per_epoch, self.overlap,
                                                 self.calibration, self.precision)
+        self.fit_prefetch()
 
         # -- schedule
         #: The batch ``--lr`` is scaled by (linear scaling, lr x batch / 256): S-SGD's global batch
@@ -377,6 +379,7 @@ class Trainer:
             with stop_request() if self._own_stop else contextlib.nullcontext(self.stop) as stop, self.watchdog:
                 self.stop = stop
                 self.resume()
+                self.fit_prefetch()   # a resumed auto-tuner may have chosen other learners
                 self.hooks.on_start(self)
                 while self.state.epoch < cfg.epochs and self.stopped_by is None:
                     self.train_epoch()
@@ -411,20 +414,18 @@ class Trainer:
                     state.tally.shuffle_seconds += self.reshuffle()
                 if batches is None:
                     batches = self.loader.epoch(state.epoch)
-                self.loader.prefetch = prefetch_for(k)
                 t0 = time.perf_counter()
-                position = state.epoch * self.batches_per_epoch + done
                 mine = [next(batches) for _ in range(k)]
                 waited = time.perf_counter() - t0
-                lr = self.schedule.lr(position)
-                self.maybe_restart(position)
-                last = self.batches_per_epoch - done - k < k
-                sync = last or state.since_sync + 1 >= cfg.sync_every
+                position = state.epoch * self.batches_per_epoch + done   # the schedule counts batches per rank
+                place = StepPlace(lr=self.schedule.lr(position), step=state.step,
+                                  epoch=position / self.batches_per_epoch, phase=self.schedule.phase(position),
+                                  last=self.batches_per_epoch - done - k < k)
                 with self.watchdog.waiting(f"the allreduce of step {state.step + 1}"):
-                    result = self.strategy.step(mine, lr, sync=sync, stop=bool(self.stop),
-                                                times=StepTimes(data=waited))
+                    result = self.strategy.step(mine, place, stop=bool(self.stop), times=StepTimes(data=waited))
                 state.step += 1
-                state.since_sync = 0 if result.synced else state.since_sync + 1
+                if self.strategy.learners != k:   # the auto-tuner added or dropped a learner
+                    self.fit_prefetch()
                 seconds = time.perf_counter() - t0
                 state.tally.add(result, seconds)
                 state.train_seconds += seconds
@@ -438,9 +439,9 @@ class Trainer:
                     with self.watchdog.waiting("the stop signal's name"):
                         self.stopped_by = first_signal(self.comm.allgather(self.stop.received))   # MPI
                     break
-                if result.synced and not last and self.eval_due():
+                if result.synced and not place.last and self.eval_due():
                     self.record_evaluation(self.evaluate())   # may reach the target and end the run
-                if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not last:
+                if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not place.last:
                     self.save()
         except StopIteration:
             raise RuntimeError("the loader ended its epoch before batches_per_epoch batches") from None
@@ -510,15 +511,9 @@ class Trainer:
             self.store.shuffle(self.config.seed, self.shuffle_round())  # MPI: records move between ranks
         return time.perf_counter() - t0
 
-    def maybe_restart(self, position: int) -> None:
-        """SMA restarts (every learner <- z) when the step schedule passes a milestone."""
-        phase = self.schedule.phase(position)
-        if phase > self.state.lr_phase:
-            if self.strategy.restart():
-                self.hooks.on_event(f"restart at step {self.state.step} (epoch {position / self.batches_per_epoch:g}): "
-                                    f"the learning rate drops to {self.schedule.lr(position):.4g}, every learner "
-                                    f"starts again from the central model")
-        self.state.lr_phase = phase
+    def fit_prefetch(self) -> None:
+        """Have the loader decode ahead for the strategy's learners (the ring is resized at the next epoch)."""
+        self.loader.prefetch = prefetch_for(self.strategy.learners)
 
     # -- evaluations and records ----------------------------------------------------------------
 

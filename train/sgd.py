@@ -21,7 +21,7 @@ from dimd.train.buckets import GradientBuckets
 from dimd.train.flatgrad import Reduce
 from dimd.train.noise import NoiseScale
 from dimd.train.precision import Precision
-from dimd.train.steps import Batches, StepResult, StepTimes, forward_backward
+from dimd.train.steps import Batches, StepPlace, StepResult, StepTimes, forward_backward
 
 #: The tail of the flat buffer: summed across ranks with the gradients, in the same message.
 #: EXTRA_SQNORM: this rank's |g|^2 before the allreduce, for the gradient noise scale (0 when off).
@@ -93,11 +93,11 @@ class SSGD:
         self.normalize = normalize
         self._sync = synchronize or (lambda: None)
 
-    def step(self, batches: Batches, lr: float, *, sync: bool = True, stop: bool = False,
+    def step(self, batches: Batches, place: StepPlace, *, stop: bool = False,
              times: StepTimes | None = None) -> StepResult:
-        """One step on this rank's batch; collective: every rank must call it (``sync`` is always so)."""
+        """One step on this rank's batch at ``place.lr``; collective: every step synchronises."""
         (images, labels), = batches
-        set_lr(self.optimizer, lr)
+        set_lr(self.optimizer, place.lr)
         spent = StepTimes(data=times.data if times is not None else 0.0)
         t0 = time.perf_counter()
         self.buckets.zero()
@@ -134,9 +134,6 @@ class SSGD:
             result.events.append(f"16-mixed: the gradients overflowed on some rank, the step is skipped on every "
                                  f"rank; {self.precision.figures()}")
         return result
-
-    def restart(self) -> bool:
-        return False
 
     def eval_model(self) -> nn.Module:
         return self.model

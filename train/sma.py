@@ -6,8 +6,9 @@ momentum, keeping its pre-step weights w~::
 
     g = grad + wd * w;   v = mu_l * v - lr * g;   w~ = w;   w = w + v
 
-Every ``sync_every`` steps all learners synchronise with the central model z,
-which every rank holds (there is no parameter server)::
+Every ``sync_every`` steps, and at every epoch's last step, all learners
+synchronise with the central model z, which every rank holds (there is no
+parameter server)::
 
     d_j = w~_j - z;   w_j = w_j - alpha * d_j;   Delta = sum over all L learners of alpha * d_j
     Delta = Delta + mu_c * Delta_prev;   Delta_prev = Delta;   z = z + Delta
@@ -20,6 +21,10 @@ evaluated and checkpointed; its batch-norm statistics are its own, recomputed
 on a few training batches before it is evaluated or saved
 (:mod:`dimd.train.batchnorm`; without a source of batches, the learners'
 statistics averaged over all L learners).
+
+When the learning-rate schedule passes a milestone, every learner restarts
+from z (Crossbow's restart). The cadence (steps since the last
+synchronisation) and the milestones passed are SMA's own state, saved with it.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from dimd.train.autotune import AutoTuner
 from dimd.train.batchnorm import recompute_batch_norm
 from dimd.train.learners import Learners
 from dimd.train.sgd import decays, identical_across_ranks
-from dimd.train.steps import Batches, StepResult, StepTimes
+from dimd.train.steps import Batches, StepPlace, StepResult, StepTimes
 
 Reduce = Callable[[np.ndarray], None]
 
@@ -72,7 +77,7 @@ class SMA:
 
     def __init__(self, model: nn.Module, reduce: Reduce, world_size: int, *, learners: int | None,
                  alpha: float | None, momentum: float, central_momentum: float | None,
-                 weight_decay: float, decay_bn_and_bias: bool = False, compute: str = "loop",
+                 weight_decay: float, decay_bn_and_bias: bool = False, sync_every: int = 1, compute: str = "loop",
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int = 1,
                  autotune_threshold: float = 0.1, autotune_window: float = 2.0, max_learners: int = 64,
                  synchronize: Callable[[], None] | None = None, calibration: Calibration | None = None,
@@ -80,7 +85,8 @@ class SMA:
         """``learners`` None: the auto-tuner chooses; ``alpha`` None: 1/L (L = all learners, the
         paper's suggestion); ``central_momentum`` None: 0 (the authors hard-coded 0.9, which on top of
         the learners' momentum at alpha 1/L is unstable at rates one sixth of the usual, docs/sma.md);
-        ``calibration``: training batches that z's batch-norm statistics are
+        ``sync_every``: learner steps per synchronisation (the epoch's last step synchronises
+        too); ``calibration``: training batches that z's batch-norm statistics are
         recomputed on (None: the learners' statistics averaged)."""
         self.model = model
         self.reduce = reduce
@@ -88,6 +94,7 @@ class SMA:
         self.alpha_given = alpha
         self.momentum = momentum
         self.central_momentum = CENTRAL_MOMENTUM if central_momentum is None else central_momentum
+        self.sync_every = sync_every
         self.decay = decay_vector(model, weight_decay, decay_bn_and_bias=decay_bn_and_bias)
         self.tuner = AutoTuner(threshold=autotune_threshold, max_learners=max_learners) if learners is None else None
         self.autotune_window = autotune_window
@@ -114,6 +121,8 @@ class SMA:
         self._host_array = self._host.numpy()
         self.pending = np.zeros(3)            # this rank's loss sum, hits, samples since the last sync
         self.syncs = 0
+        self.since_sync = 0                   # learner steps since the last synchronisation (every rank alike)
+        self.lr_phase = 0                     # the schedule's milestones passed at the last step
         self.restarts = 0
         self._window_open = False             # the auto-tuner's measurement window
         self._window_images = 0
@@ -133,28 +142,48 @@ class SMA:
     def alpha(self) -> float:
         return self.alpha_given if self.alpha_given is not None else 1.0 / self.total_learners
 
-    def step(self, batches: Batches, lr: float, *, sync: bool, stop: bool = False,
+    def step(self, batches: Batches, place: StepPlace, *, stop: bool = False,
              times: StepTimes | None = None) -> StepResult:
-        """Every learner steps on its batch; with ``sync``, all learners synchronise with z (collective).
+        """Every learner steps on its batch at ``place.lr``; every ``sync_every`` steps and at the
+        epoch's last, all learners synchronise with z (collective: every rank decides alike).
 
+        A step past a milestone of the schedule first restarts the learners from z.
         ``times`` holds what the step cost before this call (the wait for data).
         """
         times = times or StepTimes()
+        events = self._restart_past_a_milestone(place, times)
+        sync = place.last or self.since_sync + 1 >= self.sync_every
         t0 = time.perf_counter()
         group = self.learner_group
         stats = group.forward_backward([b[0] for b in batches], [b[1] for b in batches])
         self._sync()
         t1 = time.perf_counter()
-        group.sgd_step(lr, self.momentum, self.decay, keep_pre=sync)
+        group.sgd_step(place.lr, self.momentum, self.decay, keep_pre=sync)
         figures = stats.sum(dim=0).tolist()
         self.pending += (figures[0], figures[1], sum(int(b[1].numel()) for b in batches))
         self._sync()
         t2 = time.perf_counter()
         times.compute, times.optimizer = t1 - t0, t2 - t1
         if not sync:
+            self.since_sync += 1
             self._measure(batches, times)
-            return StepResult(0.0, 0.0, 0.0, False, times, synced=False)
-        return self.synchronize(stop, times, batches)
+            return StepResult(0.0, 0.0, 0.0, False, times, synced=False, events=events)
+        result = self.synchronize(stop, times, batches)
+        result.events[:0] = events
+        return result
+
+    def _restart_past_a_milestone(self, place: StepPlace, times: StepTimes) -> list[str]:
+        """Crossbow's restart, when the schedule has passed a milestone since the last step; its log line."""
+        due = place.phase > self.lr_phase
+        self.lr_phase = place.phase
+        if not due:
+            return []
+        t0 = time.perf_counter()
+        self.restart()
+        self._sync()
+        times.sync += time.perf_counter() - t0
+        return [f"restart at step {place.step} (epoch {place.epoch:g}): the learning rate drops to "
+                f"{place.lr:.4g}, every learner starts again from the central model"]
 
     def _measure(self, batches: Batches, times: StepTimes) -> None:
         """The auto-tuner's window: images and seconds of whole steps (data wait included), skipping the
@@ -205,6 +234,7 @@ class SMA:
                   and math.isfinite(float(self.delta.sum())))
         self.pending[:] = 0
         self.syncs += 1
+        self.since_sync = 0
         events = []
         if summed[WINDOW_DONE] > 0:
             events += self._tune(summed[WINDOW_IMAGES] / (summed[WINDOW_SECONDS] / self.world_size))
@@ -228,11 +258,10 @@ class SMA:
         return [decision.describe()]
 
     @torch.no_grad()
-    def restart(self) -> bool:
+    def restart(self) -> None:
         """Every learner's weights <- z (momentum and batch-norm statistics are kept, as Crossbow does)."""
         self.learner_group.W.detach().copy_(self.z.expand_as(self.learner_group.W))
         self.restarts += 1
-        return True
 
     @torch.no_grad()
     def eval_model(self) -> nn.Module:
@@ -262,6 +291,7 @@ class SMA:
         return {"delta_prev": self.delta_prev.cpu().clone(), "alpha": self.alpha,
                 "alpha_given": self.alpha_given, "central_momentum": self.central_momentum,
                 "learners": self.learners, "syncs": self.syncs, "restarts": self.restarts,
+                "since_sync": self.since_sync, "lr_phase": self.lr_phase,
                 "tuner": self.tuner.state_dict() if self.tuner is not None else None}
 
     def local_state(self) -> dict[str, Any]:
@@ -269,10 +299,15 @@ class SMA:
 
     @torch.no_grad()
     def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
-        """z comes with the model's weights; here Delta_prev, the learners and the tuner."""
+        """z comes with the model's weights; here Delta_prev, the cadence, the learners and the tuner.
+
+        On another layout the checkpoint is an epoch boundary, whose last step synchronised: the
+        cadence starts afresh there either way, and the milestones passed are the schedule's, in epochs.
+        """
         notes: list[str] = []
         self.delta_prev.copy_(shared["delta_prev"])
         self.syncs, self.restarts = int(shared["syncs"]), int(shared["restarts"])
+        self.since_sync, self.lr_phase = int(shared["since_sync"]), int(shared["lr_phase"])
         if local is not None:
             self.learner_group.load_state_dict(local["learners"])
             self.pending[:] = local["pending"]

@@ -1,12 +1,14 @@
 """One training step: its compute, what it reports, and the interface every synchronisation strategy has.
 
 The engine's loop is the same for S-SGD and SMA: it fetches this rank's
-batches (one per learner), asks the schedule for the rate, and hands both to
-the strategy, which computes, synchronises and updates. A strategy is a small
-object with the methods of :class:`Strategy`; ``dimd.train.sgd.SSGD`` and
-``dimd.train.sma.SMA`` are the two. Both compute every learner's gradients
-with :func:`forward_backward`, and so does ``plan-batch step-time``, which
-times ``SSGD``'s step itself.
+batches (one per learner), asks the schedule where the step falls
+(:class:`StepPlace`: the rate, the milestones passed, whether it ends the
+epoch), and hands both to the strategy, which computes, synchronises and
+updates on a cadence of its own (SMA: every ``sync_every`` steps, restarting
+its learners at a milestone). A strategy is a small object with the methods
+of :class:`Strategy`; ``dimd.train.sgd.SSGD`` and ``dimd.train.sma.SMA`` are
+the two. Both compute every learner's gradients with :func:`forward_backward`,
+and so does ``plan-batch step-time``, which times ``SSGD``'s step itself.
 """
 
 from __future__ import annotations
@@ -41,6 +43,17 @@ class StepTimes:
 
     def as_dict(self) -> dict[str, float]:
         return {key: getattr(self, key) for key in TIME_SPLIT}
+
+
+@dataclass(frozen=True)
+class StepPlace:
+    """Where a step falls in the run, by the engine's clock: what a strategy decides its cadence from."""
+
+    lr: float              # the schedule's learning rate for this step
+    step: int = 0          # steps taken before this one
+    epoch: float = 0.0     # the step's place in the schedule, in epochs (a rank's batches / batches per epoch)
+    phase: int = 0         # the schedule's milestones passed at that place (SMA restarts when it rises)
+    last: bool = False     # the epoch's last step: what the learners hold is evaluated after it
 
 
 @dataclass
@@ -95,13 +108,11 @@ class Strategy(Protocol):
     def learners(self) -> int:
         """Batches this rank consumes per step (one per learner)."""
 
-    def step(self, batches: Batches, lr: float, *, sync: bool, stop: bool,
+    def step(self, batches: Batches, place: StepPlace, *, stop: bool = False,
              times: StepTimes | None = None) -> StepResult:
-        """Collective when ``sync``: compute, synchronise, update. ``times`` arrives with the
-        step's wait for data filled in; the result's times add the strategy's phases."""
-
-    def restart(self) -> bool:
-        """A learning-rate milestone: SMA sets every learner to z; whether anything changed."""
+        """Compute, synchronise when the strategy's cadence says so (collective then: every rank
+        decides alike from ``place``), update. ``times`` arrives with the step's wait for data
+        filled in; the result's times add the strategy's phases."""
 
     def eval_model(self) -> nn.Module:
         """Collective: the model to evaluate and checkpoint (the replica, or z with averaged batch-norm statistics)."""

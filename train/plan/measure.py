@@ -87,6 +87,7 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     from dimd.train.hardware import default_decode_workers, pick_device, set_threads
     from dimd.train.models import build_model, gradient_bytes, parameter_count
     from dimd.train.sgd import SSGD, make_optimizer
+    from dimd.train.steps import StepPlace
 
     advance = on_step or (lambda n: None)
     threads, _ = set_threads(config.threads, comm)
@@ -144,7 +145,7 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
                     start = time.perf_counter()
                     if loader is not None:
                         images, labels = next(batches)   # the wait for a batch counts, as in training
-                    result = sgd.step([(images, labels)], LR)
+                    result = sgd.step([(images, labels)], StepPlace(lr=LR))
                     if i >= config.warmup:
                         times[i - config.warmup] = time.perf_counter() - start - result.times.allreduce
                     advance(1)
