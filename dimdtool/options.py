@@ -284,15 +284,33 @@ def config_option(config_cls: type, name: str, *param_decls: str, **kwargs: Any)
 def build_config(config_cls: type[C], callback: Callable[..., Any] | None = None, **values: Any) -> C:
     """``config_cls(**values)``; a :class:`ConfigError` becomes a usage error naming the flag.
 
+    A field whose type is itself a config dataclass (``TrainConfig.sma``) and
+    that ``values`` leaves out is built from the values named after its fields,
+    so a command passes every option alike, whichever config declares it.
     ``callback`` is the command function whose :func:`config_option` flags
     name the fields (default: the running click command's).
     """
     try:
-        return config_cls(**values)
+        return config_cls(**nest_values(config_cls, values))
     except ConfigError as exc:
         flag = _flags(callback).get(exc.field)
         raise click.BadParameter(cli_message(exc.problem, callback),
                                  param_hint=f"'{flag}'" if flag else exc.field) from None
+
+
+def nest_values(config_cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the fields of each config nested in ``config_cls`` built into that config."""
+    values = dict(values)
+    hints = typing.get_type_hints(config_cls)
+    for f in dataclasses.fields(config_cls):
+        inner = hints[f.name]
+        if f.name not in values and isinstance(inner, type) and dataclasses.is_dataclass(inner):
+            names = {g.name for g in dataclasses.fields(inner)}
+            clash = names & {g.name for g in dataclasses.fields(config_cls)}
+            if clash:   # a programming error: a value could not tell which config it is for
+                raise TypeError(f"{config_cls.__name__}.{f.name} repeats the field(s) {sorted(clash)}")
+            values[f.name] = inner(**nest_values(inner, {k: values.pop(k) for k in list(values) if k in names}))
+    return values
 
 
 def _flags(callback: Callable[..., Any] | None) -> dict[str, str]:
@@ -305,6 +323,45 @@ def _flags(callback: Callable[..., Any] | None) -> dict[str, str]:
             return flags
         callback = getattr(callback, "__wrapped__", None)
     return {}
+
+
+# ---------------------------------------------------------------------------- option groups in --help
+#: Attribute of a click parameter: the title of the ``--help`` section it is listed in.
+_SECTION_ATTR = "dimd_help_section"
+
+
+def option_group(title: str, *options: Callable[[F], F]) -> Callable[[F], F]:
+    """Apply ``options`` (listed in the order given) and list them in ``--help`` under ``title``.
+
+    click has no option groups: a command made with ``cls=SectionedCommand``
+    shows each group as a section of its own after the other options, as a
+    config dataclass nested in another (``TrainConfig.sma``) is a group of
+    its own.
+    """
+    def decorate(callback: F) -> F:
+        before = len(getattr(callback, "__click_params__", ()))
+        for option in reversed(options):   # decorators apply bottom-up
+            callback = option(callback)
+        for param in callback.__click_params__[before:]:  # type: ignore[attr-defined]  # click's registry
+            setattr(param, _SECTION_ATTR, title)
+        return callback
+
+    return decorate
+
+
+class SectionedCommand(click.Command):
+    """A command whose ``--help`` lists each :func:`option_group` in a section titled by it."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {"Options": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                sections.setdefault(getattr(param, _SECTION_ATTR, "Options"), []).append(record)
+        for title, records in sections.items():
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
 
 
 # ---------------------------------------------------------------------------- options several commands share

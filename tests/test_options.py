@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from dimd.errors import ConfigError, DimdError
-from dimd.options import (FINITE_FLOAT, FLOAT_LIST, INT_LIST, SIZE, build_config, cli_message,
-                          config_option, field_default)
+from dimd.options import (FINITE_FLOAT, FLOAT_LIST, INT_LIST, SIZE, SectionedCommand, build_config,
+                          cli_message, config_option, field_default, option_group)
 from dimd.pack.config import PackConfig
 from dimd.train.config import TrainConfig
 
@@ -49,6 +49,49 @@ def test_a_field_error_is_a_usage_error_naming_the_flag():
     result = CliRunner().invoke(example, ["-c", "0"])
     assert result.exit_code == 2
     assert "Invalid value for '--count': must be at least 1 (got 0)" in result.output
+
+
+@dataclasses.dataclass(frozen=True)
+class Inner:
+    count: int = 3
+    fast: bool = False
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ConfigError("count", f"must be at least 1 (got {self.count})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outer:
+    name: str
+    inner: Inner = Inner()
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.verbose and self.inner.fast:
+            raise ConfigError("fast", "cannot go with `verbose`")
+
+
+@click.command(cls=SectionedCommand)
+@config_option(Outer, "verbose")
+@option_group("Inner (a config of its own)", config_option(Inner, "count", "--count", "-c"),
+              config_option(Inner, "fast"))
+@config_option(Outer, "name")
+def grouped(**values):
+    config = build_config(Outer, **values)
+    click.echo(f"{config.name} {config.inner.count} {config.inner.fast} {config.verbose}")
+
+
+def test_an_option_group_is_a_section_of_the_help_and_builds_the_nested_config():
+    help_text = CliRunner().invoke(grouped, ["--help"]).output
+    options, group = help_text.split("Inner (a config of its own):")
+    assert all(flag in options for flag in ("--verbose", "--name", "--help")) and "--fast" not in options
+    assert group.index("--count") < group.index("--fast") and "[default: 3]" in group, group
+    result = CliRunner().invoke(grouped, ["--name", "a", "-c", "5"])
+    assert result.exit_code == 0 and result.output.strip() == "a 5 False False"
+    for args, flag in ((["-c", "0"], "--count"), (["--fast", "--verbose"], "--fast")):   # its checks, the outer's
+        result = CliRunner().invoke(grouped, ["--name", "a", *args])
+        assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output, result.output
 
 
 def test_non_finite_floats_are_refused_at_parse_time():
