@@ -15,7 +15,9 @@ def config(data, **changes):
 def test_evaluations_every_n_images_besides_epoch_ends(packed_sample, world, sync):
     from dimd.train.engine import train
 
-    extra = {"sync": "sma", "learners": 2} if sync == "sma" else {}
+    from dimd.train.config import SMAConfig
+
+    extra = {"sync": "sma", "sma": SMAConfig(learners=2)} if sync == "sma" else {}
     result = train(config(packed_sample, **extra), world, eval_every_images=20)
     # 48 images per epoch (S-SGD: 6 steps of 8; SMA: 3 steps of 2 learners x 8): an evaluation at the
     # first step reaching 20, 40, 60... images, and at every epoch end (which counts as the one due)

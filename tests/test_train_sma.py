@@ -98,13 +98,13 @@ def sma_losses_around_a_reshuffle(data: str) -> None:
     import numpy as np
 
     from dimd.shuffle import DistributedStore
-    from dimd.train.config import TrainConfig
+    from dimd.train.config import SMAConfig, TrainConfig
     from dimd.train.engine import Trainer
 
     comm = world()
     config = TrainConfig(train=data, val=data, model="resnet20", image_size=16, epochs=2, batch_size=4, momentum=0.0,
                          lr=0.05, lr_scaling=False, schedule="constant", decode_workers=1, threads=1,
-                         allreduce="ring", sync="sma", learners=1)
+                         allreduce="ring", sync="sma", sma=SMAConfig(learners=1))
     shuffle = DistributedStore.shuffle
 
     def keep_after_the_first_step(store: Any, seed: int, round: int) -> Any:
@@ -273,26 +273,25 @@ def ssgd_args(data: Path, out: Path, *extra: str) -> list:
     return with_options(sma_args(data, out, *extra), sync="ssgd", learners=None)
 
 
-@pytest.mark.parametrize("changes, field, problem", [
-    ({"learners": 0}, "learners", "must be at least 1"),
-    ({"learners": "many"}, "learners", "must be a number of learners per rank or auto"),
-    ({"alpha": 0.0}, "alpha", "must be in (0.0, 1.0]"),
-    ({"alpha": 1.5}, "alpha", "must be in (0.0, 1.0]"),
-    ({"sync_every": 0}, "sync_every", "must be at least 1"),
-    ({"sma_momentum": 1.0}, "sma_momentum", "must be in [0.0, 1.0)"),
-    ({"autotune_threshold": -0.1}, "autotune_threshold", "must be at least 0"),
-    ({"nesterov": True}, "nesterov", "is not part of SMA"),
-    ({"sync": "ssgd"}, "learners", "is a setting of model averaging: add `sync` sma"),
-    ({"sync": "ssgd", "learners": None, "sync_every": 2}, "sync_every", "is a setting of model averaging"),
-    ({"sync": "average"}, "sync", "must be one of ssgd, sma"),
+@pytest.mark.parametrize("sma, changes, field, problem", [
+    ({"learners": 0}, {}, "learners", "must be at least 1"),
+    ({"learners": "many"}, {}, "learners", "must be a number of learners per rank or auto"),
+    ({"alpha": 0.0}, {}, "alpha", "must be in (0.0, 1.0]"),
+    ({"alpha": 1.5}, {}, "alpha", "must be in (0.0, 1.0]"),
+    ({"sync_every": 0}, {}, "sync_every", "must be at least 1"),
+    ({"sma_momentum": 1.0}, {}, "sma_momentum", "must be in [0.0, 1.0)"),
+    ({"autotune_threshold": -0.1}, {}, "autotune_threshold", "must be at least 0"),
+    ({}, {"nesterov": True}, "nesterov", "is not part of SMA"),
+    ({}, {"sync": "ssgd"}, "learners", "is a setting of model averaging: add `sync` sma"),
+    ({"learners": None, "sync_every": 2}, {"sync": "ssgd"}, "sync_every", "is a setting of model averaging"),
+    ({}, {"sync": "average"}, "sync", "must be one of ssgd, sma"),
 ])
-def test_the_config_refuses_bad_sma_settings_naming_the_field(changes, field, problem):
+def test_the_config_refuses_bad_sma_settings_naming_the_field(sma, changes, field, problem):
     from dimd.errors import ConfigError
-    from dimd.train.config import TrainConfig
+    from dimd.train.config import SMAConfig, TrainConfig
 
-    settings = {"train": "t", "val": "v", "sync": "sma", "learners": 2, **changes}
     with pytest.raises(ConfigError) as caught:
-        TrainConfig(**settings)
+        TrainConfig(**{"train": "t", "val": "v", "sync": "sma", "sma": SMAConfig(**{"learners": 2, **sma}), **changes})
     assert caught.value.field == field and problem in caught.value.problem
 
 

@@ -225,7 +225,7 @@ class Run(Protocol):
 def run_layout(config: TrainConfig, world_size: int) -> dict[str, Any]:
     """What a mid-epoch resume needs unchanged: the data's split over ranks and learners."""
     return {"world_size": world_size, "groups": config.groups, "batch_size": config.batch_size,
-            "learners": config.learners if config.sync == "sma" else None, "sync_every": config.sync_every,
+            "learners": config.sma.learners, "sync_every": config.sma.sync_every,
             "shuffle_every": config.shuffle_every}
 
 

@@ -3,14 +3,16 @@
 ``dimd train``'s options are generated from these fields
 (:func:`dimd.options.config_option`), so a default lives here and nowhere
 else; ``__post_init__`` rejects nonsense whether the config came from the
-command line or from Python. The resolved config goes into every checkpoint
-and JSON result.
+command line or from Python. SMA's settings are a config of their own,
+:class:`SMAConfig`, nested in :class:`TrainConfig` as ``sma`` (and a group of
+their own in ``dimd train --help``). The resolved config goes into every
+checkpoint and JSON result.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from dimd.checks import at_least, finite, in_range, one_of, positive, require
@@ -27,6 +29,43 @@ LEARNER_COMPUTES = ("auto", "loop", "threads")
 DECODES = ("cpu", "gpu")
 #: How the step computes, in Lightning's names (dimd.train.precision).
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+
+
+@dataclass(frozen=True)
+class SMAConfig:
+    """Crossbow's synchronous model averaging (docs/sma.md): what ``sync`` sma reads, and nothing else does."""
+
+    learners: int | str | None = None     # learners per rank: a number or "auto"; None: 1
+    alpha: float | None = None            # correction weight; None: 1/L for L learners in all
+    sma_momentum: float | None = None     # the central model's momentum; None: sma.CENTRAL_MOMENTUM (0)
+    sync_every: int = 1                   # learner steps per synchronisation (an epoch's last step synchronises too)
+    autotune_threshold: float = 0.1       # learners auto: the relative throughput rise that adds a learner
+    learner_compute: str = "auto"         # how a rank computes its learners' gradients
+
+    def __post_init__(self) -> None:
+        one_of(self, "learner_compute", LEARNER_COMPUTES)
+        in_range(self, "alpha", 0.0, 1.0, low_open=True, optional=True)
+        in_range(self, "sma_momentum", 0.0, 1.0, high_open=True, optional=True)
+        at_least(self, "sync_every", 1)
+        at_least(self, "autotune_threshold", 0.0)
+        if self.learners is not None and self.learners != "auto":
+            require(isinstance(self.learners, int) and not isinstance(self.learners, bool), "learners",
+                    f"must be a number of learners per rank or auto (got {self.learners!r})")
+            at_least(self, "learners", 1)
+
+    @property
+    def autotune(self) -> bool:
+        """``learners="auto"``: the auto-tuner chooses the learners per rank."""
+        return self.learners == "auto"
+
+    @property
+    def fixed_learners(self) -> int:
+        """Learners per rank when their number is fixed, else 1 (the auto-tuner's start)."""
+        return self.learners if isinstance(self.learners, int) else 1
+
+    def changed(self) -> list[str]:
+        """The fields set to other than their defaults (S-SGD refuses any)."""
+        return [f.name for f in fields(self) if getattr(self, f.name) != f.default]
 
 
 @dataclass(frozen=True)
@@ -73,12 +112,7 @@ class TrainConfig:
     files_root: str | None = None         # the folder the set was packed from (default: the index's source)
     # Synchronisation: S-SGD, or Crossbow's synchronous model averaging (docs/sma.md).
     sync: str = "ssgd"                    # "ssgd" or "sma"
-    learners: int | str | None = None     # SMA learners per rank: a number or "auto"; None: 1
-    alpha: float | None = None            # SMA correction weight; None: 1/L for L learners in all
-    sma_momentum: float | None = None     # SMA's central momentum; None: sma.CENTRAL_MOMENTUM (0)
-    sync_every: int = 1                   # SMA: learner steps per synchronisation
-    autotune_threshold: float = 0.1       # SMA auto: the relative throughput rise that adds a learner
-    learner_compute: str = "auto"         # SMA: how a rank computes its learners' gradients
+    sma: SMAConfig = SMAConfig()          # read with `sync` sma only; left at its defaults for S-SGD
     # McCandlish et al.'s gradient noise scale B_simple, per epoch (S-SGD on 2 ranks or more).
     noise_scale: bool = False
     # How the step computes (dimd.train.precision) and where images are decoded.
@@ -139,22 +173,13 @@ class TrainConfig:
 
     def _check_sync(self) -> None:
         one_of(self, "sync", SYNCS)
-        one_of(self, "learner_compute", LEARNER_COMPUTES)
-        in_range(self, "alpha", 0.0, 1.0, low_open=True, optional=True)
-        in_range(self, "sma_momentum", 0.0, 1.0, high_open=True, optional=True)
-        at_least(self, "sync_every", 1)
-        at_least(self, "autotune_threshold", 0.0)
-        if self.learners is not None and self.learners != "auto":
-            require(isinstance(self.learners, int) and not isinstance(self.learners, bool), "learners",
-                    f"must be a number of learners per rank or auto (got {self.learners!r})")
-            at_least(self, "learners", 1)
+        require(isinstance(self.sma, SMAConfig), "sma", f"must be an SMAConfig (got {self.sma!r})")
         if self.sync == "ssgd":
             require(not (self.overlap and self.noise_scale), "overlap", "cannot go with `noise_scale`: the "
                     "noise scale needs each rank's whole gradient before any bucket is reduced")
-            for name, default in (("learners", None), ("alpha", None), ("sma_momentum", None),
-                                  ("sync_every", 1)):
-                require(getattr(self, name) == default, name,
-                        "is a setting of model averaging: add `sync` sma, or leave it out for S-SGD")
+            changed = self.sma.changed()
+            require(not changed, changed[0] if changed else "sma",
+                    "is a setting of model averaging: add `sync` sma, or leave it out for S-SGD")
         else:
             require(not self.noise_scale, "noise_scale", "is defined for S-SGD only: it compares each rank's "
                     "gradient with their average, and SMA averages models, not gradients; leave it out with "
@@ -167,11 +192,6 @@ class TrainConfig:
                     "models, not gradients: leave it out with `sync` sma")
             require(not self.nesterov, "nesterov", "is not part of SMA (its learners use Polyak "
                     "momentum, as Crossbow's do); leave it out with `sync` sma")
-
-    @property
-    def autotune(self) -> bool:
-        """SMA with ``learners="auto"``: the auto-tuner chooses the learners per rank."""
-        return self.sync == "sma" and self.learners == "auto"
 
     def bucket_bytes(self, overlap: bool) -> int:
         """The S-SGD bucket in bytes (0: one message), given whether the buckets overlap backward."""

@@ -162,17 +162,11 @@ def prefetch_for(learners: int) -> int:
     return max(2, 2 * learners)
 
 
-def fixed_learners(config: TrainConfig) -> int:
-    """Learners per rank when the run fixes their number (SMA with a number), else 1 (S-SGD, or the
-    auto-tuner's start)."""
-    return int(config.learners) if config.sync == "sma" and config.learners not in (None, "auto") else 1
-
-
 def loaders_memory(config: TrainConfig, workers: int) -> int:
     """Bytes the training and validation loaders' batches need at least (the load's memory check counts them)."""
     from dimd.shuffle.memory import batch_memory
 
-    slots = 1 + prefetch_for(fixed_learners(config))   # the ring holds prefetch + 1 batches
+    slots = 1 + prefetch_for(config.sma.fixed_learners)   # the ring holds prefetch + 1 batches
     return (batch_memory(config.batch_size, config.image_size, slots, workers)
             + batch_memory(config.eval_batch_size or config.batch_size, config.image_size, 3, 0))
 
@@ -239,13 +233,13 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[
     if cfg.sync == "sma":
         from dimd.train.sma import SMA
 
-        return SMA(model, reduce, world_size, learners=None if cfg.autotune else int(cfg.learners or 1),
-                   alpha=cfg.alpha, momentum=cfg.momentum, central_momentum=cfg.sma_momentum,
+        sma = cfg.sma
+        return SMA(model, reduce, world_size, learners=None if sma.autotune else sma.fixed_learners,
+                   alpha=sma.alpha, momentum=cfg.momentum, central_momentum=sma.sma_momentum,
                    weight_decay=cfg.weight_decay, decay_bn_and_bias=cfg.decay_bn_and_bias,
-                   sync_every=cfg.sync_every,
-                   compute=learner_compute(cfg.learner_compute),
+                   sync_every=sma.sync_every, compute=learner_compute(sma.learner_compute),
                    normalize=normalize, threads=torch.get_num_threads(),
-                   autotune_threshold=cfg.autotune_threshold,
+                   autotune_threshold=sma.autotune_threshold,
                    max_learners=batches_per_epoch, synchronize=sync, calibration=calibration)
     from dimd.train.sgd import SSGD, make_optimizer
 
@@ -320,7 +314,7 @@ class Trainer:
         #: Batches of ``batch_size`` per rank per epoch; the schedule counts these, so its
         #: position is the same whatever the learners per rank.
         self.batches_per_epoch = self.loader.steps_per_epoch
-        learners = fixed_learners(cfg)
+        learners = cfg.sma.fixed_learners
         if learners > self.batches_per_epoch:   # not one step per epoch: nothing would train
             raise DimdError(f"`learners` {learners} per rank take {learners} batches per step, but a rank has "
                             f"{self.batches_per_epoch} batches of {cfg.batch_size} per epoch: lower `learners` "

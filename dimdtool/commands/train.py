@@ -1,7 +1,9 @@
 """``mpirun dimd train``: synchronous data-parallel SGD on the in-memory data and dimd's allreduce.
 
 Every option except the outputs (``--metrics``, ``--json``) is a field of
-:class:`dimd.train.config.TrainConfig`, which holds its default and checks it.
+:class:`dimd.train.config.TrainConfig`, which holds its default and checks it;
+SMA's are the fields of its nested :class:`~dimd.train.config.SMAConfig`, a
+section of their own in ``--help``.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from typing import Any
 import click
 
 from dimd.console import progress
-from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config,
-                          config_option, defer_output_checks, json_option, quiet_option, shared_option,
-                          stall_timeout_option)
-from dimd.train.config import DECODES, DEVICES, LEARNER_COMPUTES, PRECISIONS, READ_FROM, SYNCS, TrainConfig
+from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, SectionedCommand, build_config,
+                          config_option, defer_output_checks, json_option, option_group, quiet_option,
+                          shared_option, stall_timeout_option)
+from dimd.train.config import (DECODES, DEVICES, LEARNER_COMPUTES, PRECISIONS, READ_FROM, SYNCS, SMAConfig,
+                               TrainConfig)
 from dimd.train.schedule import SCHEDULES
 
 
@@ -85,7 +88,7 @@ def print_models() -> None:
                "`min` the smallest it takes)")
 
 
-@click.command("train")
+@click.command("train", cls=SectionedCommand)
 @click.argument("train_set", metavar="TRAIN", required=False)
 @click.option("--val", "val_set", metavar="VAL",
               help="Packed validation set (required); its classes are matched to TRAIN's by name.")
@@ -134,24 +137,29 @@ def print_models() -> None:
                     "ranks' torch threads; docs/library.md].")
 @config_option(TrainConfig, "sync", type=click.Choice(SYNCS),
                help="ssgd: synchronous data-parallel SGD (one gradient allreduce per step); sma: "
-                    "Crossbow's synchronous model averaging of independent learners (docs/sma.md).")
-@config_option(TrainConfig, "learners", type=Learners(),
-               help="SMA: learners per rank, each on its own batch of --batch-size images, or 'auto' "
-                    "(Crossbow's auto-tuner: from 1, add one while the throughput rises by more than "
-                    "--autotune-threshold) [default: 1].")
-@config_option(TrainConfig, "alpha",
-               help="SMA: weight of each learner's correction towards the central model, in (0, 1] "
-                    "[default: 1/L for L learners in all, the paper's choice; see docs/sma.md].")
-@config_option(TrainConfig, "sma_momentum",
-               help="SMA: momentum of the central model's updates [default: 0; Crossbow's code hard-codes "
-                    "0.9, unstable on top of the learners' momentum at --alpha 1/L, see docs/sma.md].")
-@config_option(TrainConfig, "sync_every", help="SMA: learner steps between synchronisations.")
-@config_option(TrainConfig, "autotune_threshold",
-               help="SMA --learners auto: the relative rise in throughput that adds a learner.")
-@config_option(TrainConfig, "learner_compute", type=click.Choice(LEARNER_COMPUTES),
-               help="SMA: how a rank computes its learners' gradients: loop (one after another; on CUDA "
-                    "one stream each) or threads (one each, sharing the rank's torch threads); auto: loop "
-                    "(see docs/sma.md).")
+                    "Crossbow's synchronous model averaging of independent learners (docs/sma.md; its "
+                    "settings are listed apart, below).")
+@option_group(
+    "Model averaging (--sync sma; docs/sma.md)",
+    config_option(SMAConfig, "learners", type=Learners(),
+                  help="Learners per rank, each on its own batch of --batch-size images, or 'auto' "
+                       "(Crossbow's auto-tuner: from 1, add one while the throughput rises by more than "
+                       "--autotune-threshold) [default: 1]."),
+    config_option(SMAConfig, "alpha",
+                  help="Weight of each learner's correction towards the central model, in (0, 1] "
+                       "[default: 1/L for L learners in all, the paper's choice; see docs/sma.md]."),
+    config_option(SMAConfig, "sma_momentum",
+                  help="Momentum of the central model's updates [default: 0; Crossbow's code hard-codes "
+                       "0.9, unstable on top of the learners' momentum at --alpha 1/L, see docs/sma.md]."),
+    config_option(SMAConfig, "sync_every",
+                  help="Learner steps between synchronisations (an epoch's last step synchronises too)."),
+    config_option(SMAConfig, "autotune_threshold",
+                  help="With --learners auto: the relative rise in throughput that adds a learner."),
+    config_option(SMAConfig, "learner_compute", type=click.Choice(LEARNER_COMPUTES),
+                  help="How a rank computes its learners' gradients: loop (one after another; on CUDA "
+                       "one stream each) or threads (one each, sharing the rank's torch threads); auto: loop "
+                       "(see docs/sma.md)."),
+)
 @config_option(TrainConfig, "noise_scale",
                help="Log the gradient noise scale B_simple (McCandlish et al., appendix A) per epoch in "
                     "--metrics and --json: each rank's squared gradient norm rides the gradient allreduce, "
@@ -259,9 +267,9 @@ def _noise(value: float | None) -> str:
 def _layout_line(trainer) -> str:
     config, ranks = trainer.config, trainer.world
     if config.sync == "sma":
-        k = "auto-tuned" if config.learners == "auto" else trainer.strategy.learners
+        k = "auto-tuned" if config.sma.autotune else trainer.strategy.learners
         return (f"SMA: {ranks} ranks x {k} learner(s) x batch {config.batch_size}, alpha "
-                f"{'1/L' if config.alpha is None else config.alpha}, {trainer.batches_per_epoch} batches/epoch "
+                f"{'1/L' if config.sma.alpha is None else config.sma.alpha}, {trainer.batches_per_epoch} batches/epoch "
                 f"per rank")
     return (f"{ranks} ranks x batch {config.batch_size} = {trainer.global_batch}, "
             f"{trainer.batches_per_epoch} steps/epoch")
