@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Generator, Iterable
 
-import numpy as np
 import torch
 from torch import nn
 
-Reduce = Callable[[np.ndarray], None]
+from dimd.train.flatgrad import Reduce
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 

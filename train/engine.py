@@ -42,6 +42,7 @@ from dimd.stall import watch_job
 from dimd.train.checkpoint import RunState, restore_run, resume_point, save_run
 from dimd.train.config import TrainConfig
 from dimd.train.evaluate import EvalResult, local_counts, summarize
+from dimd.train.flatgrad import Reduce
 from dimd.train.hardware import default_decode_workers, pick_device, set_threads
 from dimd.train.model_source import recorded_source
 from dimd.train.models import build_model, gradient_bytes, model_problem, parameter_count
@@ -211,7 +212,7 @@ def learner_compute(choice: str) -> str:
     return "loop" if choice == "auto" else choice
 
 
-def make_reducer(algorithm: str, comm) -> Callable[[np.ndarray], None]:
+def make_reducer(algorithm: str, comm) -> Reduce:
     from dimd.allreduce import allreduce
 
     def reduce(array: np.ndarray) -> None:
@@ -220,7 +221,7 @@ def make_reducer(algorithm: str, comm) -> Callable[[np.ndarray], None]:
     return reduce
 
 
-def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Callable[[np.ndarray], None],
+def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
                   world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False,
                   calibration: Callable[[int, int], Iterator[Any]] | None = None,
                   precision: Any = None) -> Strategy:

@@ -15,6 +15,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+#: Sums a flat buffer in place over the ranks (``dimd.allreduce.allreduce`` on a communicator, or an
+#: identity on one process): what S-SGD's gradients, SMA's Delta and the batch-norm recompute are given.
 Reduce = Callable[[np.ndarray], None]
 
 

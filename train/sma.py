@@ -39,11 +39,10 @@ from torch import nn
 
 from dimd.train.autotune import AutoTuner
 from dimd.train.batchnorm import recompute_batch_norm
+from dimd.train.flatgrad import Reduce
 from dimd.train.learners import Learners
 from dimd.train.sgd import decays, identical_across_ranks
 from dimd.train.steps import Batches, StepPlace, StepResult, StepTimes
-
-Reduce = Callable[[np.ndarray], None]
 
 #: The message's tail after Delta: summed over ranks in the same allreduce.
 LOSS, CORRECT, SAMPLES, STOP, NOT_FINITE, WINDOW_DONE, WINDOW_IMAGES, WINDOW_SECONDS = range(8)
