@@ -17,7 +17,7 @@ one is complete.
 
 A run saves and resumes through one pair, :func:`save_run` and
 :func:`restore_run`, over :class:`RunState` (the run's counters and records)
-and the pieces a :class:`Run` has (model, strategy, loader, store, schedule).
+and the run's pieces, :class:`RunParts` (model, strategy, loader, store, schedule).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ class RunState:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
-class Run(Protocol):
+class RunParts(Protocol):
     """The pieces of a run that a checkpoint covers (:class:`dimd.train.engine.Trainer` has them)."""
 
     config: TrainConfig
@@ -244,7 +244,7 @@ def resume_point(config: TrainConfig, comm: Any) -> str | None:
     return path
 
 
-def save_run(run: Run, state: RunState, *, last_good: str | None = None) -> str | None:
+def save_run(run: RunParts, state: RunState, *, last_good: str | None = None) -> str | None:
     """Collective: rank 0 writes a checkpoint of ``run`` at ``state``; every rank learns its path (or the error).
 
     A model that is not finite is never saved (it would rotate a good checkpoint out).
@@ -270,7 +270,7 @@ def save_run(run: Run, state: RunState, *, last_good: str | None = None) -> str 
     return path
 
 
-def run_document(run: Run, state: RunState) -> dict[str, Any] | None:
+def run_document(run: RunParts, state: RunState) -> dict[str, Any] | None:
     """Collective: gather every rank's local state; the whole checkpoint on rank 0, else None."""
     comm = run.comm
     model = run.strategy.eval_model()   # collective for SMA (averaged batch-norm statistics)
@@ -303,7 +303,7 @@ def run_document(run: Run, state: RunState) -> dict[str, Any] | None:
     }
 
 
-def _restore_model_and_strategy(run: Run, path: str, layout: dict[str, Any]
+def _restore_model_and_strategy(run: RunParts, path: str, layout: dict[str, Any]
                                 ) -> tuple[dict[str, Any], bool, dict[str, Any], list[str]]:
     """This rank's part of :func:`restore_run` before anything collective: (the checkpoint, whether it
     has this run's layout, this rank's saved state, notes)."""
@@ -325,7 +325,7 @@ def _restore_model_and_strategy(run: Run, path: str, layout: dict[str, Any]
     return document, same_layout, mine, notes
 
 
-def restore_run(run: Run, path: str) -> tuple[RunState, list[str]]:
+def restore_run(run: RunParts, path: str) -> tuple[RunState, list[str]]:
     """Continue ``run`` from the checkpoint at ``path``: exactly on the same layout, from an epoch
     boundary otherwise. Collective (the store's shuffle is replayed); returns the state to go on
     from and what had to change, as log lines."""

@@ -61,7 +61,7 @@ class ShuffleEvery(click.ParamType):
         self.fail(f"expected a number of steps, 'epoch' or 'never', got {value!r}", param, ctx)
 
 
-class Learners(click.ParamType):
+class LearnersType(click.ParamType):
     """``K`` learners per rank or ``auto`` (Crossbow's auto-tuner)."""
 
     name = "K|auto"
@@ -141,7 +141,7 @@ def print_models() -> None:
                     "settings are listed apart, below).")
 @option_group(
     "Model averaging (--sync sma; docs/sma.md)",
-    config_option(SMAConfig, "learners", type=Learners(),
+    config_option(SMAConfig, "learners", type=LearnersType(),
                   help="Learners per rank, each on its own batch of --batch-size images, or 'auto' "
                        "(Crossbow's auto-tuner: from 1, add one while the throughput rises by more than "
                        "--autotune-threshold) [default: 1]."),

@@ -60,7 +60,7 @@ def gradient_size(model: str | None, classes: int | None, nbytes: int | None) ->
 
 
 @dataclass(frozen=True)
-class StepTimes:
+class StepTimeSamples:
     """Per batch size: every timed step's seconds (slowest rank) and each rank's median."""
 
     batches: tuple[int, ...]
@@ -77,7 +77,7 @@ class StepTimes:
 
 
 def measure_step_times(config: StepTimeConfig, comm: Any,
-                       on_step: Callable[[int], None] | None = None) -> StepTimes:
+                       on_step: Callable[[int], None] | None = None) -> StepTimeSamples:
     """Collective: time ``config.steps`` steps at every batch size, on every rank at once."""
     import torch
     from mpi4py import MPI
@@ -161,7 +161,7 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
                     loader.close()
             per_step.append(tuple(slowest.tolist()))
             medians.append(tuple(float(m) for m in rank_medians))
-    return StepTimes(tuple(config.batch_sizes), tuple(per_step), tuple(medians), comm.Get_size(), threads,
+    return StepTimeSamples(tuple(config.batch_sizes), tuple(per_step), tuple(medians), comm.Get_size(), threads,
                      str(device), classes, parameter_count(model), gradient_bytes(model),
                      **({} if config.data is None else {
                          "inputs": f"{config.data} through dimd train's loader "
@@ -196,7 +196,7 @@ def endless(loader: Any) -> Iterator[tuple[Any, Any]]:
         epoch += 1
 
 
-def step_time_figures(measured: StepTimes) -> dict[str, Any]:
+def step_time_figures(measured: StepTimeSamples) -> dict[str, Any]:
     """The ``plan-batch step-time`` figures: Gamma fitted to the per-batch medians, then every batch's
     medians, spread and residual."""
     from dimd.report import spread
