@@ -29,21 +29,22 @@ def split_groups(comm: Any, groups: int) -> Any:
 
 
 @dataclass(frozen=True)
-class RankMemory:
-    """What a rank needs, in bytes, by what the user can change: the share of the records (and what a
-    shuffle sends of it), the decoding workers' own memory, the loaders' batches."""
+class MemoryNeed:
+    """What a rank needs, by what the user can change: the share of the records (and what a shuffle
+    sends of it), the decoding workers' own memory, the loaders' batches (what
+    :class:`dimd.shuffle.memory.RankMemory` measures, a run later)."""
 
-    share: int
-    workers: int = 0
-    batches: int = 0
+    share_bytes: int
+    worker_bytes: int = 0
+    batch_bytes: int = 0
 
     @property
     def total(self) -> int:
-        return self.share + self.workers + self.batches
+        return self.share_bytes + self.worker_bytes + self.batch_bytes
 
 
-def memory_problem(need: RankMemory, *, budget: int, memory_limit: int | None, rank: int, records: int,
-                   group_size: int, groups: int, path: str, workers: int = 0) -> str | None:
+def memory_problem(need: MemoryNeed, *, budget: int, memory_limit: int | None, rank: int, records: int,
+                   group_size: int, groups: int, path: str, decode_workers: int = 0) -> str | None:
     """The error text when ``need`` does not fit this rank's budget, else None; its advice is about the
     largest part."""
     limits = [(budget, "available memory per rank on this node")]
@@ -51,13 +52,14 @@ def memory_problem(need: RankMemory, *, budget: int, memory_limit: int | None, r
         limits.append((memory_limit, "`memory_limit`"))
     for limit, what in limits:
         if need.total > limit:
-            decoders = f", its {workers} decoding worker{'s' * (workers != 1)}" if workers else ""
-            batches = " and its batches" if need.batches else ""
+            decoders = (f", its {decode_workers} decoding worker{'s' * (decode_workers != 1)}"
+                        if decode_workers else "")
+            batches = " and its batches" if need.batch_bytes else ""
             how = f" (fewer `groups`: a group now has {group_size} ranks, or more ranks)" if groups > 1 else ""
-            remedies = [(need.share, f"spread the set over more ranks{how}"),
-                        (need.batches, "use a smaller batch or image size")]
-            if workers > 1:
-                remedies.append((need.workers, "use fewer decoding workers"))
+            remedies = [(need.share_bytes, f"spread the set over more ranks{how}"),
+                        (need.batch_bytes, "use a smaller batch or image size")]
+            if decode_workers > 1:
+                remedies.append((need.worker_bytes, "use fewer decoding workers"))
             advice = max(remedies, key=lambda remedy: remedy[0])[1]   # the largest part that can shrink
             verb = "need" if decoders or batches else "needs"
             return (f"{path}: rank {rank}'s share ({records} records){decoders}{batches} {verb} "

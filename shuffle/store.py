@@ -36,7 +36,7 @@ from dimd.shuffle.streams import PLACEMENT, stream
 from dimd.host import available_memory
 from dimd.mpi import agree_or_raise, node_local_ranks
 from dimd.shares import balanced_bounds
-from dimd.shuffle.partition import RankMemory, memory_problem, split_groups
+from dimd.shuffle.partition import MemoryNeed, memory_problem, split_groups
 
 #: Bytes per read call of the load: few large reads, but a progress callback now and then.
 READ_CHUNK = 64 << 20
@@ -153,13 +153,13 @@ class DistributedStore:
         share = end - begin
         # A shuffle packs the records that leave the rank beside the store (at most the share again), in
         # a buffer it keeps for the next shuffle.
-        need = RankMemory(share=share * (2 if size > 1 else 1) + len(rows) * META_DTYPE.itemsize * 4,
-                          workers=decode_workers * WORKER_PRIVATE_BYTES,   # each one's interpreter and buffers
-                          batches=batch_bytes)
+        need = MemoryNeed(share_bytes=share * (2 if size > 1 else 1) + len(rows) * META_DTYPE.itemsize * 4,
+                          worker_bytes=decode_workers * WORKER_PRIVATE_BYTES,   # each one's interpreter and buffers
+                          batch_bytes=batch_bytes)
         budget = available_memory() // node_local_ranks(comm)   # MPI: the node's memory, shared by its ranks
         # MPI: every rank refuses if one must
         agree_or_raise(comm, memory_problem(need, budget=budget, memory_limit=memory_limit,
-                                            rank=comm.Get_rank(), records=len(rows), workers=decode_workers,
+                                            rank=comm.Get_rank(), records=len(rows), decode_workers=decode_workers,
                                             group_size=size, groups=groups, path=str(dataset.data_path)))
 
         data, reads, problem = Segment(share, "dimd-store"), 0, None   # the decoding workers map it

@@ -51,23 +51,23 @@ def test_memory_limit_error_suggests_more_ranks_when_the_share_is_the_most(packe
 
 
 def test_memory_error_advice_is_about_the_largest_part_that_can_shrink():
-    from dimd.shuffle.partition import RankMemory, memory_problem
+    from dimd.shuffle.partition import MemoryNeed, memory_problem
 
-    def advice(need: RankMemory, workers: int = 1, groups: int = 1) -> str | None:
+    def advice(need: MemoryNeed, workers: int = 1, groups: int = 1) -> str | None:
         text = memory_problem(need, budget=100, memory_limit=None, rank=0, records=9, group_size=2,
-                              groups=groups, path="x.dimd", workers=workers)
+                              groups=groups, path="x.dimd", decode_workers=workers)
         return text and text.split("; ")[-1]
 
-    assert advice(RankMemory(share=90)) is None
-    assert memory_problem(RankMemory(share=200), budget=100, memory_limit=None, rank=0, records=9, group_size=2,
+    assert advice(MemoryNeed(share_bytes=90)) is None
+    assert memory_problem(MemoryNeed(share_bytes=200), budget=100, memory_limit=None, rank=0, records=9, group_size=2,
                           groups=1, path="x.dimd") == ("x.dimd: rank 0's share (9 records) needs 200 B but the "
                                                        "available memory per rank on this node is 100 B; spread "
                                                        "the set over more ranks")
-    assert advice(RankMemory(share=200), groups=2) == (
+    assert advice(MemoryNeed(share_bytes=200), groups=2) == (
         "spread the set over more ranks (fewer `groups`: a group now has 2 ranks, or more ranks)")
-    assert advice(RankMemory(share=10, workers=300), workers=6) == "use fewer decoding workers"
-    assert advice(RankMemory(share=10, workers=300), workers=1) == "spread the set over more ranks"
-    assert advice(RankMemory(share=10, workers=50, batches=900)) == "use a smaller batch or image size"
+    assert advice(MemoryNeed(share_bytes=10, worker_bytes=300), workers=6) == "use fewer decoding workers"
+    assert advice(MemoryNeed(share_bytes=10, worker_bytes=300), workers=1) == "spread the set over more ranks"
+    assert advice(MemoryNeed(share_bytes=10, worker_bytes=50, batch_bytes=900)) == "use a smaller batch or image size"
 
 
 def test_an_image_size_whose_batches_cannot_fit_is_refused_before_the_load(packed_sample, world):
