@@ -182,7 +182,7 @@ def dimd_loader_job(args: argparse.Namespace) -> dict[str, Any]:
 
     device = torch.device("cuda")
     store = DistributedStore.load(args.packed, MPI.COMM_WORLD)
-    feed = device_feed(BatchLoader(store, args.batch_size, args.image_size, workers=args.workers, seed=0,
+    feed = device_feed(BatchLoader(store, args.batch_size, args.image_size, decode_workers=args.workers, seed=0,
                                    pin_memory=True), device, args.decode)
     rates = []
     try:

@@ -2,7 +2,7 @@
 
     from dimd.shuffle import DistributedStore, BatchLoader
     store = DistributedStore.load("/scratch/in1k/train", comm, groups=1)
-    loader = BatchLoader(store, batch_size=64, image_size=224, train=True, workers=4)
+    loader = BatchLoader(store, batch_size=64, image_size=224, train=True, decode_workers=4)
     for epoch in range(epochs):
         store.shuffle(seed, round=epoch)
         for images, labels in loader.epoch(epoch):

@@ -167,7 +167,7 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
     torch.set_num_threads(1)
 
     loader = BatchLoader(store, config.batch_size, config.image_size, train=True,
-                         workers=config.workers, seed=config.seed)
+                         decode_workers=config.workers, seed=config.seed)
     files: Any = FileDataset(paths, store.labels, config.image_size, config.seed)  # a map-style Dataset
 
     def run_dimd(repeat: int) -> int:

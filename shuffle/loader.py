@@ -8,7 +8,7 @@ from one generator seeded with ``(seed, rank, epoch, step)``, so the batches
 depend neither on the number of workers nor on their timing, and
 ``state_dict`` only needs the position to resume exactly.
 
-The decoding happens in ``workers`` processes (:mod:`dimd.shuffle.workers`):
+The decoding happens in ``decode_workers`` processes (:mod:`dimd.shuffle.workers`):
 they read the records zero-copy from the store's shared segment and write
 each batch, split in one chunk per worker, into a ring of ``prefetch + 1``
 shared batch slots; the training process only waits for a slot and copies it
@@ -58,10 +58,10 @@ class BatchLoader:
     """
 
     def __init__(self, store: DistributedStore, batch_size: int, image_size: int = 224,
-                 train: bool = True, workers: int = 2, seed: int = 0, pin_memory: bool = False,
+                 train: bool = True, decode_workers: int = 2, seed: int = 0, pin_memory: bool = False,
                  prefetch: int = 2, crop_scale: float = SCALE[0]) -> None:
         for name, value in (("batch size", batch_size), ("image size", image_size),
-                            ("workers", workers), ("prefetch", prefetch)):
+                            ("decode workers", decode_workers), ("prefetch", prefetch)):
             if value < 1:
                 raise DimdError(f"{name} must be at least 1 (got {value})")
         if seed < 0:
@@ -73,7 +73,7 @@ class BatchLoader:
         self.batch_size = batch_size
         self.image_size = image_size
         self.train = train
-        self.workers = workers
+        self.decode_workers = decode_workers
         self.seed = seed
         self.prefetch = prefetch
         self.rank = store.comm.Get_rank()
@@ -207,7 +207,7 @@ class BatchLoader:
     def _prepare(self) -> None:
         """Start (or reuse) the workers, wait out abandoned batches, and point the workers at the store."""
         if self._pool is None or self._pool.closed:
-            self._pool = DecodeWorkers.shared(self.workers)
+            self._pool = DecodeWorkers.shared(self.decode_workers)
             self._drop_ring()
             self._store_key = None
         for worker, ticket in self._abandoned:
@@ -282,7 +282,7 @@ class BatchLoader:
         crcs = None if paths is not None else store.crc32[indices]
         records = store.global_index[indices]
         labels = store.labels[indices].astype(np.int64)
-        tickets, parts = [], min(self.workers, n)
+        tickets, parts = [], min(self.decode_workers, n)
         for k in range(parts):   # one chunk per worker (plain ints: this runs once per batch, on the rank)
             lo, hi = n * k // parts, n * (k + 1) // parts
             task = Task(ring=self._ring.key, slot_offset=slot * self._slot_bytes, count=n, lo=lo, hi=hi,
@@ -294,7 +294,7 @@ class BatchLoader:
                         paths=paths(indices[lo:hi]) if paths is not None else None,
                         cold=bool(getattr(store, "cold", False)),
                         records=int64_bytes(records[lo:hi]), data_path=str(store.path))
-            worker = (step + k) % self.workers
+            worker = (step + k) % self.decode_workers
             tickets.append((worker, self._pool.submit(worker, task)))
         return _Batch(step, slot, indices, labels, tickets)
 
@@ -405,7 +405,7 @@ class BatchLoader:
 
 
 def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224, train: bool = True,
-                workers: int = 2, seed: int = 0, groups: int = 1, memory_limit: int | None = None,
+                decode_workers: int = 2, seed: int = 0, groups: int = 1, memory_limit: int | None = None,
                 crop_scale: float | None = None) -> BatchLoader:
     """Collective: load this rank's share of the packed set at ``path`` into memory and return its loader.
 
@@ -419,12 +419,12 @@ def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224,
     local record once (each rank its share; sum the counts over ranks).
     Normalise on the device with :class:`dimd.Normalize`.
     """
-    store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit, decode_workers=workers,
-                                  batch_bytes=batch_memory(batch_size, image_size, 3, workers))
+    store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit, decode_workers=decode_workers,
+                                  batch_bytes=batch_memory(batch_size, image_size, 3, decode_workers))
     if train:   # MPI: round 0, as dimd train: in load order a rank's share is a few classes of a class-sorted pack
         store.shuffle(seed, 0)
     extra: dict[str, Any] = {} if crop_scale is None else {"crop_scale": crop_scale}
-    return BatchLoader(store, batch_size, image_size, train=train, workers=workers, seed=seed,
+    return BatchLoader(store, batch_size, image_size, train=train, decode_workers=decode_workers, seed=seed,
                        pin_memory=_cuda_available(), **extra)
 
 

@@ -24,7 +24,7 @@ WORKER_PRIVATE_BYTES = 48 << 20
 INPUT_BYTES_PER_VALUE = 1 + 4
 
 
-def batch_memory(batch_size: int, image_size: int, slots: int, workers: int) -> int:
+def batch_memory(batch_size: int, image_size: int, slots: int, decode_workers: int) -> int:
     """Bytes a loader's batches need at least, beside the store, as the load's memory check counts them.
 
     The ring of ``slots`` shared batch slots (uint8 N x 3 x S x S), the batch
@@ -34,7 +34,7 @@ def batch_memory(batch_size: int, image_size: int, slots: int, workers: int) -> 
     run before a worker asks the kernel for it.
     """
     image = 3 * image_size * image_size
-    return image * (batch_size * (slots + INPUT_BYTES_PER_VALUE) + 2 * workers)
+    return image * (batch_size * (slots + INPUT_BYTES_PER_VALUE) + 2 * decode_workers)
 
 _FIELDS = {"Rss:": "rss", "Pss:": "pss", "Private_Clean:": "private", "Private_Dirty:": "private"}
 

@@ -59,7 +59,7 @@ def test_a_file_gone_mid_run_is_named_once_with_the_reason(packed_sample, sample
     files = OriginalFiles(store, root)
     gone = files.record_paths([5])[0]
     Path(gone).unlink()
-    with BatchLoader(files, batch_size=8, image_size=24, train=False, workers=1) as loader:
+    with BatchLoader(files, batch_size=8, image_size=24, train=False, decode_workers=1) as loader:
         with pytest.raises(DimdError) as error:
             list(loader.epoch(0))
     assert str(error.value) == f"{gone}: No such file or directory"

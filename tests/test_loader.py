@@ -25,7 +25,7 @@ def collect(loader, epoch):
 
 
 def test_training_batches_are_uint8_nchw_with_int64_labels(store):
-    with BatchLoader(store, batch_size=5, image_size=32, workers=2, seed=1) as loader:
+    with BatchLoader(store, batch_size=5, image_size=32, decode_workers=2, seed=1) as loader:
         assert loader.steps_per_epoch == 48 // 5 == len(loader)
         batches = collect(loader, 0)
     assert len(batches) == 9
@@ -50,10 +50,10 @@ def test_an_epoch_draws_without_replacement_and_labels_follow_the_records(store,
 
 
 def test_batches_do_not_depend_on_the_number_of_workers_or_their_timing(store):
-    one = collect(BatchLoader(store, batch_size=8, image_size=24, workers=1, seed=4), 2)
-    two = collect(BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=4, prefetch=3), 2)
-    three = collect(BatchLoader(store, batch_size=8, image_size=24, workers=3, seed=4, prefetch=1), 2)
-    other_seed = collect(BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=5), 2)
+    one = collect(BatchLoader(store, batch_size=8, image_size=24, decode_workers=1, seed=4), 2)
+    two = collect(BatchLoader(store, batch_size=8, image_size=24, decode_workers=2, seed=4, prefetch=3), 2)
+    three = collect(BatchLoader(store, batch_size=8, image_size=24, decode_workers=3, seed=4, prefetch=1), 2)
+    other_seed = collect(BatchLoader(store, batch_size=8, image_size=24, decode_workers=2, seed=5), 2)
     for other in (two, three):
         assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(one, other))
     assert not torch.equal(one[0][0], other_seed[0][0])
@@ -69,20 +69,20 @@ def test_every_batch_after_a_shuffle_within_the_epoch_is_the_shuffled_stores_and
             store.shuffle(9, 1)
         return store
 
-    with BatchLoader(load(False), batch_size=4, image_size=24, workers=2, seed=3) as loader:
+    with BatchLoader(load(False), batch_size=4, image_size=24, decode_workers=2, seed=3) as loader:
         unshuffled = collect(loader, 0)
-    with BatchLoader(load(True), batch_size=4, image_size=24, workers=2, seed=3) as loader:
+    with BatchLoader(load(True), batch_size=4, image_size=24, decode_workers=2, seed=3) as loader:
         loader.seek(0, 3)
         shuffled = collect(loader, 0)
     store = load(False)
     seen = []
-    with BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3, prefetch=2) as loader:
+    with BatchLoader(store, batch_size=4, image_size=24, decode_workers=2, seed=3, prefetch=2) as loader:
         for step, (images, labels) in enumerate(loader.epoch(0)):
             seen.append((images.clone(), labels.clone()))
             if step == 2:
                 store.shuffle(9, 1)   # batches 3 and 4 are in flight
                 state = loader.state_dict()
-    with BatchLoader(load(True), batch_size=4, image_size=24, workers=2, seed=3) as resumed:
+    with BatchLoader(load(True), batch_size=4, image_size=24, decode_workers=2, seed=3) as resumed:
         resumed.load_state_dict(state)
         after_resume = collect(resumed, 0)
     expected = unshuffled[:3] + shuffled
@@ -92,7 +92,7 @@ def test_every_batch_after_a_shuffle_within_the_epoch_is_the_shuffled_stores_and
 
 
 def test_a_second_iteration_of_one_loader_takes_over_and_the_first_says_so(store):
-    with BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3) as loader:
+    with BatchLoader(store, batch_size=4, image_size=24, decode_workers=2, seed=3) as loader:
         reference = collect(loader, 1)
         first = loader.epoch(0)
         next(first)                      # two more of its batches are in flight in the ring
@@ -103,7 +103,7 @@ def test_a_second_iteration_of_one_loader_takes_over_and_the_first_says_so(store
 
 
 def test_an_iteration_continued_after_close_says_the_loader_was_closed(store):
-    loader = BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3)
+    loader = BatchLoader(store, batch_size=4, image_size=24, decode_workers=2, seed=3)
     batches = loader.epoch(0)
     next(batches)
     loader.close()
@@ -116,7 +116,7 @@ def test_an_iteration_continued_after_close_says_the_loader_was_closed(store):
 def test_a_ranks_memory_adds_its_workers_proportional_share_not_their_whole_resident_set(store):
     from dimd.shuffle.memory import process_memory, rank_memory
 
-    with BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=4) as loader:
+    with BatchLoader(store, batch_size=8, image_size=24, decode_workers=2, seed=4) as loader:
         collect(loader, 0)   # the workers have read the whole store
         memory = rank_memory(loader.worker_pids)
         worker_rss = sum(process_memory(pid).rss for pid in loader.worker_pids)
@@ -128,8 +128,8 @@ def test_a_ranks_memory_adds_its_workers_proportional_share_not_their_whole_resi
 def test_raising_prefetch_after_the_first_epoch_keeps_every_batch_intact(store):
     """SMA's engine asks for 2K batches ahead once it knows K: the ring of batch slots must follow,
     or a batch is overwritten by one drawn later before it is read."""
-    reference = collect(BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3, prefetch=4), 1)
-    with BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3) as loader:
+    reference = collect(BatchLoader(store, batch_size=4, image_size=24, decode_workers=2, seed=3, prefetch=4), 1)
+    with BatchLoader(store, batch_size=4, image_size=24, decode_workers=2, seed=3) as loader:
         collect(loader, 0)
         loader.prefetch = 4
         batches = loader.epoch(1)
@@ -171,7 +171,7 @@ def test_resume_refuses_a_store_that_holds_other_records(packed_sample, world):
 
 
 def test_evaluation_visits_every_record_once_in_order(store):
-    loader = BatchLoader(store, batch_size=10, image_size=32, train=False, workers=2)
+    loader = BatchLoader(store, batch_size=10, image_size=32, train=False, decode_workers=2)
     batches = collect(loader, 0)
     assert loader.steps_per_epoch == len(batches) == 5
     assert [len(labels) for _, labels in batches] == [10, 10, 10, 10, 8]
@@ -225,7 +225,7 @@ def test_asking_again_for_the_current_epoch_continues_it(store):
 def test_a_killed_worker_ends_the_epoch_with_one_line_naming_it(store):
     from dimd.shuffle.workers import WorkerDied
 
-    loader = BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=0)
+    loader = BatchLoader(store, batch_size=4, image_size=16, decode_workers=2, seed=0)
     batches = loader.epoch(0)
     next(batches)
     victim = loader.worker_pids[1]
@@ -234,15 +234,15 @@ def test_a_killed_worker_ends_the_epoch_with_one_line_naming_it(store):
         for _ in batches:
             pass
     loader.close()
-    with BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=0) as fresh:  # a new pool starts
+    with BatchLoader(store, batch_size=4, image_size=16, decode_workers=2, seed=0) as fresh:  # a new pool starts
         assert len(collect(fresh, 0)) == fresh.steps_per_epoch
 
 
 def test_a_loader_sharing_the_workers_of_a_killed_one_gets_the_same_line(store):
     from dimd.shuffle.workers import WorkerDied
 
-    train = BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=0)
-    evaluation = BatchLoader(store, batch_size=4, image_size=16, workers=2, train=False)
+    train = BatchLoader(store, batch_size=4, image_size=16, decode_workers=2, seed=0)
+    evaluation = BatchLoader(store, batch_size=4, image_size=16, decode_workers=2, train=False)
     batches, scores = train.epoch(0), evaluation.epoch(0)   # e.g. a feeding thread trains, the rank evaluates
     next(batches)
     next(scores)
@@ -260,7 +260,7 @@ def test_a_loader_sharing_the_workers_of_a_killed_one_gets_the_same_line(store):
 
 
 def test_workers_are_new_interpreters_without_mpi_that_ignore_stop_signals(store):
-    with BatchLoader(store, batch_size=4, image_size=16, workers=1, seed=0) as loader:
+    with BatchLoader(store, batch_size=4, image_size=16, decode_workers=1, seed=0) as loader:
         collect(loader, 0)
         (pid,) = loader.worker_pids
         environment = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
@@ -332,7 +332,7 @@ from mpi4py import MPI
 from dimd.shuffle import BatchLoader, DistributedStore
 from dimd.shuffle.workers import DecodeWorkers
 store = DistributedStore.load({str(packed_sample)!r}, MPI.COMM_WORLD)
-loader = BatchLoader(store, batch_size=4, image_size=24, workers=1)
+loader = BatchLoader(store, batch_size=4, image_size=24, decode_workers=1)
 next(loader.epoch(0))
 with DecodeWorkers._pools_lock:   # what DecodeWorkers.shared() holds while it starts a pool
     del loader, store             # the two hold each other (the store's on_change hook): a cycle, so
@@ -370,7 +370,7 @@ def loader_as_a_library(dataset: str, hold: str = "") -> None:
     from dimd.shuffle import BatchLoader, DistributedStore
 
     store = DistributedStore.load(dataset, world("funneled"))
-    with BatchLoader(store, batch_size=8, image_size=24, workers=2, seed=3) as loader:
+    with BatchLoader(store, batch_size=8, image_size=24, decode_workers=2, seed=3) as loader:
         batches = [(zlib.crc32(images.numpy().tobytes()), zlib.crc32(labels.numpy().tobytes()))
                    for images, labels in loader.epoch(0)]
         say(json.dumps({"batches": batches, "workers": loader.worker_pids, "pid": os.getpid()}))
@@ -397,7 +397,7 @@ def test_a_library_user_without_a_launcher_gets_the_same_batches(store, library_
     import zlib
 
     _, result = library_user
-    with BatchLoader(store, batch_size=8, image_size=24, workers=3, seed=3) as loader:
+    with BatchLoader(store, batch_size=8, image_size=24, decode_workers=3, seed=3) as loader:
         ours = [[zlib.crc32(images.numpy().tobytes()), zlib.crc32(labels.numpy().tobytes())]
                 for images, labels in loader.epoch(0)]
     assert result["batches"] == ours
@@ -458,8 +458,8 @@ def test_a_training_and_an_evaluation_loader_share_their_workers_from_two_thread
     """A GPU's feeding thread runs the training loader while the rank evaluates with the same workers."""
     import threading
 
-    with BatchLoader(store, batch_size=4, image_size=24, workers=2, seed=3) as train, \
-            BatchLoader(store, batch_size=6, image_size=24, workers=2, train=False) as evaluation:
+    with BatchLoader(store, batch_size=4, image_size=24, decode_workers=2, seed=3) as train, \
+            BatchLoader(store, batch_size=6, image_size=24, decode_workers=2, train=False) as evaluation:
         alone = collect(train, 0), collect(evaluation, 0)
         train.seek(0)
         side: list = []
@@ -523,7 +523,7 @@ def test_the_workers_allocator_keeps_a_crops_memory_instead_of_faulting_it_in_ag
 
 def test_warm_workers_decode_without_page_faults(store):
     """Crops at 224 px: each image's arrays come from the worker's heap, not from fresh pages."""
-    with BatchLoader(store, batch_size=8, image_size=224, workers=2, seed=1) as loader:
+    with BatchLoader(store, batch_size=8, image_size=224, decode_workers=2, seed=1) as loader:
         for epoch in range(2):   # warm: the heap has grown to what a batch needs
             for _ in loader.epoch(epoch):
                 pass

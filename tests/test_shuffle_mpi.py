@@ -184,7 +184,7 @@ def loader_batches(dataset: str, groups: str) -> None:
     from mpi4py import MPI
 
     store = DistributedStore.load(dataset, comm, groups=int(groups))
-    train = BatchLoader(store, batch_size=4, image_size=32, workers=2, seed=1)
+    train = BatchLoader(store, batch_size=4, image_size=32, decode_workers=2, seed=1)
     steps = comm.allgather(train.steps_per_epoch)
     for _ in train.epoch(0):
         pass
@@ -201,7 +201,7 @@ def loader_batches(dataset: str, groups: str) -> None:
     train.seek(1)
     seen = sum(len(labels) for _, labels in train.epoch(1))
     restarted = bool(comm.allreduce(int(train.worker_pids != workers)))
-    evaluation = BatchLoader(store, batch_size=5, image_size=32, train=False, workers=2)
+    evaluation = BatchLoader(store, batch_size=5, image_size=32, train=False, decode_workers=2)
     pairs: list[tuple[int, int, int]] = []
     for images, labels in evaluation.epoch(0):
         pairs += [(int(store.global_index[len(pairs) + j]), int(labels[j]),

@@ -76,7 +76,7 @@ def test_an_image_size_whose_batches_cannot_fit_is_refused_before_the_load(packe
     with pytest.raises(DimdError, match=r"its 2 decoding workers and its batches need .* TiB but the available "
                                         r"memory per rank on this node is .*; use a smaller batch or image size"):
         DistributedStore.load(packed_sample, world, decode_workers=2,
-                              batch_bytes=batch_memory(16, 100_000, slots=3, workers=2))
+                              batch_bytes=batch_memory(16, 100_000, slots=3, decode_workers=2))
 
 
 def test_the_memory_limit_counts_the_store_once_and_each_decoding_workers_own_memory(packed_sample, world):

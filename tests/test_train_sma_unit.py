@@ -263,14 +263,14 @@ def test_calibration_batches_come_from_the_training_loaders_workers_and_leave_it
     def crcs(batches):
         return [(zlib.crc32(images.numpy().tobytes()), labels.tolist()) for images, labels in batches]
 
-    training = BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=0)
+    training = BatchLoader(store, batch_size=4, image_size=16, decode_workers=2, seed=0)
     epoch = training.epoch(0)
     got = crcs(next(epoch) for _ in range(3))
-    with BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=0) as alone:
+    with BatchLoader(store, batch_size=4, image_size=16, decode_workers=2, seed=0) as alone:
         expected = crcs(alone.epoch(0))
-    with BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=1) as other_seed:
+    with BatchLoader(store, batch_size=4, image_size=16, decode_workers=2, seed=1) as other_seed:
         drawn = crcs(other_seed.epoch(5))[:3]
-    calibration = CalibrationBatches(BatchLoader(store, batch_size=4, image_size=16, workers=2, seed=1))
+    calibration = CalibrationBatches(BatchLoader(store, batch_size=4, image_size=16, decode_workers=2, seed=1))
     assert crcs(calibration(5, 10)) == drawn                    # the first 3 batches of draw 5
     assert calibration.loader.worker_pids == training.worker_pids and calibration.loader.position == (5, 3)
     got += crcs(next(epoch) for _ in range(3))

@@ -148,10 +148,10 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
         from dimd.shuffle.filesource import OriginalFiles
 
         source = OriginalFiles(store, config.files_root, cold=config.read_from == "files-cold")
-    loader = BatchLoader(source, config.batch_size, config.image_size, train=True, workers=workers,
+    loader = BatchLoader(source, config.batch_size, config.image_size, train=True, decode_workers=workers,
                          seed=config.seed, pin_memory=pin, crop_scale=config.crop_scale)
     val_loader = BatchLoader(val_store, config.eval_batch_size or config.batch_size, config.image_size,
-                             train=False, workers=workers, seed=config.seed, pin_memory=pin)
+                             train=False, decode_workers=workers, seed=config.seed, pin_memory=pin)
     from dimd.shuffle.device_feed import device_feed
 
     # The batches reach the device one step ahead, on a copy stream (decoded there with decode gpu).
@@ -180,7 +180,7 @@ def calibration_source(config: TrainConfig, store: Any, device: torch.device, wo
 
     batch = min(config.eval_batch_size or config.batch_size, store.total // store.comm.Get_size())
     return CalibrationBatches(BatchLoader(store, batch, config.image_size,
-                                          train=True, workers=workers, seed=config.seed + 1,
+                                          train=True, decode_workers=workers, seed=config.seed + 1,
                                           pin_memory=device.type == "cuda", crop_scale=config.crop_scale))
 
 

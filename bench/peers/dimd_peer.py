@@ -51,7 +51,7 @@ def loader(options: LoadOptions):
     torch.set_num_threads(1)
     store = DistributedStore.load(options.data / STEM, MPI.COMM_WORLD)
     batches = BatchLoader(store, options.batch_size, options.image_size, train=True,
-                          workers=options.workers, seed=options.seed)
+                          decode_workers=options.workers, seed=options.seed)
     return batches.epoch
 
 

@@ -76,7 +76,7 @@ class Beside:
         if self.kind == "loader":
             from dimd.shuffle import BatchLoader
 
-            self.loader = BatchLoader(store, args.loader_batch, args.image_size, train=True, workers=self.count,
+            self.loader = BatchLoader(store, args.loader_batch, args.image_size, train=True, decode_workers=self.count,
                                       seed=0, crop_scale=args.crop_scale)
             for _ in zip(range(2), self.loader.epoch(0)):   # start the workers, outside the timing
                 pass
@@ -125,7 +125,7 @@ def loader_rate(store: Any, args: argparse.Namespace, workers: int) -> dict[str,
     """The loader alone: images/s and images per CPU-second over ``--loader-images`` images."""
     from dimd.shuffle import BatchLoader
 
-    with BatchLoader(store, args.loader_batch, args.image_size, train=True, workers=workers, seed=0,
+    with BatchLoader(store, args.loader_batch, args.image_size, train=True, decode_workers=workers, seed=0,
                      crop_scale=args.crop_scale) as loader:
         for _ in zip(range(2), loader.epoch(0)):
             pass

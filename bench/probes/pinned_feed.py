@@ -40,7 +40,7 @@ def make_feed(way: str, store: Any, args: argparse.Namespace) -> Any:
     from dimd.shuffle.device_feed import DeviceFeed
 
     ahead, borrow = WAYS[way]
-    loader = BatchLoader(store, args.batch_size, args.image_size, workers=args.workers, seed=0, pin_memory=True)
+    loader = BatchLoader(store, args.batch_size, args.image_size, decode_workers=args.workers, seed=0, pin_memory=True)
     return DeviceFeed(loader, torch.device(args.device), ahead=ahead,
                       source=lambda epoch: loader.epoch(epoch, borrow=borrow))
 

@@ -128,7 +128,7 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
                 from dimd.shuffle import BatchLoader
 
                 loader = BatchLoader(store, batch, config.image_size, train=True, seed=config.seed,
-                                     workers=workers,
+                                     decode_workers=workers,
                                      crop_scale=config.crop_scale or TrainConfig.crop_scale,
                                      pin_memory=device.type == "cuda")
                 batches = endless(loader)
