@@ -55,9 +55,10 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except click.UsageError:
-            from dimd.mpi import launcher_rank, leave_it_to_the_first_task
+            from dimd.mpi import launcher_rank, leaves_quietly
 
-            leave_it_to_the_first_task(launcher_rank() in (0, None))  # MPI: every rank parsed the same line
+            if leaves_quietly(launcher_rank() in (0, None)):   # MPI: every rank parsed the same line
+                ctx.exit(0)
             raise
         except DimdError as exc:
             from dimd.options import cli_message

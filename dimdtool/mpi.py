@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Mapping, MutableMapping, NoReturn
@@ -296,7 +295,7 @@ def launcher_rank(environ: Mapping[str, str] = os.environ) -> int | None:
     """This process's rank as its launcher exported it (before MPI starts), None outside a launcher.
 
     For what every rank would print alike before MPI starts (a usage error):
-    the first rank says it (:func:`leave_it_to_the_first_task`).
+    the first rank says it (:func:`leaves_quietly`).
     """
     for key in (*(rank_key for _, rank_key, _ in LAUNCHER_SIZES), "PMIX_RANK"):
         rank = _count(environ, key)
@@ -305,18 +304,20 @@ def launcher_rank(environ: Mapping[str, str] = os.environ) -> int | None:
     return None
 
 
-def leave_it_to_the_first_task(first: bool) -> None:
-    """Exit 0 at once, silently, unless this is the launcher's first task (then return).
+def leaves_quietly(first_task: bool) -> bool:
+    """Whether this process should exit 0 at once, silently: all but the launcher's first task.
 
     For a failure every process of a launch meets alike before MPI can order
     them (a usage error, the singleton trap): the first task prints the line
     and its non-zero exit gives the job its status. The others must not exit
     non-zero before it has: a launcher that ends the job at the first non-zero
     exit (Open MPI's ``mpirun``, ``srun --kill-on-bad-exit``) would cut it off
-    with its line unsaid.
+    with its line unsaid. The caller exits::
+
+        if leaves_quietly(exc.first_task):
+            sys.exit(0)
     """
-    if not first:
-        sys.exit(0)
+    return not first_task
 
 
 #: MPICH keeps one shared-memory file per node under this name for the job's life (mpich_shm_<hex>_0).

@@ -29,7 +29,7 @@ import torch
 from dimd.errors import DimdError
 from dimd.stall import STALL_TIMEOUT_S, stall_timeout_problem
 from dimd.mpi import (FORWARD_GRACE_S, AgreedError, LaunchMismatch, ThreadLevel, abort, init_mpi,
-                      leave_it_to_the_first_task)
+                      leaves_quietly)
 
 
 class Job(NamedTuple):
@@ -70,7 +70,8 @@ def init(*, device: str = "auto", threads: int | None = None,
     try:
         init_mpi(thread_level)
     except LaunchMismatch as exc:   # N processes that would each train alone: none may start
-        leave_it_to_the_first_task(exc.first_task)
+        if leaves_quietly(exc.first_task):
+            sys.exit(0)
         sys.exit(f"dimd: error: {exc}")
     from mpi4py import MPI
 

@@ -28,7 +28,7 @@ import click
 from dimd.console import write_line
 from dimd.errors import DimdError
 from dimd.mpi import (FORWARD_GRACE_S, AgreedError, LaunchMismatch, ThreadLevel, abort, agree_or_raise,
-                      init_mpi, leave_it_to_the_first_task)
+                      init_mpi, leaves_quietly)
 from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, output_problems
 
 #: Ranks other than 0 wait this long before reporting, so that an error every
@@ -115,7 +115,8 @@ def start_mpi(thread_level: ThreadLevel):
     try:
         return init_mpi(thread_level)
     except LaunchMismatch as exc:
-        leave_it_to_the_first_task(exc.first_task)
+        if leaves_quietly(exc.first_task):
+            sys.exit(0)
         write_line(sys.stderr, f"dimd: error: {exc}")
         sys.exit(1)
 
