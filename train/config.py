@@ -24,7 +24,9 @@ DEVICES = ("auto", "cpu", "cuda")
 #: access (page cache allowed), or that file read cold (its cached pages dropped before each read).
 READ_FROM = ("memory", "files", "files-cold")
 SYNCS = ("ssgd", "sma")
-LEARNER_COMPUTES = ("auto", "loop", "threads")
+#: How a rank computes its SMA learners' gradients (dimd.train.learners): one replica after another (on
+#: CUDA each on its own stream, Crossbow's way), or one thread each; docs/sma.md says why loop is the default.
+LEARNER_COMPUTES = ("loop", "threads")
 #: Where images are decoded: the loader's CPU decoders, or nvJPEG on the rank's GPU (dimd.shuffle.gpu_decode).
 DECODES = ("cpu", "gpu")
 #: How the step computes, in Lightning's names (dimd.train.precision).
@@ -40,7 +42,7 @@ class SMAConfig:
     sma_momentum: float | None = None     # the central model's momentum; None: sma.CENTRAL_MOMENTUM (0)
     sync_every: int = 1                   # learner steps per synchronisation (an epoch's last step synchronises too)
     autotune_threshold: float = 0.1       # learners auto: the relative throughput rise that adds a learner
-    learner_compute: str = "auto"         # how a rank computes its learners' gradients
+    learner_compute: str = "loop"         # how a rank computes its learners' gradients
 
     def __post_init__(self) -> None:
         one_of(self, "learner_compute", LEARNER_COMPUTES)

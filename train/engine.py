@@ -206,12 +206,6 @@ def overlap_choice(config: TrainConfig, device: torch.device, comm: Any) -> bool
     return config.sync == "ssgd" and not config.noise_scale and comm.Get_size() > 1 and free
 
 
-def learner_compute(choice: str) -> str:
-    """``auto``: one replica after another, on CUDA each on its own stream (Crossbow's way); on a
-    CPU core, where every core already runs a rank, threads gain nothing (docs/sma.md)."""
-    return "loop" if choice == "auto" else choice
-
-
 def make_reducer(algorithm: str, comm) -> Reduce:
     from dimd.allreduce import allreduce
 
@@ -238,7 +232,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
         return SMA(model, reduce, world_size, learners=None if sma.autotune else sma.fixed_learners,
                    alpha=sma.alpha, momentum=cfg.momentum, central_momentum=sma.sma_momentum,
                    weight_decay=cfg.weight_decay, decay_bn_and_bias=cfg.decay_bn_and_bias,
-                   sync_every=sma.sync_every, compute=learner_compute(sma.learner_compute),
+                   sync_every=sma.sync_every, compute=sma.learner_compute,
                    normalize=normalize, threads=torch.get_num_threads(),
                    autotune_threshold=sma.autotune_threshold,
                    max_learners=batches_per_epoch, synchronize=sync, calibration=calibration)

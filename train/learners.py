@@ -32,9 +32,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from dimd.train.config import LEARNER_COMPUTES
 from dimd.train.steps import forward_backward
-
-COMPUTES = ("loop", "threads")
 
 
 @dataclass(frozen=True)
@@ -99,8 +98,8 @@ class Learners:
     def __init__(self, template: nn.Module, k: int, *, compute: str = "loop",
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  threads: int = 1) -> None:
-        if compute not in COMPUTES:
-            raise ValueError(f"unknown learner compute {compute!r}; choose from {', '.join(COMPUTES)}")
+        if compute not in LEARNER_COMPUTES:
+            raise ValueError(f"unknown learner compute {compute!r}; choose from {', '.join(LEARNER_COMPUTES)}")
         if k < 1:
             raise ValueError(f"need at least one learner (got {k})")
         self.template = template

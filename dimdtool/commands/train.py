@@ -157,8 +157,8 @@ def print_models() -> None:
                   help="With --learners auto: the relative rise in throughput that adds a learner."),
     config_option(SMAConfig, "learner_compute", type=click.Choice(LEARNER_COMPUTES),
                   help="How a rank computes its learners' gradients: loop (one after another; on CUDA "
-                       "one stream each) or threads (one each, sharing the rank's torch threads); auto: loop "
-                       "(see docs/sma.md)."),
+                       "one stream each) or threads (one each, sharing the rank's torch threads); see "
+                       "docs/sma.md."),
 )
 @config_option(TrainConfig, "noise_scale",
                help="Log the gradient noise scale B_simple (McCandlish et al., appendix A) per epoch in "
