@@ -33,7 +33,6 @@ from dimd.errors import DimdError
 from dimd.fsutil import atomic_write_text
 
 RESULT_KEY = "result"
-ENVELOPE_KEYS = ("command", "parameters", "versions", "mpi", "commit", "date", "host", RESULT_KEY)
 
 
 def library_versions() -> dict[str, str]:

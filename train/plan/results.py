@@ -20,7 +20,6 @@ from dimd.train.plan.config import SolveConfig
 STEP_TIME_COMMAND = "plan-batch step-time"
 COMM_COMMAND = commfit.COMMAND
 CONVERGENCE_COMMAND = convergence.COMMAND
-SOLVE_COMMAND = solver.COMMAND
 
 
 def _number(figures: dict[str, Any], key: str, source: str) -> float:
