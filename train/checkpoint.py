@@ -17,7 +17,7 @@ one is complete.
 
 A run saves and resumes through one pair, :func:`save_run` and
 :func:`restore_run`, over :class:`RunState` (the run's counters and records)
-and the run's pieces, :class:`RunParts` (model, strategy, loader, store, schedule).
+and the run's pieces, :class:`RunParts` (model, strategy, loader, store).
 """
 
 from __future__ import annotations
@@ -41,18 +41,18 @@ from dimd.mpi import agree_or_raise, agreed, require_on_every_rank
 from dimd.train.config import TrainConfig
 from dimd.train.model_source import recorded_source
 from dimd.train.results import EpochMetrics, EpochTally, Evaluation
-from dimd.train.schedule import Schedule
 from dimd.train.steps import Strategy
 
 FORMAT = "dimd-checkpoint"
 #: 3: a run id in every checkpoint (rotation and resume go by the order checkpoints were written).
 #: 4: one random stream per purpose (dimd.shuffle.streams): the same position holds other records and crops.
-#: 5: SMA's cadence (steps since its last synchronisation, milestones passed) is in its strategy state.
+#: 5: SMA's cadence (steps since its last synchronisation, milestones passed) is in its strategy state;
+#:    the world size is the layout's alone, and no learning rate is written (the schedule gives it).
 VERSION = 5
 #: What a resume reads from every checkpoint: a file without one of them is refused in one line.
-REQUIRED = ("run_id", "sync", "model_name", "classes", "config", "layout", "world_size", "epoch", "step",
-            "position", "images", "next_eval_images", "model", "strategy", "ranks",
-            "store_round", "tally", "history")
+REQUIRED = ("run_id", "sync", "model_name", "classes", "config", "layout", "epoch", "step", "position",
+            "images", "train_seconds", "next_eval_images", "model", "strategy", "ranks", "store_round", "tally",
+            "history", "evaluations")
 _NAME = re.compile(r"^checkpoint-e(\d+)-s(\d+)\.pt$")
 
 
@@ -219,7 +219,6 @@ class RunParts(Protocol):
     strategy: Strategy
     store: Any      # dimd.shuffle.DistributedStore: its classes and last shuffle round
     loader: Any     # the training loader: its position and sampler state
-    schedule: Schedule
 
 
 def run_layout(config: TrainConfig, world_size: int) -> dict[str, Any]:
@@ -280,20 +279,16 @@ def run_document(run: RunParts, state: RunState) -> dict[str, Any] | None:
     if comm.Get_rank() != 0:
         return None
     epoch, done = run.loader.position
-    per_epoch = run.loader.steps_per_epoch
     return {
         "run_id": state.run_id, "sync": run.strategy.name, "model_name": run.config.model,
         "model_source": recorded_source(run.config.model).get("source"),   # a user's: spec, path, sha256
         "classes": list(run.store.classes),
         "config": run.config.as_dict(), "layout": run_layout(run.config, comm.Get_size()),
-        "world_size": comm.Get_size(), "epoch": state.epoch, "step": state.step,
+        "epoch": state.epoch, "step": state.step,
         # The schedule's position, in epochs and batches of the loader: it does not depend on P.
         "position": {"epoch": state.epoch, "batch": done if epoch == state.epoch else 0,
-                     "batches_per_epoch": per_epoch},
-        "images": state.images,
-        "train_seconds": state.train_seconds,
-        "next_eval_images": state.next_eval_images,
-        "lr": run.schedule.lr(max(state.epoch * per_epoch + done - 1, 0)),
+                     "batches_per_epoch": run.loader.steps_per_epoch},
+        "images": state.images, "train_seconds": state.train_seconds, "next_eval_images": state.next_eval_images,
         "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
         "strategy": run.strategy.global_state(),
         "ranks": everyone, "store_round": run.store.round,
@@ -309,9 +304,8 @@ def _restore_model_and_strategy(run: RunParts, path: str, layout: dict[str, Any]
     has this run's layout, this rank's saved state, notes)."""
     document = load_checkpoint(path)
     check_fits(path, document, run.config, list(run.store.classes))
-    position = document.get("position") or {"epoch": document["epoch"], "batch": 0}
-    same_layout = document.get("layout") == layout
-    if not same_layout and position["batch"]:
+    same_layout = document["layout"] == layout
+    if not same_layout and document["position"]["batch"]:
         raise DimdError(mid_epoch_problem(path, document, layout))
     try:
         run.model.load_state_dict(document["model"])
@@ -341,9 +335,9 @@ def restore_run(run: RunParts, path: str) -> tuple[RunState, list[str]]:
     document, same_layout, mine, notes = restored
     state = RunState(epoch=int(document["epoch"]), step=int(document["step"]), images=int(document["images"]),
                      next_eval_images=int(document["next_eval_images"]),
-                     train_seconds=float(document.get("train_seconds", 0.0)),
+                     train_seconds=float(document["train_seconds"]),
                      history=[EpochMetrics.from_dict(m) for m in document["history"]],
-                     evaluations=[Evaluation(**e) for e in document.get("evaluations", [])],
+                     evaluations=[Evaluation(**e) for e in document["evaluations"]],
                      run_id=str(document["run_id"]))
     if document["store_round"] is not None:
         run.store.shuffle(config.seed, int(document["store_round"]))   # MPI: the records' placement, replayed
@@ -353,15 +347,14 @@ def restore_run(run: RunParts, path: str) -> tuple[RunState, list[str]]:
         state.tally = EpochTally.from_dict(document["tally"])
     else:
         run.loader.seek(state.epoch)
-        old = document.get("layout") or {"world_size": document["world_size"]}
-        notes.insert(0, f"the checkpoint's layout ({describe_layout(old)}) differs from this run's "
+        notes.insert(0, f"the checkpoint's layout ({describe_layout(document['layout'])}) differs from this run's "
                         f"({describe_layout(layout)}); continuing from the end of epoch {state.epoch}")
     return state, notes
 
 
 def check_fits(path: str, document: dict[str, Any], config: TrainConfig, classes: list[str]) -> None:
     """The checkpoint is of this run's synchronisation, model and classes (one line naming what differs)."""
-    saved_sync = document.get("sync", "ssgd")
+    saved_sync = document["sync"]
     if saved_sync != config.sync:
         raise DimdError(f"{path}: a checkpoint of a `sync` {saved_sync} run, this run is `sync` "
                         f"{config.sync}; resume it with `sync` {saved_sync} (or start afresh without `resume`)")
@@ -374,31 +367,26 @@ def check_fits(path: str, document: dict[str, Any], config: TrainConfig, classes
 
 def mid_epoch_problem(path: str, document: dict[str, Any], layout: dict[str, Any]) -> str:
     """What to do with a mid-epoch checkpoint on another layout: the exact alternatives."""
-    old = document.get("layout") or {"world_size": document["world_size"], "groups": document["config"]["groups"],
-                                     "batch_size": document["config"]["batch_size"]}
     folder = os.path.dirname(os.path.abspath(path))
     earlier = [p for p in list_checkpoints(folder) if checkpoint_step(p) <= int(document["step"])]
     boundary = [p for p in earlier if at_epoch_boundary(p)]
     alternative = (f", or resume from {boundary[-1]} (an epoch boundary) on any layout" if boundary
                    else "; no epoch-boundary checkpoint is beside it")
     return (f"{path}: written mid-epoch (epoch {document['epoch'] + 1}, step {document['step']}) with "
-            f"{describe_layout(old)}; this run has {describe_layout(layout)}: resume it with "
+            f"{describe_layout(document['layout'])}; this run has {describe_layout(layout)}: resume it with "
             f"that layout{alternative}")
 
 
 def describe_layout(layout: dict[str, Any]) -> str:
-    parts = [f"{layout.get('world_size')} ranks"]
-    if layout.get("learners") is not None:
+    """A :func:`run_layout` in words."""
+    parts = [f"{layout['world_size']} ranks"]
+    if layout["learners"] is not None:
         parts.append(f"{layout['learners']} learners per rank")
-    if layout.get("groups") is not None:
-        parts.append(f"groups {layout['groups']}")
-    if layout.get("batch_size") is not None:
-        parts.append(f"batch {layout['batch_size']}")
-    if layout.get("sync_every", 1) != 1:
+    parts += [f"groups {layout['groups']}", f"batch {layout['batch_size']}"]
+    if layout["sync_every"] != 1:
         parts.append(f"sync every {layout['sync_every']}")
-    if "shuffle_every" in layout:
-        every = layout["shuffle_every"]
-        parts.append("shuffle " + ("never" if every is None else "every epoch" if every == 0 else f"every {every}"))
+    every = layout["shuffle_every"]
+    parts.append("shuffle " + ("never" if every is None else "every epoch" if every == 0 else f"every {every}"))
     return ", ".join(parts)
 
 
@@ -408,5 +396,4 @@ def at_epoch_boundary(path: str | os.PathLike) -> bool:
         document = load_checkpoint(path)
     except DimdError:
         return False
-    position = document.get("position") or {}
-    return position.get("batch", 1) == 0
+    return document["position"]["batch"] == 0

@@ -151,13 +151,13 @@ class Precision:
         return {"precision": self.name,
                 "loss_scale": self.loss_scale.state_dict() if self.loss_scale is not None else None}
 
-    def load_state_dict(self, state: dict[str, Any] | None) -> list[str]:
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
         """Continue a checkpoint's loss scale; returns what it had to change, as log lines."""
         if self.loss_scale is None:
             return []
-        saved = (state or {}).get("loss_scale")
+        saved = state["loss_scale"]
         if saved is None:
-            return [f"the checkpoint was written in {(state or {}).get('precision', '32-true')}: the 16-mixed "
+            return [f"the checkpoint was written in {state['precision']}: the 16-mixed "
                     f"loss scale starts afresh at {self.loss_scale.scale:g}"]
         self.loss_scale.load_state_dict(saved)
         return []

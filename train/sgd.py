@@ -151,7 +151,7 @@ class SSGD:
     def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
         self.optimizer.load_state_dict(shared["optimizer"])
         self.flat.attach()
-        notes = self.precision.load_state_dict(shared.get("precision"))
+        notes = self.precision.load_state_dict(shared["precision"])
         if self.noise is not None:
             if "noise_scale" in shared:
                 self.noise.load_state_dict(shared["noise_scale"])
