@@ -5,9 +5,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import mpi_run
+from conftest import invoke_dimd, mpi_run
 from mpi_case import case, say, world
 
+from dimd.allreduce import ALGORITHMS, STANDALONE
 from dimd.errors import DimdError
 from dimd.report import result_document
 from dimd.train.plan.commfit import (Sample, default_holdout, fit_algorithms, fit_parameters,
@@ -16,7 +17,8 @@ from dimd.train.plan.commmodel import COST_MODELS, features, multicolor_plan, ri
 from dimd.train.plan.config import CommFitConfig
 
 # Every message each rank sends and receives, per algorithm, on real ranks: allreduce_message_counts below.
-COUNTED = ["ring", "recursive-doubling", "rabenseifner", "tree", "ps", "ring-root", "multicolor"]
+# dimd's own algorithms, whose point-to-point calls a wrapped communicator sees (not MPI's or torch's).
+COUNTED = [name for name, algorithm in ALGORITHMS.items() if algorithm.point_to_point]
 #: Divisible by 2..5 and by 4 colours, so blocks are equal and the counts exact.
 ELEMENTS = 60 * 4096
 
@@ -89,6 +91,20 @@ def message_counts():
         proc = mpi_run(allreduce_message_counts, ranks, ELEMENTS, ",".join(COUNTED), timeout=120, check=True)
         counts[ranks] = json.loads(proc.stdout.strip().splitlines()[-1])
     return counts
+
+
+def test_every_algorithm_the_planner_may_choose_has_a_cost_model_and_only_those():
+    """The planner models what dimd.allreduce registers: every algorithm that runs on a communicator
+    alone (what choose_fastest and bench-allreduce's 'all' sweep over), and nothing else."""
+    assert sorted(COST_MODELS) == sorted(STANDALONE)
+    assert set(COUNTED) == set(STANDALONE) - {"mpi"} and len(COUNTED) >= 7
+
+
+def test_comm_and_solve_refuse_an_algorithm_without_a_cost_model_as_a_usage_error(tmp_path):
+    for command in (["comm", tmp_path / "ar.json"], ["solve", "--step", "s", "--comm", "c", "--convergence", "v"]):
+        proc = invoke_dimd("plan-batch", *command, "--algorithms", "ring,torch")
+        assert proc.returncode == 2, proc.stderr
+        assert "Invalid value for '--algorithms' / '-a': algorithm 'torch' is not one of ring" in proc.stderr
 
 
 @pytest.mark.mpi

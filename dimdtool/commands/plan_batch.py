@@ -20,12 +20,23 @@ import click
 from dimd.commands.mpi_job import mpi_command
 from dimd.commands.train import allreduce_algorithms
 from dimd.console import print_table
-from dimd.options import (INT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, build_config, config_option, json_option,
-                          quiet_option, shared_option, stall_timeout_option)
+from dimd.options import (INT_LIST, OUTPUT_FILE, SIZE, NameListType, RegistryChoice, build_config, config_option,
+                          json_option, quiet_option, shared_option, stall_timeout_option)
 from dimd.train.config import DEVICES, TrainConfig
 from dimd.train.plan.config import (POWERS_OF_TWO_TO_1024, CommFitConfig, ConvergenceConfig, SolveConfig,
                                     StepTimeConfig)
 from dimd.units import format_seconds as seconds
+
+
+def modelled_algorithms() -> Any:
+    """The allreduce algorithms with a cost model (dimd.train.plan.commmodel), loaded on first use."""
+    from dimd.train.plan.commmodel import COST_MODELS
+
+    return COST_MODELS
+
+
+#: ``--algorithms`` of comm and solve: modelled algorithms, or ``all``; any other name is a usage error.
+MODELLED_ALGORITHMS = NameListType(modelled_algorithms, "algorithm")
 
 
 @click.group("plan-batch")
@@ -123,8 +134,8 @@ def step_time(json_path: Path | None, quiet: bool, comm, mpi_setup, **values: An
 @config_option(CommFitConfig, "holdout", "--holdout", type=INT_LIST,
                help="Rank counts to leave out of the fit and predict [default: the larger half measured].")
 @config_option(CommFitConfig, "max_ranks", "--max-ranks", help="Predict Delta(P) for P = 1, 2, 4, ... up to this.")
-@config_option(CommFitConfig, "algorithms", "--algorithms", "-a",
-               type=click.STRING, help="Comma list of algorithms to fit [default: every modelled one measured].")
+@config_option(CommFitConfig, "algorithms", "--algorithms", "-a", type=MODELLED_ALGORITHMS,
+               help="Comma list of algorithms to fit, or 'all' [default: every modelled one measured].")
 @config_option(CommFitConfig, "statistic", "--statistic", type=click.Choice(["median", "min"]),
                help="How rows measured in several files (repeats at one P) combine: the median, or the "
                     "minimum (the least disturbed run, on a busy machine).")
@@ -158,8 +169,6 @@ def comm_fit(files: tuple[Path, ...], model: str | None, classes: int | None, nb
         raise click.UsageError("--classes goes with --model")
     if nbytes is not None and nbytes < 1:
         raise click.BadParameter(f"must be positive (got {nbytes})", param_hint="'--bytes'")
-    if values.get("algorithms") is not None:
-        values["algorithms"] = tuple(a.strip() for a in values["algorithms"].split(",") if a.strip())
     try:
         gradient_bytes, source = gradient_size(model, classes, nbytes)
     except DimdError as exc:
@@ -348,8 +357,8 @@ def _print_convergence(figures: dict[str, Any], records: Sequence[Any], config: 
                help="Largest global batch to consider (e.g. the training set's size) [default: none].")
 @config_option(SolveConfig, "allowed_per_rank", "--allowed-per-rank", type=INT_LIST,
                help="Per-rank batches to choose from, e.g. 1,2,4,...,256 [default: any whole number].")
-@config_option(SolveConfig, "algorithms", "--algorithms", "-a", type=click.STRING,
-               help="Comma list of allreduce algorithms to choose from [default: every one comm fitted "
+@config_option(SolveConfig, "algorithms", "--algorithms", "-a", type=MODELLED_ALGORITHMS,
+               help="Comma list of allreduce algorithms to choose from, or 'all' [default: every one comm fitted "
                     "that passed --max-holdout-error].")
 @config_option(SolveConfig, "max_holdout_error", "--max-holdout-error",
                help="Without --algorithms: leave out the algorithms whose cost model missed the rank counts "
@@ -377,8 +386,6 @@ def solve(step_path: Path, comm_path: Path, conv_path: Path, plot_path: Path | N
     from dimd.train.plan.results import (COMM_COMMAND, CONVERGENCE_COMMAND, STEP_TIME_COMMAND, read,
                                          solve_documents)
 
-    if values.get("algorithms") is not None:
-        values["algorithms"] = tuple(a.strip() for a in values["algorithms"].split(",") if a.strip())
     config = build_config(SolveConfig, **values)
     if plot_path is not None:
         from dimd.train.plan.plot import require_matplotlib

@@ -235,6 +235,7 @@ class CostModel:
     formula: str        # the span, in the module's counting convention
 
 
+#: One per algorithm of ``dimd.allreduce.STANDALONE`` (the registry's names; a test holds them equal).
 COST_MODELS: dict[str, CostModel] = {m.name: m for m in (
     CostModel("ring", ring_costs, "4(P-1) a + 4(P-1)/P n b + (P-1)/P n c"),
     CostModel("recursive-doubling", recursive_doubling_costs,
