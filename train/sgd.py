@@ -108,13 +108,14 @@ class SSGD:
             extras[EXTRA_SAMPLES] = labels.numel()
             extras[EXTRA_STOP] = 1.0 if stop else 0.0
             extras[EXTRA_OVERFLOW] = self.precision.unscale(self.flat.grads)   # 16-mixed: this rank's flag
-            if self.noise is not None:
+            if self.noise is not None:   # a full pass over the gradients (on the device; no sync point)
                 extras[EXTRA_SQNORM] = squared_norm(self.flat.grads)   # before the allreduce: this rank's
         self._sync()
         t1 = time.perf_counter()
         self.buckets.synchronize()   # MPI: the gradients (and extras) summed over ranks; with overlap, the rest
         if self.noise is not None:   # before the optimizer, which may change .grad in place (Nesterov)
             with torch.no_grad():
+                # a second full pass, and on a GPU a device-to-host sync point (float waits for the allreduce's copy)
                 averaged = float(squared_norm(self.flat.grads))   # the mean of the ranks' gradients
         t2 = time.perf_counter()
         skipped = self.precision.skip(self.flat.extras[EXTRA_OVERFLOW])   # the same on every rank
@@ -123,10 +124,15 @@ class SSGD:
         self._sync()
         t3 = time.perf_counter()
         spent.compute, spent.allreduce, spent.optimizer = t1 - t0, t2 - t1, t3 - t2
+        # On a GPU, reading the extras is a device-to-host sync point (the timing's _sync above already waited).
         loss_sum, correct, samples, stops, local_sqnorms, _ = self.flat.extras.tolist()
         if self.noise is not None and not skipped:
             self.noise.update(local_sqnorms / self.world_size, averaged, local_batch=round(samples / self.world_size),
                               ranks=self.world_size)
+        # A full pass over the averaged gradients every step (4 bytes read per parameter) and, on a GPU, a
+        # device-to-host sync point: float() waits for every kernel queued, so nothing of the next step is
+        # queued ahead of it (here the timing's _sync has already waited; without it this would). It finds a
+        # divergence at the step it happens, the same step on every rank (the summed gradients are alike).
         finite = ((skipped or math.isfinite(loss_sum) and math.isfinite(float(self.flat.grads.sum())))
                   and not self.precision.diverged)
         result = StepResult(loss_sum, correct, samples, stops > 0, spent, finite=finite)

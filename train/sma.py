@@ -158,7 +158,7 @@ class SMA:
         self._sync()
         t1 = time.perf_counter()
         group.sgd_step(place.lr, self.momentum, self.decay, keep_pre=sync)
-        figures = stats.sum(dim=0).tolist()
+        figures = stats.sum(dim=0).tolist()   # on a GPU a sync point: waits for the update (as the _sync below)
         self.pending += (figures[0], figures[1], sum(int(b[1].numel()) for b in batches))
         self._sync()
         t2 = time.perf_counter()
@@ -209,6 +209,8 @@ class SMA:
         extras = np.zeros(EXTRAS)
         extras[[LOSS, CORRECT, SAMPLES]] = self.pending
         extras[STOP] = 1.0 if stop else 0.0
+        # A full pass over every learner's weights (K x 4 bytes per parameter) at every synchronisation and, on a
+        # GPU, a device-to-host sync point: float() waits for the corrections' kernels (the _sync below would).
         extras[NOT_FINITE] = 0.0 if math.isfinite(float(W.sum())) else 1.0   # a learner diverged
         self._measure(batches, times)
         if self._window_images:
@@ -228,6 +230,8 @@ class SMA:
             self.delta.add_(self.delta_prev, alpha=self.central_momentum)
         self.delta_prev.copy_(self.delta)
         self.z.add_(self.delta)                          # the same bits on every rank
+        # A full pass over Delta (4 bytes per parameter) at every synchronisation and, on a GPU, a
+        # device-to-host sync point, as is reading the extras: the same answer on every rank (Delta is summed).
         summed = self.extras.tolist()
         finite = (math.isfinite(summed[LOSS]) and summed[NOT_FINITE] == 0
                   and math.isfinite(float(self.delta.sum())))
