@@ -13,6 +13,9 @@ device); everything from the forward pass on is here. By job:
   ``learners`` (K replicas of one model in flat buffers), ``autotune``
   (Crossbow's learner count), ``batchnorm`` (statistics recomputed over the
   ranks);
+- CUDA graphs: ``graphs`` (a step captured once and replayed; the CPU's
+  stand-in), ``graphed_sgd`` and ``graphed_sma`` (the two strategies'
+  steps as graphs);
 - the gradients: ``flatgrad`` (every gradient in one buffer), ``buckets``
   (``GradientBuckets``: reduced while backward runs, through
   :mod:`dimd.allreduce`), ``distributed`` (``DistributedGradients`` for a

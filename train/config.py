@@ -25,8 +25,10 @@ DEVICES = ("auto", "cpu", "cuda")
 READ_FROM = ("memory", "files", "files-cold")
 SYNCS = ("ssgd", "sma")
 #: How a rank computes its SMA learners' gradients (dimd.train.learners): one replica after another (on
-#: CUDA each on its own stream, Crossbow's way), or one thread each; docs/sma.md says why loop is the default.
-LEARNER_COMPUTES = ("loop", "threads")
+#: CUDA each on its own stream, Crossbow's way; under CUDA graphs one graph each), or one thread each;
+#: branches: one CUDA graph with a branch per learner (dimd.train.graphed_sma). docs/sma.md says why loop is
+#: the default.
+LEARNER_COMPUTES = ("loop", "threads", "branches")
 #: Where images are decoded: the loader's CPU decoders, or nvJPEG on the rank's GPU (dimd.shuffle.gpu_decode).
 DECODES = ("cpu", "gpu")
 #: How the step computes, in Lightning's names (dimd.train.precision).
@@ -121,6 +123,7 @@ class TrainConfig:
     precision: str = "32-true"            # "32-true", "bf16-mixed" (autocast) or "16-mixed" (autocast + loss scale)
     channels_last: bool | None = None     # None: channels-last for convolutional models on CUDA
     decode: str = "cpu"                   # "gpu": nvJPEG on the rank's GPU, then crop and resize there
+    cuda_graphs: bool | None = None       # replay the step as CUDA graphs; None: where launches bound it (graphs.py)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "groups"):
@@ -156,6 +159,7 @@ class TrainConfig:
         require(not (self.resume or self.checkpoint_every) or self.checkpoint_dir is not None,
                 "checkpoint_dir", "is needed to resume or to checkpoint every N steps")
         self._check_sync()
+        self._check_graphs()
 
     def _check_model_size(self) -> None:
         from dimd.train.models import image_size_problem
@@ -172,6 +176,18 @@ class TrainConfig:
                 "gpu decodes the records held in memory: leave out `read_from`")
         require(self.files_root is None or self.read_from != "memory", "files_root",
                 "is where `read_from` files or files-cold finds the original images; give one of those too")
+
+    def _check_graphs(self) -> None:
+        if self.cuda_graphs:
+            require(self.device != "cpu", "cuda_graphs", "replays the step's CUDA work, so it needs a GPU; leave "
+                    "it out with `device` cpu")
+            require(not self.overlap, "cuda_graphs", "cannot go with `overlap`: a graph cannot capture the thread "
+                    "that reduces gradient buckets while backward runs; leave one out")
+            require(self.sma.learner_compute != "threads", "cuda_graphs", "cannot go with `learner_compute` "
+                    "threads (learners in Python threads); leave one out")
+        if self.sma.learner_compute == "branches":
+            require(self.cuda_graphs is not False and self.device != "cpu", "learner_compute",
+                    "branches is one CUDA graph with a branch per learner: it needs a GPU and CUDA graphs")
 
     def _check_sync(self) -> None:
         one_of(self, "sync", SYNCS)

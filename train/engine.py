@@ -196,14 +196,58 @@ def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[
                                                        "bytes": nbytes}
 
 
-def overlap_choice(config: TrainConfig, device: torch.device, comm: Any) -> bool:
-    """``overlap``, or where unset: S-SGD on several ranks with a core or GPU free for the communication."""
+def overlap_choice(config: TrainConfig, device: torch.device, comm: Any, graphs: bool = False) -> bool:
+    """``overlap``, or where unset: S-SGD on several ranks with a core or GPU free for the communication,
+    unless the step runs as CUDA graphs (which cannot capture the communication thread)."""
     if config.overlap is not None:
         return config.overlap
     from dimd.train.buckets import core_free_for_communication
 
     free = core_free_for_communication(device, comm)   # MPI: collective (the node's ranks)
-    return config.sync == "ssgd" and not config.noise_scale and comm.Get_size() > 1 and free
+    return config.sync == "ssgd" and not config.noise_scale and comm.Get_size() > 1 and free and not graphs
+
+
+@dataclass(frozen=True)
+class GraphChoice:
+    """Whether the step replays as CUDA graphs, why (for the JSON), and where (None: the device's own)."""
+
+    on: bool
+    rule: str
+    backend: Any = None
+
+
+def graphs_choice(config: TrainConfig, device: torch.device, model: torch.nn.Module, comm: Any,
+                  backend: Any = None) -> GraphChoice:
+    """Collective: ``cuda_graphs``, or where unset the rule of :func:`dimd.train.graphs.graphs_rule`.
+
+    Every rank has the same config, model and kind of device, so every rank decides alike; an explicit
+    ``cuda_graphs`` the run cannot honour stops every rank with one line. ``backend``: a stand-in
+    for the GPU (tests run the graphed steps on the CPU with :class:`~dimd.train.graphs.StandIn`).
+    """
+    from dimd.train.graphs import capture_problem, graphs_rule
+
+    if backend is not None:
+        return GraphChoice(True, f"on: {backend.name} backend given to the trainer", backend)
+    check_graphs_device(config, device, comm)
+    problem = capture_problem(model) if config.cuda_graphs else None
+    agree_or_raise(comm, problem and f"{problem}: give it a momentum, or leave out `cuda_graphs`")   # MPI: one model
+    on, rule = graphs_rule(config.cuda_graphs, device, config.batch_size, config.image_size,
+                           overlap=config.overlap, learner_compute=config.sma.learner_compute)
+    unfit = capture_problem(model) if on else None
+    if unfit:
+        on, rule = False, f"off: {unfit}"
+    if config.sync == "sma" and config.sma.learner_compute == "branches" and not on:
+        agree_or_raise(comm, f"`learner_compute` branches is one CUDA graph with a branch per learner, but graphs "
+                             f"are {rule}")
+    return GraphChoice(on, rule)
+
+
+def check_graphs_device(config: TrainConfig, device: torch.device, comm: Any) -> None:
+    """Collective: ``cuda_graphs`` on a run whose device is the CPU stops every rank with one line, before
+    the data loads (``device`` auto found no GPU; ``device`` cpu is refused by the config)."""
+    if config.cuda_graphs and device.type != "cuda":
+        agree_or_raise(comm, "`cuda_graphs` replays the step's CUDA work, and this run's device is the CPU (no "
+                             "CUDA device here); leave it out")   # MPI: the device kind is agreed
 
 
 def make_reducer(algorithm: str, comm) -> Reduce:
@@ -218,24 +262,32 @@ def make_reducer(algorithm: str, comm) -> Reduce:
 def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
                   world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False,
                   calibration: Callable[[int, int], Iterator[Any]] | None = None,
-                  precision: Any = None) -> Strategy:
+                  precision: Any = None, graphs: GraphChoice | None = None) -> Strategy:
     """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says;
     ``overlap``: S-SGD reduces gradient buckets during backward; ``calibration``: the training
-    batches SMA recomputes z's batch-norm statistics on."""
+    batches SMA recomputes z's batch-norm statistics on; ``graphs``: the steps replay as CUDA graphs."""
     cfg = config
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else None
+    graphed = graphs is not None and graphs.on
     if cfg.sync == "sma":
         from dimd.train.sma import SMA
 
         sma = cfg.sma
-        return SMA(model, reduce, world_size, learners=None if sma.autotune else sma.fixed_learners,
-                   alpha=sma.alpha, momentum=cfg.momentum, central_momentum=sma.sma_momentum,
-                   weight_decay=cfg.weight_decay, decay_bn_and_bias=cfg.decay_bn_and_bias,
-                   sync_every=sma.sync_every, compute=sma.learner_compute,
-                   normalize=normalize, threads=torch.get_num_threads(),
-                   autotune_threshold=sma.autotune_threshold,
-                   max_learners=batches_per_epoch, synchronize=sync, calibration=calibration)
+        sma_class: Any = SMA
+        extra: dict[str, Any] = {}
+        if graphed:
+            from dimd.train.graphed_sma import GraphedSMA
+
+            assert graphs is not None
+            sma_class, extra = GraphedSMA, {"backend": graphs.backend, "rule": graphs.rule}
+        return sma_class(model, reduce, world_size, learners=None if sma.autotune else sma.fixed_learners,
+                         alpha=sma.alpha, momentum=cfg.momentum, central_momentum=sma.sma_momentum,
+                         weight_decay=cfg.weight_decay, decay_bn_and_bias=cfg.decay_bn_and_bias,
+                         sync_every=sma.sync_every, compute=sma.learner_compute,
+                         normalize=normalize, threads=torch.get_num_threads(),
+                         autotune_threshold=sma.autotune_threshold,
+                         max_learners=batches_per_epoch, synchronize=sync, calibration=calibration, **extra)
     from dimd.train.sgd import SSGD, make_optimizer
 
     optimizer = make_optimizer(model, lr=cfg.lr, momentum=cfg.momentum,
@@ -246,6 +298,13 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
         from dimd.train.noise import NoiseScale
 
         noise = NoiseScale()
+    if graphed:
+        from dimd.train.graphed_sgd import GraphedSSGD
+
+        assert graphs is not None
+        return GraphedSSGD(model, optimizer, reduce, world_size, backend=graphs.backend,
+                           bucket_bytes=cfg.bucket_bytes(False), normalize=normalize, synchronize=sync, noise=noise,
+                           precision=precision, rule=graphs.rule)
     return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
                 normalize=normalize, synchronize=sync, noise=noise, overlap=overlap, precision=precision)
 
@@ -264,11 +323,12 @@ class Trainer:
     ``stop``: the stop signals' flag; the caller enters it before this set-up,
     so that a signal during loading is not lost, or :meth:`run` takes the
     process-wide one (:func:`~dimd.train.signals.stop_request`).
+    ``graph_backend``: replay the steps as graphs there (tests: :class:`~dimd.train.graphs.StandIn` on the CPU).
     """
 
     def __init__(self, config: TrainConfig, comm, *, stop: StopRequest | None = None, hooks: Hooks | None = None,
                  eval_every_images: int | None = None, target_top1: float | None = None,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, graph_backend: Any = None) -> None:
         from dimd.shuffle import DistributedStore
         from dimd.shuffle.normalize import Normalize
         from dimd.train.sgd import broadcast_state
@@ -291,6 +351,8 @@ class Trainer:
             self.hooks.on_event(f"note: {warning}")
         self.device = device if device is not None else pick_device(cfg.device, comm)
         check_decode(cfg, self.device, comm)
+        if graph_backend is None:
+            check_graphs_device(cfg, self.device, comm)
         self.resume_path = check_inputs_before_loading(cfg, comm)
 
         # -- data: each rank's share in memory, and the loaders over it
@@ -329,12 +391,13 @@ class Trainer:
                            "gradient_bytes": nbytes, "classes": len(self.store.classes), **recorded_source(cfg.model)}
         # MPI: the allreduce algorithm, measured for this message size if not given
         self.algorithm, self.algorithm_choice = choose_allreduce(cfg, nbytes, comm)
-        self.overlap = overlap_choice(cfg, self.device, comm)
+        self.graphs = graphs_choice(cfg, self.device, self.model, comm, graph_backend)   # MPI: agreed
+        self.overlap = overlap_choice(cfg, self.device, comm, self.graphs.on)
         self.algorithm_choice["overlap"] = self.overlap
         self.calibration = calibration_source(cfg, self.store, self.device, workers) if cfg.sync == "sma" else None
         self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
                                                 self.normalize, self.batches_per_epoch, self.overlap,
-                                                self.calibration, self.precision)
+                                                self.calibration, self.precision, self.graphs)
         self.fit_prefetch()
 
         # -- schedule
@@ -569,6 +632,7 @@ class Trainer:
 
     def result(self, replicas_identical: bool) -> TrainResult:
         figures = self.strategy.figures()
+        figures.setdefault("cuda_graphs", {"on": False, "rule": self.graphs.rule})
         schedule = self.schedule
         result = TrainResult(
             config=self.config, model=self.model_info, world_size=self.world, device=str(self.device),

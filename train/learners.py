@@ -95,11 +95,14 @@ def set_buffers(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
 class Learners:
     """K learners' state (flat buffers) and the gradient computation chosen by ``compute``."""
 
+    #: The ``compute`` choices of these eager learners (branches exist only as a CUDA graph: GraphedLearners).
+    computes: tuple[str, ...] = tuple(c for c in LEARNER_COMPUTES if c != "branches")
+
     def __init__(self, template: nn.Module, k: int, *, compute: str = "loop",
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  threads: int = 1) -> None:
-        if compute not in LEARNER_COMPUTES:
-            raise ValueError(f"unknown learner compute {compute!r}; choose from {', '.join(LEARNER_COMPUTES)}")
+        if compute not in self.computes:
+            raise ValueError(f"unknown learner compute {compute!r}; choose from {', '.join(self.computes)}")
         if k < 1:
             raise ValueError(f"need at least one learner (got {k})")
         self.template = template

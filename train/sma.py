@@ -101,8 +101,8 @@ class SMA:
         self.calibration = calibration
         self.calibration_images = calibration_images
         self._calibrated_at: int | None = None   # the synchronisation z's statistics were measured after
-        self.learner_group = Learners(model, 1 if learners is None else learners, compute=compute,
-                                      normalize=normalize, threads=threads)
+        self.learner_group = self._make_learners(model, 1 if learners is None else learners, compute=compute,
+                                                 normalize=normalize, threads=threads)
         layout = self.learner_group.layout
         device = next(model.parameters()).device
         # z: the model's own parameters become views of one flat vector.
@@ -126,6 +126,10 @@ class SMA:
         self._window_open = False             # the auto-tuner's measurement window
         self._window_images = 0
         self._window_seconds = 0.0
+
+    def _make_learners(self, model: nn.Module, k: int, **options: Any) -> Learners:
+        """The K learners (the graphed strategy makes graphed ones)."""
+        return Learners(model, k, **options)
 
     # -- the strategy interface ----------------------------------------------------------------
 
@@ -153,11 +157,7 @@ class SMA:
         events = self._restart_past_a_milestone(place, times)
         sync = place.last or self.since_sync + 1 >= self.sync_every
         t0 = time.perf_counter()
-        group = self.learner_group
-        stats = group.forward_backward([b[0] for b in batches], [b[1] for b in batches])
-        self._sync()
-        t1 = time.perf_counter()
-        group.sgd_step(place.lr, self.momentum, self.decay, keep_pre=sync)
+        stats, t1 = self._learn(batches, place.lr, keep_pre=sync)
         figures = stats.sum(dim=0).tolist()   # on a GPU a sync point: waits for the update (as the _sync below)
         self.pending += (figures[0], figures[1], sum(int(b[1].numel()) for b in batches))
         self._sync()
@@ -184,6 +184,15 @@ class SMA:
         return [f"restart at step {place.step} (epoch {place.epoch:g}): the learning rate drops to "
                 f"{place.lr:.4g}, every learner starts again from the central model"]
 
+    def _learn(self, batches: Batches, lr: float, *, keep_pre: bool) -> tuple[torch.Tensor, float]:
+        """Every learner's forward, backward and local step: K x (loss sum, hits), and when the gradients were done."""
+        group = self.learner_group
+        stats = group.forward_backward([b[0] for b in batches], [b[1] for b in batches])
+        self._sync()
+        computed = time.perf_counter()
+        group.sgd_step(lr, self.momentum, self.decay, keep_pre=keep_pre)
+        return stats, computed
+
     def _measure(self, batches: Batches, times: StepTimes) -> None:
         """The auto-tuner's window: images and seconds of whole steps (data wait included), skipping the
         first step after a change (a warm-up); evaluation and checkpoints between steps do not count."""
@@ -206,25 +215,13 @@ class SMA:
         W.sub_(D, alpha=self.alpha)                      # w_j = w_j - alpha d_j
         torch.sum(D, dim=0, out=self.delta)
         self.delta.mul_(self.alpha)                      # this rank's share of Delta
-        extras = np.zeros(EXTRAS)
-        extras[[LOSS, CORRECT, SAMPLES]] = self.pending
-        extras[STOP] = 1.0 if stop else 0.0
         # A full pass over every learner's weights (K x 4 bytes per parameter) at every synchronisation and, on a
         # GPU, a device-to-host sync point: float() waits for the corrections' kernels (the _sync below would).
-        extras[NOT_FINITE] = 0.0 if math.isfinite(float(W.sum())) else 1.0   # a learner diverged
-        self._measure(batches, times)
-        if self._window_images:
-            seconds = self._window_seconds + (time.perf_counter() - t0)
-            extras[WINDOW_DONE] = 1.0 if seconds >= self.autotune_window else 0.0
-            extras[[WINDOW_IMAGES, WINDOW_SECONDS]] = self._window_images, seconds
-        self.extras.copy_(torch.from_numpy(extras))
+        diverged = not math.isfinite(float(W.sum()))     # a learner diverged
+        self.extras.copy_(torch.from_numpy(self._extras(stop, diverged, batches, times, t0)))
         self._sync()
         t1 = time.perf_counter()
-        if self._host is not self.message:
-            self._host.copy_(self.message)
-        self.reduce(self._host_array)                    # MPI: Delta summed over every learner of every rank
-        if self._host is not self.message:
-            self.message.copy_(self._host)
+        self._reduce_message()                           # MPI: Delta summed over every learner of every rank
         t2 = time.perf_counter()
         if self.central_momentum > 0:
             self.delta.add_(self.delta_prev, alpha=self.central_momentum)
@@ -233,8 +230,34 @@ class SMA:
         # A full pass over Delta (4 bytes per parameter) at every synchronisation and, on a GPU, a
         # device-to-host sync point, as is reading the extras: the same answer on every rank (Delta is summed).
         summed = self.extras.tolist()
-        finite = (math.isfinite(summed[LOSS]) and summed[NOT_FINITE] == 0
-                  and math.isfinite(float(self.delta.sum())))
+        return self._finish(summed, math.isfinite(float(self.delta.sum())), times, t0, t1, t2)
+
+    def _extras(self, stop: bool, diverged: bool, batches: Batches, times: StepTimes, t0: float) -> np.ndarray:
+        """The message's tail from this rank: its figures since the last synchronisation, the stop and divergence
+        flags, the auto-tuner's window (summed over ranks by the allreduce)."""
+        extras = np.zeros(EXTRAS)
+        extras[[LOSS, CORRECT, SAMPLES]] = self.pending
+        extras[STOP] = 1.0 if stop else 0.0
+        extras[NOT_FINITE] = 1.0 if diverged else 0.0
+        self._measure(batches, times)
+        if self._window_images:
+            seconds = self._window_seconds + (time.perf_counter() - t0)
+            extras[WINDOW_DONE] = 1.0 if seconds >= self.autotune_window else 0.0
+            extras[[WINDOW_IMAGES, WINDOW_SECONDS]] = self._window_images, seconds
+        return extras
+
+    def _reduce_message(self) -> None:
+        """Collective: the message (Delta and the extras) summed over the ranks, through a host copy on a GPU."""
+        if self._host is not self.message:
+            self._host.copy_(self.message)
+        self.reduce(self._host_array)                    # MPI: Delta summed over every learner of every rank
+        if self._host is not self.message:
+            self.message.copy_(self._host)
+
+    def _finish(self, summed: list[float], delta_finite: bool, times: StepTimes, t0: float, t1: float,
+                t2: float) -> StepResult:
+        """The synchronisation's result from the summed extras; the auto-tuner's decision; its times."""
+        finite = math.isfinite(summed[LOSS]) and summed[NOT_FINITE] == 0 and delta_finite
         self.pending[:] = 0
         self.syncs += 1
         self.since_sync = 0

@@ -133,8 +133,8 @@ def print_models() -> None:
                     "--overlap, else one message].")
 @config_option(TrainConfig, "overlap", "--overlap/--no-overlap",
                help="S-SGD: reduce each gradient bucket on a communication thread while backward goes on; "
-                    "the weights are the same either way [default: on with a GPU, or a core free beyond the "
-                    "ranks' torch threads; docs/library.md].")
+                    "the weights are the same either way [default: on with a GPU whose step runs eagerly, or a "
+                    "core free beyond the ranks' torch threads; docs/library.md].")
 @config_option(TrainConfig, "sync", type=click.Choice(SYNCS),
                help="ssgd: synchronous data-parallel SGD (one gradient allreduce per step); sma: "
                     "Crossbow's synchronous model averaging of independent learners (docs/sma.md; its "
@@ -157,7 +157,8 @@ def print_models() -> None:
                   help="With --learners auto: the relative rise in throughput that adds a learner."),
     config_option(SMAConfig, "learner_compute", type=click.Choice(LEARNER_COMPUTES),
                   help="How a rank computes its learners' gradients: loop (one after another; on CUDA "
-                       "one stream each) or threads (one each, sharing the rank's torch threads); see "
+                       "one stream each, under CUDA graphs one graph each), threads (one each, sharing the "
+                       "rank's torch threads) or branches (one CUDA graph with a branch per learner); see "
                        "docs/sma.md."),
 )
 @config_option(TrainConfig, "noise_scale",
@@ -172,6 +173,11 @@ def print_models() -> None:
                help="32-true; bf16-mixed or 16-mixed: autocast over the forward pass and the loss, the "
                     "weights, optimizer state and allreduced gradients in float32; 16-mixed adds a dynamic "
                     "loss scale (steps with overflowing gradients are skipped on every rank and counted).")
+@config_option(TrainConfig, "cuda_graphs", "--cuda-graphs/--no-cuda-graphs", default=None,
+               help="Replay the training step as CUDA graphs (captured once after a few eager steps; S-SGD's "
+                    "step, SMA's learners); evaluation stays eager [default: on with CUDA where a learner's "
+                    "batch is small, at most 32 images of 224 px or the same pixels, off elsewhere; the JSON says "
+                    "why, and lists every capture; docs/gpu.md].")
 @config_option(TrainConfig, "channels_last", "--channels-last/--no-channels-last", default=None,
                help="Channels-last (NHWC) activations and weights [default: on for convolutional models "
                     "on CUDA, off elsewhere].")
@@ -275,6 +281,11 @@ def _layout_line(trainer) -> str:
             f"{trainer.batches_per_epoch} steps/epoch")
 
 
+def _graphs_note(trainer) -> str:
+    """`` (CUDA graphs on)`` or off, on a GPU; the reason is in the JSON."""
+    return f" (CUDA graphs {trainer.graphs.rule.split(':')[0]})" if trainer.device.type == "cuda" else ""
+
+
 def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | None,
          json_path: Path | None, quiet: bool, fields: dict[str, Any]) -> None:
     from dimd.commands.mpi_job import check_outputs
@@ -309,7 +320,7 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
         say(f"{config.model}: {info['parameters']:,} parameters, {info['gradient_bytes'] / 2**20:.1f} MiB of "
             f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
             f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {trainer.algorithm}; "
-            f"device {trainer.device}, {trainer.threads} thread(s) per rank")
+            f"device {trainer.device}{_graphs_note(trainer)}, {trainer.threads} thread(s) per rank")
         remaining = trainer.steps_per_epoch * config.epochs - trainer.state.step
         advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader and not quiet))
 

@@ -1,0 +1,359 @@
+"""The training step as CUDA graphs: captured once over static device tensors, replayed every step.
+
+At a small batch per GPU a step is hundreds of short kernels, each launched from Python, and the
+launches, not the GPU, set the pace. A CUDA graph records the kernels of a step once and replays
+them with one launch. What that takes, and how dimd keeps a replayed step the same as an eager one:
+
+* **Static tensors.** A graph reads and writes the addresses it was captured with. A batch is
+  copied into the step's static inputs (:class:`StaticBatch`) on the compute stream before the
+  replay (the device feed still stages batches ahead on its own stream); weights, gradients (flat
+  buffers), momentum and batch-norm statistics live for the whole run and change in place.
+* **Nothing that changes is baked in.** The learning rate, the stop flag and 16-mixed's loss
+  scale are device tensors the host writes before a replay (:func:`write_scalar`: a kernel with
+  the value as its argument, no copy from host memory to race with); the overflow check and the
+  skip of an overflowed step run on the device; the figures the host needs come back in one
+  small read per step.
+* **Warm-up.** A new graph's first :data:`WARMUP_STEPS` steps run eagerly on a side stream (cuBLAS
+  workspaces, cuDNN's choices and autograd's threads are set up lazily and must not be set up
+  inside a capture); the next step is captured on that stream and replayed. The warm-up steps
+  are real steps of the run: nothing is computed twice or thrown away.
+* **One graph per input shape** (a last batch of another size gets its own), at most
+  :data:`MAX_SHAPES`; a shape beyond them runs eagerly and says so once. Every capture is
+  recorded (:class:`CaptureRecord`: which graph, why, at which step, its seconds and the memory
+  its pool holds) and lands in the run's JSON; nothing is re-captured silently, and a step
+  never re-captures a shape it already holds.
+* **Capture mode** ``thread_local``: the device feed's thread keeps copying batches while the step's
+  thread captures; "global" mode would fail its copies.
+
+Off a GPU, :class:`StandIn` plays the graph: its "capture" keeps the step function and its
+"replay" calls it, so the bookkeeping above runs through the same code on the CPU and is tested
+there against the plain eager step (``tests/test_graphs.py``).
+
+When graphs are on by default (:func:`graphs_rule`): on CUDA when a learner's batch is small
+(:data:`GRAPHS_UP_TO_PIXELS`), where the launches dominate; docs/gpu.md has the measurements.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Hashable, Protocol, Sequence
+
+import torch
+from torch import nn
+
+#: Eager steps of a new graph before it is captured (PyTorch's own examples warm up for 3).
+WARMUP_STEPS = 3
+
+#: Input shapes a step keeps graphs for; a further shape runs eagerly (its step is said once).
+MAX_SHAPES = 4
+
+#: Graphs are on by default up to this many pixels per learner step (batch x image_size^2): a batch
+#: of 32 at 224 px, or 1,568 at 32 px. Below it a step is launch-bound (measured on an H100: graphed
+#: 6.7x eager for resnet20 at batch 16 and 32 px, 1.8-1.9x for resnet18 and resnet50 at batch 16 and
+#: 224 px); well above it the GPU is the limit and eager steps run at the same speed.
+GRAPHS_UP_TO_PIXELS = 32 * 224 * 224
+
+#: The CUDA capture mode: other threads (the device feed) may keep issuing work while one thread captures.
+CAPTURE_MODE = "thread_local"
+
+
+def graphs_rule(choice: bool | None, device: torch.device, batch_size: int, image_size: int, *,
+                overlap: bool | None = None, learner_compute: str = "auto") -> tuple[bool, str]:
+    """Whether a run's steps replay as CUDA graphs, and why, in one line (it goes into the JSON).
+
+    ``choice``: ``--cuda-graphs`` (True), ``--no-cuda-graphs`` (False) or the default (None). The
+    conflicts of an explicit ``--cuda-graphs`` are refused by the config; here they turn the default off.
+    """
+    if torch.device(device).type != "cuda":
+        return False, "off: the device is not a GPU"
+    if choice is not None:
+        return choice, "on: --cuda-graphs" if choice else "off: --no-cuda-graphs"
+    if overlap:
+        return False, ("off: --overlap reduces gradient buckets on a thread while backward runs, which a graph "
+                       "cannot capture")
+    if learner_compute == "threads":
+        return False, "off: --learner-compute threads runs learners in Python threads, which a graph cannot capture"
+    pixels = batch_size * image_size * image_size
+    if pixels <= GRAPHS_UP_TO_PIXELS:
+        return True, (f"on: {batch_size} images of {image_size} px per learner step ({pixels:,} pixels, at most "
+                      f"{GRAPHS_UP_TO_PIXELS:,}): a step this small is bound by its kernel launches, which a graph "
+                      f"replays in one")
+    return False, (f"off: {batch_size} images of {image_size} px per learner step ({pixels:,} pixels, above "
+                   f"{GRAPHS_UP_TO_PIXELS:,}): the GPU, not the launches, sets the pace")
+
+
+def capture_problem(model: nn.Module) -> str | None:
+    """Why ``model``'s training step cannot be captured (one line), or None.
+
+    Batch norm with ``momentum=None`` (a cumulative average) reads its step count on the host at every
+    step, which a replay would never do again.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats \
+                and module.momentum is None:
+            return (f"batch norm {name or type(module).__name__} has momentum=None (a cumulative average it reads "
+                    f"on the host at every step), which a CUDA graph cannot replay")
+    return None
+
+
+def write_scalar(tensor: torch.Tensor, value: float) -> None:
+    """Set a 0-d device tensor a graph reads (a fill kernel with ``value`` as its argument: nothing in host
+    memory for a later step to overwrite before the copy ran)."""
+    tensor.fill_(value)
+
+
+class StaticBatch:
+    """A graph's input tensors for one batch shape; each batch is copied into them on the compute stream."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, device: torch.device) -> None:
+        self.images = torch.empty(images.shape, dtype=images.dtype, device=device)
+        self.labels = torch.empty(labels.shape, dtype=labels.dtype, device=device)
+
+    def load(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """The batch into the static tensors (nothing to copy if it already is them)."""
+        for static, given in ((self.images, images), (self.labels, labels)):
+            if given.data_ptr() != static.data_ptr():
+                static.copy_(given, non_blocking=True)
+
+
+def batch_key(images: torch.Tensor, labels: torch.Tensor) -> tuple:
+    """What a graph's static inputs are made for: the batch's shapes and types."""
+    return tuple(images.shape), images.dtype, tuple(labels.shape), labels.dtype
+
+
+class StaticInputs:
+    """The static batches of one step (one per learner), by input shape."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._by_key: dict[Hashable, list[StaticBatch]] = {}
+
+    def load(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[Hashable, list[StaticBatch]]:
+        """Copy ``batches`` into the static batches of their shape; returns the shape's key and them."""
+        key = tuple(batch_key(images, labels) for images, labels in batches)
+        statics = self._by_key.get(key)
+        if statics is None:
+            statics = self._by_key[key] = [StaticBatch(images, labels, self.device) for images, labels in batches]
+        for static, (images, labels) in zip(statics, batches):
+            static.load(images, labels)
+        return key, statics
+
+    def clear(self) -> None:
+        self._by_key.clear()
+
+
+# -- capturing and replaying --------------------------------------------------------------------
+
+
+class Replayable(Protocol):
+    def replay(self) -> None: ...
+
+
+class Backend(Protocol):
+    """Where steps are captured and replayed: :class:`CudaBackend`, or the CPU's :class:`StandIn`."""
+
+    name: str
+
+    def eager(self, body: Callable[[], None]) -> None:
+        """Run ``body`` as a warm-up step."""
+
+    def capture(self, body: Callable[[], None]) -> tuple[Replayable, int]:
+        """Capture ``body`` (without running it); the graph and the device memory its capture took."""
+
+
+class CudaBackend:
+    """Capture on a side stream of its own, into a memory pool of its own (or ``pool``, shared with graphs
+    that are never replayed at the same time); replays run on the caller's current stream."""
+
+    name = "cuda"
+
+    def __init__(self, device: torch.device, stream: Any = None, *, share_pool: bool = True) -> None:
+        self.device = torch.device(device)
+        self.stream = stream if stream is not None else torch.cuda.Stream(self.device)
+        # Graphs of one step (its shapes, its parts) run one after another on one stream: one pool serves
+        # them all (PyTorch's "sharing memory across captures").
+        self.pool = torch.cuda.graph_pool_handle() if share_pool else None
+
+    def eager(self, body: Callable[[], None]) -> None:
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            body()
+        current.wait_stream(self.stream)
+
+    def capture(self, body: Callable[[], None]) -> tuple[Replayable, int]:
+        graph = torch.cuda.CUDAGraph()
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        # What torch.cuda.graph does first (wait, release the cache): the allocator's growth across the
+        # capture is then the memory the graph's pool took (less, where it reuses a shared pool's blocks).
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(self.device)
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode=CAPTURE_MODE):
+            body()
+        current.wait_stream(self.stream)
+        return graph, max(0, torch.cuda.memory_reserved(self.device) - before)
+
+
+class _Kept:
+    """The stand-in's "graph": the step function, called at every replay."""
+
+    def __init__(self, body: Callable[[], None]) -> None:
+        self.body = body
+
+    def replay(self) -> None:
+        self.body()
+
+
+class StandIn:
+    """Graphs off a GPU: "capture" keeps the step function and "replay" calls it, eagerly.
+
+    The bookkeeping around a graph (static inputs, the scalars written before a replay, warm-up,
+    shapes, records) then runs through the same code on the CPU, where tests compare it with the
+    plain eager step. It measures nothing: its records hold no seconds or bytes worth reading.
+    """
+
+    name = "stand-in"
+
+    def eager(self, body: Callable[[], None]) -> None:
+        body()
+
+    def capture(self, body: Callable[[], None]) -> tuple[Replayable, int]:
+        return _Kept(body), 0
+
+
+def backend_for(device: torch.device, stream: Any = None, *, share_pool: bool = True) -> Backend:
+    """The CUDA backend on a GPU; a :class:`StandIn` anywhere else (tests)."""
+    if torch.device(device).type == "cuda":
+        return CudaBackend(device, stream, share_pool=share_pool)
+    return StandIn()
+
+
+# -- the records ------------------------------------------------------------------------------
+
+
+@dataclass
+class CaptureRecord:
+    """One capture, as the run's JSON lists it."""
+
+    graph: str            # which part of the step ("step", "forward", "update", "learners", "learner 2", "sync")
+    shape: str            # the input shape it was captured for
+    reason: str           # why: the first capture, a new shape, learners changed, state loaded...
+    step: int             # the strategy's step count when it was captured (1-based)
+    seconds: float        # the capture itself, instantiation included
+    pool_bytes: int       # device memory the allocator gained across the capture (the graph's pool)
+
+
+@dataclass
+class _Entry:
+    warmups: int = 0
+    graph: Replayable | None = None
+    pool_bytes: int = 0
+
+
+class StepGraphs:
+    """The graphs of one strategy's step, by part and input shape: warm-up, capture, replay, records."""
+
+    def __init__(self, backend: Backend, *, warmup: int = WARMUP_STEPS, max_shapes: int = MAX_SHAPES) -> None:
+        self.backend = backend
+        self.warmup = warmup
+        self.max_shapes = max_shapes
+        self.captures: list[CaptureRecord] = []
+        self.replays = 0
+        self.eager_runs = 0
+        self.steps = 0
+        self._entries: dict[tuple[str, Hashable], _Entry] = {}
+        self._shapes: dict[str, list[Hashable]] = {}   # each part's input keys with a graph (or warming up)
+        self._captured_parts: set[str] = set()   # since the last reset
+        self._reset_reason: str | None = None
+        self._events: list[str] = []
+        self._said_too_many = False
+
+    def begin_step(self) -> None:
+        """A new step of the strategy (the records count steps)."""
+        self.steps += 1
+
+    def run(self, part: str, key: Hashable, body: Callable[[], None], backend: Backend | None = None) -> str:
+        """This step's ``part`` for inputs ``key``: eager while it warms up, then captured once and replayed.
+
+        Returns what happened: "eager", "captured" (and replayed) or "replayed".
+        """
+        backend = backend or self.backend
+        shapes = self._shapes.setdefault(part, [])
+        if key not in shapes:
+            if len(shapes) >= self.max_shapes:
+                if not self._said_too_many:
+                    self._said_too_many = True
+                    self._events.append(f"CUDA graphs: batch shape {describe(key)} runs eagerly, as will any further "
+                                        f"shape (graphs are kept for {self.max_shapes} shapes)")
+                self.eager_runs += 1
+                backend.eager(body)
+                return "eager"
+            shapes.append(key)
+        entry = self._entries.setdefault((part, key), _Entry())
+        if entry.graph is not None:
+            entry.graph.replay()
+            self.replays += 1
+            return "replayed"
+        if entry.warmups < self.warmup:
+            entry.warmups += 1
+            self.eager_runs += 1
+            backend.eager(body)
+            return "eager"
+        t0 = time.perf_counter()
+        entry.graph, entry.pool_bytes = backend.capture(body)
+        seconds = time.perf_counter() - t0
+        self.captures.append(CaptureRecord(part, describe(key), self._reason(part), self.steps, seconds,
+                                           entry.pool_bytes))
+        entry.graph.replay()
+        self.replays += 1
+        return "captured"
+
+    def _reason(self, part: str) -> str:
+        if part in self._captured_parts:
+            return "new batch shape"
+        self._captured_parts.add(part)
+        return self._reset_reason or "first capture"
+
+    def warming_up(self) -> bool:
+        """Whether a graph of the shapes seen still runs eagerly (a throughput measured now is not the graphs')."""
+        return not self._entries or any(entry.graph is None for entry in self._entries.values())
+
+    def reset(self, reason: str) -> None:
+        """Drop every graph (what they read was reallocated or replaced); the next captures give ``reason``."""
+        if any(entry.graph is not None for entry in self._entries.values()):
+            self._reset_reason = reason
+            self._captured_parts.clear()
+        self._entries.clear()
+        self._shapes.clear()
+        self._said_too_many = False
+
+    def events(self) -> list[str]:
+        """Lines worth logging since the last call."""
+        events, self._events = self._events, []
+        return events
+
+    @property
+    def pool_bytes(self) -> int:
+        """Device memory the live graphs' pools hold."""
+        return sum(entry.pool_bytes for entry in self._entries.values())
+
+    def figures(self) -> dict[str, Any]:
+        return {"backend": self.backend.name, "warmup_steps": self.warmup, "max_shapes": self.max_shapes,
+                "captures": [asdict(c) for c in self.captures],
+                "recaptures": sum(1 for c in self.captures if c.reason != "first capture"),
+                "capture_seconds": sum(c.seconds for c in self.captures), "pool_bytes": self.pool_bytes,
+                "replays": self.replays, "eager_runs": self.eager_runs}
+
+
+def describe(key: Hashable) -> str:
+    """A step's inputs key (:meth:`StaticInputs.load`) as shapes: ``16x3x32x32``, or ``4 x 16x3x32x32`` for
+    four learners' batches."""
+    if not isinstance(key, tuple):
+        return str(key)
+    shapes = ["x".join(str(n) for n in batch[0]) for batch in key]
+    if len(set(shapes)) == 1:
+        return shapes[0] if len(shapes) == 1 else f"{len(shapes)} x {shapes[0]}"
+    return ", ".join(shapes)
