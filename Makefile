@@ -118,3 +118,24 @@ bench-peers: setup plots-setup peers-setup
 # On a GPU machine whose own Python holds a CUDA torch (and torchvision): make gpu-feed PY=that/python
 gpu-feed:
 	$(PY) bench/gpu_feed.py
+
+# ---- one GPU: every CUDA path and the headline ratios in one command (bench/gpu_check.py) ---------------
+# `pytest -m cuda`, the CUDA-graphs grid, two ranks sharing the GPU, a short gpu_feed grid: one JSON
+# (gpu_check.json in the results folder of bench/) and one table, within 8 minutes on one H100, set-up
+# included. Without CUDA it says so in one line and exits 2. On a machine whose own Python holds a CUDA torch and no package index
+# is reachable, `make gpu-wheels` (where one is) puts the wheels dimd still needs into .whl/, and gpu-check
+# first installs them with this checkout into $(GPU_VENV) (bench/gpu_setup.sh, about 15 s); docs/gpu.md.
+GPU_VENV ?= /tmp/dimd-gpu
+GPU_PY   ?= $(if $(wildcard .whl/*.whl),$(GPU_VENV)/bin/python,$(PY))
+GPU_WHEEL_PYTHON ?= 3.12
+
+.PHONY: gpu-check gpu-wheels
+
+gpu-check:
+	@if ls .whl/*.whl >/dev/null 2>&1; then bash bench/gpu_setup.sh $(GPU_VENV); fi
+	@$(GPU_PY) bench/gpu_check.py
+
+gpu-wheels:
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_WHEEL_PYTHON) --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  --platform manylinux1_x86_64 -d .whl mpi4py mpich lmdb

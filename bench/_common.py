@@ -28,7 +28,7 @@ from dimd.host import available_cores
 from dimd.report import read_result, result_document, spread, write_json
 
 __all__ = ["BENCH", "BIN", "JobError", "Context", "Reproduction", "SampleSet", "dimd_job", "json_job", "machine",
-           "mpi_python", "read_result", "run", "sample_set", "spread", "write_result"]
+           "mpi_python", "no_cuda_line", "read_result", "run", "sample_set", "spread", "write_result"]
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
@@ -130,6 +130,16 @@ def python_job(script: Path, args: Sequence[Any], json_path: Path, command: str,
 
 
 # ---------------------------------------------------------------------------- the machine
+def no_cuda_line(script: str, does: str = "measures on a GPU") -> str | None:
+    """Why ``script`` cannot run here (one line), or None on a CUDA machine."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (f"{script} {does}: this machine has no CUDA device (torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda or 'not built in'})")
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on, for the JSON and the plots' footnotes."""
     cpu = platform.processor() or platform.machine()
@@ -210,14 +220,16 @@ class SampleSet:
 
 
 def sample_set(classes: int = 10, per_class: int = 64, val_per_class: int = 8, seed: int = 1,
-               work: Path = WORK, log: Callable[[str], None] = lambda line: None) -> SampleSet:
-    """``dimd sample-data`` + ``dimd pack`` (cached in the work folder by its parameters).
+               work: Path = WORK, log: Callable[[str], None] = lambda line: None,
+               short_side: int = 256) -> SampleSet:
+    """``dimd sample-data`` + ``dimd pack`` at ``short_side`` (cached in the work folder by its parameters).
 
     ``files`` holds each packed record as a file, so reading from files and
     reading from memory decode the very same bytes: the comparison measures
     where the bytes come from, not a different resize.
     """
-    root = work / "data" / f"c{classes}x{per_class}v{val_per_class}s{seed}"
+    root = work / "data" / (f"c{classes}x{per_class}v{val_per_class}s{seed}"
+                            + (f"-side{short_side}" if short_side != 256 else ""))
     done = root / ".complete"
     result = SampleSet(root / "images" / "train", root / "train", root / "val", root / "files")
     if done.exists():
@@ -227,8 +239,9 @@ def sample_set(classes: int = 10, per_class: int = 64, val_per_class: int = 8, s
     run([dimd, "sample-data", result.images, "--classes", classes, "--per-class", per_class, "--seed", seed])
     run([dimd, "sample-data", root / "images" / "val", "--classes", classes, "--per-class", val_per_class,
          "--seed", seed + 1000])
-    run([dimd, "pack", result.images, "-o", result.train, "--force", "--quiet"])
-    run([dimd, "pack", root / "images" / "val", "-o", result.val, "--force", "--quiet"])
+    side = ["--short-side", short_side]
+    run([dimd, "pack", result.images, "-o", result.train, "--force", "--quiet", *side])
+    run([dimd, "pack", root / "images" / "val", "-o", result.val, "--force", "--quiet", *side])
     write_records_as_files(result.train, result.files)
     done.touch()
     return result

@@ -32,7 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import (RESULTS, Context, JobError, Reproduction, dimd_job, python_job, sample_set, spread)
+from _common import (JOB_TIMEOUT_S, Context, JobError, Reproduction, dimd_job, no_cuda_line, python_job,
+                     sample_set, spread)
+
+SCRIPT = "bench/gpu_feed.py"
 
 FULL = {"models": ["resnet50", "resnet18"], "precisions": ["32-true", "bf16-mixed"], "image_size": 224,
         "batch_size": 128, "epochs": 3, "runs": 3, "classes": 10, "per_class": 800, "val_per_class": 20,
@@ -40,16 +43,6 @@ FULL = {"models": ["resnet50", "resnet18"], "precisions": ["32-true", "bf16-mixe
 QUICK = {"models": ["resnet18"], "per_class": 40, "epochs": 2, "runs": 1, "ceiling_steps": 5}
 TRAINERS = ("ceiling", "dimd, decode cpu", "dimd, decode gpu", "DataLoader")
 LOADERS = ("dimd, decode cpu", "dimd, decode gpu", "DataLoader")
-
-
-def no_cuda_line() -> str | None:
-    """Why this benchmark cannot run here (one line), or None on a CUDA machine."""
-    import torch
-
-    if torch.cuda.is_available():
-        return None
-    return (f"bench/gpu_feed.py measures on a GPU: this machine has no CUDA device (torch {torch.__version__}, "
-            f"CUDA {torch.version.cuda or 'not built in'})")
 
 
 def has_torchvision() -> bool:
@@ -227,7 +220,7 @@ def job_main(argv: list[str]) -> int:
 
 # ----------------------------------------------------------------------------- the reproduction
 def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
-    problem = no_cuda_line()
+    problem = no_cuda_line(SCRIPT)
     if problem:
         raise JobError(problem)
     from dimd.host import available_cores
@@ -235,35 +228,50 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
     p = ctx.size(FULL, QUICK)
     p["workers"] = max(1, available_cores() - 2)    # decoding processes: the cores but two
     p["decodes"] = ["cpu", "gpu"] if has_torchvision() else ["cpu"]
-    data = sample_set(p["classes"], p["per_class"], p["val_per_class"], log=ctx.log)
+    return p, measure_grid(p, ctx.folder(), ctx.log, ctx.work)
+
+
+def measure_grid(p: dict[str, Any], folder: Path, log: Any, work: Path, *,
+                 deadline: float | None = None) -> dict[str, Any]:
+    """The grid of ``p``: ``setups`` (model, precision) pairs, or every model in every precision; with
+    ``dataloader`` False no DataLoader runs, with ``loaders_alone`` False no loader-alone runs.
+    ``deadline`` (time.monotonic()): no job runs past it (bench/gpu_check.py's short grid)."""
+    data = sample_set(p["classes"], p["per_class"], p["val_per_class"], log=log, work=work)
     common = ["--image-size", p["image_size"], "--batch-size", p["batch_size"], "--epochs", p["epochs"]]
+    pairs = p.get("setups") or [(model, precision) for model in p["models"] for precision in p["precisions"]]
     trained: dict[str, list[float]] = {}
     alone: dict[str, list[float]] = {}
 
+    def limit() -> float:
+        return JOB_TIMEOUT_S if deadline is None else max(1.0, deadline - time.monotonic())
+
     def job(kind: str, name: str, *args: Any) -> list[float]:
-        path = ctx.folder() / f"{name.replace(' ', '_').replace(',', '')}_run{run}.json"
-        return python_job(Path(__file__), ["--job", kind, *common, *args], path, "bench/gpu_feed.py")[
-            "result"]["images_per_s"]
+        path = folder / f"{name.replace(' ', '_').replace(',', '')}_run{run}.json"
+        return python_job(Path(__file__), ["--job", kind, *common, *args], path, "bench/gpu_feed.py",
+                          timeout=limit())["result"]["images_per_s"]
 
     for run in range(p["runs"]):           # interleaved: the machine's drift hits every set-up alike
-        for model in p["models"]:
-            for precision in p["precisions"]:
-                key = f"{model} {precision}"
-                ctx.log(f"run {run + 1}/{p['runs']}: {key}")
-                trained.setdefault(f"{key}|ceiling", []).append(steady(job(
-                    "ceiling", f"ceiling {key}", "--model", model, "--precision", precision,
-                    "--classes", p["classes"], "--steps", p["ceiling_steps"])))
-                for decode in p["decodes"]:
-                    path = ctx.folder() / f"dimd_{model}_{precision}_{decode}_run{run}.json"
-                    doc = dimd_job(["train", data.train, "--val", data.val, "--model", model, "--precision",
-                                    precision, "--decode", decode, "--device", "cuda", "--decode-workers",
-                                    p["workers"], "--lr", 0.1, "--schedule", "constant", *common], path)
-                    history = doc["result"]["history"]
-                    trained.setdefault(f"{key}|dimd, decode {decode}", []).append(
-                        steady([e["images_per_s"] for e in history]))
+        for model, precision in pairs:
+            key = f"{model} {precision}"
+            log(f"run {run + 1}/{p['runs']}: {key}")
+            trained.setdefault(f"{key}|ceiling", []).append(steady(job(
+                "ceiling", f"ceiling {key}", "--model", model, "--precision", precision,
+                "--classes", p["classes"], "--steps", p["ceiling_steps"])))
+            for decode in p["decodes"]:
+                path = folder / f"dimd_{model}_{precision}_{decode}_run{run}.json"
+                doc = dimd_job(["train", data.train, "--val", data.val, "--model", model, "--precision",
+                                precision, "--decode", decode, "--device", "cuda", "--decode-workers",
+                                p["workers"], "--lr", 0.1, "--schedule", "constant", *common], path,
+                               timeout=limit())
+                history = doc["result"]["history"]
+                trained.setdefault(f"{key}|dimd, decode {decode}", []).append(
+                    steady([e["images_per_s"] for e in history]))
+            if p.get("dataloader", True):
                 trained.setdefault(f"{key}|DataLoader", []).append(steady(job(
                     "dataloader", f"dataloader {key}", "--model", model, "--precision", precision,
                     "--files", data.files, "--workers", p["workers"])))
+        if not p.get("loaders_alone", True):
+            continue
         for decode in p["decodes"]:
             alone.setdefault(f"dimd, decode {decode}", []).append(steady(job(
                 "loader", f"loader {decode}", "--packed", data.train, "--decode", decode,
@@ -277,12 +285,12 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
         ratios = {}
         for setup, values in runs.items():
             for base in ("ceiling", "DataLoader"):
-                if setup != base:
+                if setup != base and base in runs:
                     ratios[f"{setup} / {base}"] = spread(v / b for v, b in zip(values, runs[base]))
         setups[key] = {"images_per_s": {s: spread(v) for s, v in runs.items()}, "ratios": ratios}
     figures = {"setups": setups, "loaders_alone": {s: spread(v) for s, v in alone.items()},
                "records": data.records, **device_versions()}
-    return p, figures
+    return figures
 
 
 def plot(envelope: dict[str, Any]) -> Any:
@@ -349,23 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name):
             FULL[name] = getattr(args, name).split(",")
     FULL.update({name: getattr(args, name) for name in ("runs", "epochs", "per_class") if getattr(args, name)})
-    problem = no_cuda_line()
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
     import reproduce
 
-    reproduce.measure_one(REPRODUCTION, args.quick, RESULTS)
-    try:
-        png = reproduce.draw_one(REPRODUCTION, RESULTS)
-        reproduce.write_readme(reproduce.registry(), RESULTS)
-        print(f"{png} and bench/README.md written", file=sys.stderr)
-    except (ImportError, SystemExit) as exc:   # no matplotlib / pillow-simd on this machine
-        print(f"{RESULTS / 'gpu_feed.json'} written; the figure needs the plotting extras ({exc}): run "
-              f"`.venv/bin/python bench/reproduce.py --plot-only gpu_feed` where `make plots-setup` ran",
-              file=sys.stderr)
-    return 0
-
+    return reproduce.measure_on_gpu(REPRODUCTION, args.quick, no_cuda_line(SCRIPT))
 
 if __name__ == "__main__":
     sys.exit(main())

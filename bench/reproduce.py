@@ -41,6 +41,8 @@ MODULES = (
     "allreduce_vs_mpich",    # opt-in: dimd's algorithms against MPICH's, forced
     "peer_loaders",          # opt-in (make bench-peers): dimd against FFCV, litdata, webdataset, ImageFolder
     "gpu_feed",              # opt-in, CUDA only (make gpu-feed): one GPU's ceiling, dimd, a DataLoader script
+    "cuda_graphs",           # opt-in, CUDA only: the step and SMA's learners as CUDA graphs, eager against graphed
+    "sma_tta_gpu",           # opt-in, CUDA only: Crossbow's time to accuracy on one GPU, graphed learners
 )
 
 README = BENCH / "README.md"
@@ -71,6 +73,24 @@ def measure_one(reproduction: Reproduction, quick: bool, results: Path) -> Path:
     path, _ = write_result(reproduction.name, parameters, figures, results)
     ctx.log(f"{reproduction.name}: {path} written after {figures['wall_seconds'] / 60:.1f} min")
     return path
+
+
+def measure_on_gpu(reproduction: Reproduction, quick: bool, problem: str | None, results: Path = RESULTS) -> int:
+    """A CUDA-only reproduction's own command: ``problem`` (no CUDA here) in one line and exit status 2; else
+    measure, draw the figure and rewrite bench/README.md (the figure where the plotting extras are installed)."""
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    measure_one(reproduction, quick, results)
+    try:
+        png = draw_one(reproduction, results)
+        write_readme(registry(), results)
+        print(f"{png} and bench/README.md written", file=sys.stderr)
+    except (ImportError, SystemExit) as exc:   # no matplotlib / pillow-simd on this machine
+        print(f"{results / (reproduction.name + '.json')} written; the figure needs the plotting extras ({exc}): run "
+              f"`.venv/bin/python bench/reproduce.py --plot-only {reproduction.name}` where `make plots-setup` ran",
+              file=sys.stderr)
+    return 0
 
 
 def draw_one(reproduction: Reproduction, results: Path) -> Path | None:

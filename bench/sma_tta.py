@@ -256,7 +256,7 @@ def findings(envelope: dict[str, Any]) -> str:
         hardware = ", ".join(f"{n} {v:.2f}x" for n, v in c["hardware_efficiency"].items())
         epochs = ", ".join(f"{n} {e if e is not None else '-'}" for n, e in c["statistical_efficiency_epochs"].items())
         lines.append(f"{c['dataset']} ({c['model']}, b = {c['batch']} per learner, P = {c['ranks']}, target "
-                     f"{c['target']:.0%}, {c['epochs']} epochs, medians of {len(c['setups']['ssgd-b']['runs'])} "
+                     f"{c['target']:.0%}, {c['epochs']} epochs, medians of {len(c['setups'][c['best_ssgd']]['runs'])} "
                      f"seeds): " + "; ".join(cells) + f". {verdict}. Images/s over {c['hardware_efficiency_over']}: "
                      f"{hardware} (hardware efficiency). Median epochs to the target (statistical efficiency): "
                      f"{epochs}. {effects(c)}")

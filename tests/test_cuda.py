@@ -1,4 +1,4 @@
-"""dimd train on a CUDA device: each precision, nvJPEG decoding against the CPU decoders, resume.
+"""dimd train on a CUDA device: each precision (graphed and eager), nvJPEG decoding against the CPU decoders, resume.
 
 Skipped where there is no CUDA device (``-m cuda`` selects them on a GPU machine); everything they
 build on is tested on the CPU elsewhere.
@@ -14,6 +14,10 @@ from conftest import run_dimd
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+#: (rtol, atol) of weights after an epoch of dimd train graphed against eager: the graphed step's optimizer is
+#: torch.optim.SGD's fused kernel, the eager one its foreach kernels, and cuDNN may sum gradients in another order.
+EPOCH_TOLERANCE = (1e-3, 1e-4)
 
 #: nvJPEG's inverse DCT and chroma upsampling are not libjpeg-turbo's: the same crop of the same JPEG
 #: may differ by a few levels at edges, and agrees on average.
@@ -36,14 +40,33 @@ def train(data, out, *extra: str) -> dict:
     return json.loads((out / "train.json").read_text())
 
 
+def weights(result: dict) -> dict[str, torch.Tensor]:
+    return torch.load(result["checkpoint"], weights_only=True)["model"]
+
+
+def assert_runs_close(a: dict, b: dict) -> None:
+    """Weights after the same epochs within EPOCH_TOLERANCE (test_cuda_graphs.py says why not bit for bit)."""
+    rtol, atol = EPOCH_TOLERANCE
+    for (name, x), y in zip(weights(a).items(), weights(b).values()):
+        torch.testing.assert_close(x.float(), y.float(), rtol=rtol, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
-def test_an_epoch_in_each_precision_trains_on_the_gpu(packed_sample, tmp_path, precision):
-    document = train(packed_sample, tmp_path, "--epochs", "1", "--precision", precision)
-    result = document["result"]
+def test_an_epoch_in_each_precision_trains_on_the_gpu_graphed_as_eagerly(packed_sample, tmp_path, precision):
+    """At batch 8 and 32 px the step replays as CUDA graphs by default; the eager epoch gives the same weights."""
+    result = train(packed_sample, tmp_path / "graphed", "--epochs", "1", "--precision", precision)["result"]
+    eager = train(packed_sample, tmp_path / "eager", "--epochs", "1", "--precision", precision,
+                  "--no-cuda-graphs")["result"]
     assert result["device"].startswith("cuda") and result["precision"] == precision
     assert np.isfinite(result["final"]["train_loss"]) and result["epochs_run"] == 1
     if precision == "16-mixed":
         assert result["skipped_steps"] < result["steps_per_epoch"]
+    graphs = result["cuda_graphs"]
+    assert graphs["on"] and graphs["rule"].startswith("on: 8 images of 32 px")
+    assert [(c["graph"], c["reason"]) for c in graphs["captures"]] == [("step", "first capture")]
+    assert eager["cuda_graphs"] == {"on": False, "rule": "off: --no-cuda-graphs"}
+    assert result["final"]["train_loss"] == pytest.approx(eager["final"]["train_loss"], rel=1e-2)
+    assert_runs_close(result, eager)
 
 
 @pytest.mark.skipif(not has_torchvision(), reason="decode gpu needs torchvision")
@@ -68,14 +91,20 @@ def test_an_epoch_with_gpu_decoding_learns(packed_sample, tmp_path):
     assert result["epochs_run"] == 2 and np.isfinite(result["final"]["val_loss"])
 
 
-def test_a_run_resumes_on_the_gpu_where_its_checkpoint_left_off(packed_sample, tmp_path):
-    first = train(packed_sample, tmp_path, "--epochs", "1", "--precision", "16-mixed")["result"]
-    resumed = train(packed_sample, tmp_path, "--epochs", "2", "--precision", "16-mixed", "--resume")["result"]
+def test_a_run_checkpointed_under_graphs_resumes_on_the_gpu_where_it_left_off(packed_sample, tmp_path):
+    first = train(packed_sample, tmp_path, "--epochs", "1", "--precision", "16-mixed", "--cuda-graphs")["result"]
+    resumed = train(packed_sample, tmp_path, "--epochs", "2", "--precision", "16-mixed", "--cuda-graphs",
+                    "--resume")["result"]
+    straight = train(packed_sample, tmp_path / "straight", "--epochs", "2", "--precision", "16-mixed",
+                     "--cuda-graphs")["result"]
     assert resumed["resumed_from"] == first["checkpoint"]
     assert [e["epoch"] for e in resumed["history"]] == [1, 2]
     assert resumed["history"][1]["step"] == 2 * first["steps_per_epoch"]
     state = torch.load(resumed["checkpoint"], weights_only=True)
     assert state["config"]["precision"] == "16-mixed" and state["strategy"]["precision"]["loss_scale"] is not None
+    assert all(isinstance(group["lr"], float) for group in state["strategy"]["optimizer"]["param_groups"])
+    assert [c["reason"] for c in resumed["cuda_graphs"]["captures"]] == ["first capture"]   # loaded before it
+    assert_runs_close(resumed, straight)
 
 
 def test_the_feed_copies_the_loaders_page_locked_slots_to_the_gpu_ahead_of_the_step(store):
