@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
+from typing import TextIO
 
 import click
 
@@ -52,6 +54,7 @@ class LazyGroup(click.Group):
         from dimd import signals
 
         signals.install()  # SIGTERM (a scheduler's time limit) cleans up like Ctrl-C
+        warnings.showwarning = _show_warning
         try:
             return super().invoke(ctx)
         except click.UsageError:
@@ -70,6 +73,22 @@ class LazyGroup(click.Group):
             message, code = signals.interrupt_exit(exc)
             click.echo(f"dimd: {message}", err=True)
             ctx.exit(code)
+
+
+_python_show_warning = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """dimd's warning about an untested version of a package as one line, from the launcher's first task only
+    (every rank would say the same); any other warning as Python shows it."""
+    from dimd.mpi import launcher_rank
+    from dimd.private_apis import UntestedVersionWarning
+
+    if not issubclass(category, UntestedVersionWarning):
+        _python_show_warning(message, category, filename, lineno, file, line)
+    elif launcher_rank() in (0, None):
+        click.echo(f"dimd: warning: {message}", err=True)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"],

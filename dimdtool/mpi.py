@@ -23,6 +23,7 @@ from typing import Any, Literal, Mapping, MutableMapping, NoReturn
 
 from dimd.errors import DimdError
 from dimd.host import affinity, available_cores, launcher_cores
+from dimd.private_apis import watch_abort_requests
 
 ThreadLevel = Literal["single", "funneled", "serialized", "multiple"]
 
@@ -380,6 +381,7 @@ def init_mpi(thread_level: ThreadLevel = "single") -> MpiSetup:
         warnings.filterwarnings("ignore", "suspicious MPI execution environment", RuntimeWarning)
         from mpi4py import MPI
 
+    watch_abort_requests()   # what python -m mpi4py will ask for at exit (dimd.init's exit watch reads it)
     library = library_version()
     mismatch = launch_mismatch(MPI.COMM_WORLD.Get_size(), library)
     if mismatch is not None:

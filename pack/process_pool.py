@@ -26,6 +26,7 @@ from multiprocessing.pool import Pool
 from typing import Any, Callable, Iterable, Iterator
 
 from dimd.errors import DimdError
+from dimd.private_apis import pool_workers
 
 #: How long a pool's teardown may take before its workers are killed.
 TEARDOWN_S = 5.0
@@ -47,7 +48,7 @@ def worker_pool(workers: int, initializer: Callable[..., None], initargs: tuple[
 
 def terminate_within_deadline(pool: Pool, deadline_s: float = TEARDOWN_S) -> None:
     """``pool.terminate()``; if it has not returned after ``deadline_s``, kill the workers and go on."""
-    workers = list(getattr(pool, "_pool", ()))   # the pool's own worker processes, not the caller's others
+    workers = pool_workers(pool)
     ender = threading.Thread(target=pool.terminate, name="dimd-pool-teardown", daemon=True)
     ender.start()
     ender.join(deadline_s)
@@ -66,7 +67,7 @@ def imap_watched(pool: Pool, func: Callable[[Any], Any], items: Iterable[Any], c
     ``doing`` ends the message ("packing data/train"). Workers never exit on
     their own before the pool is torn down, so any exit of one means lost tasks.
     """
-    workers = list(getattr(pool, "_pool", ()))
+    workers = pool_workers(pool)
     # Chunks made here, as imap makes them, so that its result iterator (which can wait with a
     # timeout) is the one that comes back, not the generator imap wraps it in for chunksize > 1.
     results = pool.imap(_run_chunk, ((func, chunk) for chunk in _chunks(items, chunksize)))

@@ -26,6 +26,7 @@ import numpy as np
 
 from dimd.checks import at_least
 from dimd.errors import DimdError
+from dimd.private_apis import dataloader_worker_pids
 from dimd.report import spread
 from dimd.shuffle.crop import SCALE, crop_box, draw_crops
 from dimd.shuffle.loader import BatchLoader
@@ -189,8 +190,7 @@ def run_bench_io(config: BenchIoConfig, comm: Any, *,
     def worker_pids(method: str) -> list[int]:
         if method == "dimd":
             return loader.worker_pids
-        iterator = getattr(loaders["torch"], "_iterator", None)
-        return [w.pid for w in getattr(iterator, "_workers", [])]
+        return dataloader_worker_pids(loaders["torch"])
 
     def run_torch(repeat: int) -> int:
         done = 0

@@ -109,6 +109,7 @@ class WarmInterpreter:
         if self.server is not None and self.server.poll() is None:
             self.server.stdin.close()
             self.server.wait(timeout=30)
+            self.server.stdout.close()
         if self.folder is not None:
             self.folder.cleanup()
 

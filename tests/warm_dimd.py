@@ -34,7 +34,7 @@ import dimd.commands.pack
 import dimd.commands.plan_batch
 import dimd.commands.train
 import dimd.train.engine  # noqa: F401
-import mpi4py.run  # no MPI yet: only the runner of ``python -m mpi4py``
+import mpi4py.run  # noqa: F401  # no MPI yet: only the runner of ``python -m mpi4py``
 import pytest  # noqa: F401  # imported by the test files whose MPI cases the ranks run
 
 gc.freeze()   # what was imported stays out of the children's collections: their pages stay shared, not copied
@@ -141,20 +141,21 @@ def serve(path: str) -> dict | None:
             conn.close()
 
 
-def end_as_python_ends(program: Callable[[], None]) -> NoReturn:
+def end_as_python_ends(program: Callable[[], None], under_mpi4py: bool = False) -> NoReturn:
     """Run ``program``, then end as CPython's exit does, short of freeing every object one by one.
 
     Kept: the exit status (``SystemExit``'s code; 1 after an uncaught exception,
     shown by ``sys.excepthook``; death by SIGINT after an uncaught Ctrl-C),
-    non-daemon threads joined, ``atexit`` callbacks, ``MPI_Finalize`` (what
-    mpi4py does at exit) and PMI's ``finalize`` (what MPICH does at exit, see
-    :func:`finalize_pmi`), flushed streams. Left out: the C library's exit
-    handlers (libtorch's static destructors, most likely: not traced), which
-    write to pages this child still shares with the warm interpreter
-    (copy-on-write): about 0.3 s per process, paid for nothing.
+    non-daemon threads joined, ``atexit`` callbacks, ``MPI_Finalize`` or the
+    ``MPI_Abort`` that ``python -m mpi4py`` (``under_mpi4py``) asked for (what
+    mpi4py does at exit, see :func:`abort_requested`), PMI's ``finalize``
+    (what MPICH does at exit, see :func:`finalize_pmi`), flushed streams.
+    Left out: the C library's exit handlers (libtorch's static destructors,
+    most likely: not traced), which write to pages this child still shares
+    with the warm interpreter (copy-on-write): about 0.3 s per process, paid
+    for nothing.
     """
     code, interrupted = 0, False
-    abort_requests = record_mpi4py_abort_requests()
     try:
         program()
     except SystemExit as exc:
@@ -172,7 +173,7 @@ def end_as_python_ends(program: Callable[[], None]) -> NoReturn:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized():
         if not mpi.Is_finalized():
-            abort = exit_code(abort_requests[-1]) if abort_requests else 0   # the last request stands
+            abort = abort_requested(code, under_mpi4py)
             if abort:
                 mpi.COMM_WORLD.Abort(abort)
             mpi.Finalize()
@@ -206,52 +207,29 @@ def finalize_pmi() -> None:
 
 def system_exit_code(exc: SystemExit) -> int:
     """The status ``raise SystemExit(code)`` ends Python with (a message is printed, then 1)."""
-    if isinstance(exc.code, str):
-        print(exc.code, file=sys.stderr)
-    return exit_code(exc)
-
-
-def exit_code(status: object) -> int:
-    """An exit status from a ``SystemExit``, a ``KeyboardInterrupt`` or a code, as Python and mpi4py read it."""
-    if isinstance(status, SystemExit):
-        status = status.code
-    elif isinstance(status, KeyboardInterrupt):
-        return 128 + signal.SIGINT
-    if status is None:
+    if exc.code is None:
         return 0
-    return status & 0xFF if isinstance(status, int) else 1
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
 
 
-def record_mpi4py_abort_requests() -> list[object]:
-    """What ``python -m mpi4py`` asks for after an uncaught exception: ``MPI_Abort`` at exit.
+def abort_requested(code: int, under_mpi4py: bool) -> int:
+    """The status of the ``MPI_Abort`` mpi4py would call at exit (0: none): its C exit handler, skipped here.
 
-    mpi4py does it from an exit handler this child skips, so the requests are
-    recorded here too and :func:`end_as_python_ends` aborts in its place. The
-    last one stands: dimd takes the request back (0) for an error every rank
-    raised alike.
+    Where dimd started MPI it notes mpi4py's requests, and takes one back for
+    an error every rank raised alike (:mod:`dimd.private_apis`); elsewhere
+    ``python -m mpi4py`` asks for the exit status, if it is not 0.
     """
-    requests: list[object] = []
-    ask = mpi4py.run.set_abort_status
+    from dimd import private_apis
 
-    def recording(status: object) -> None:
-        requests.append(status)
-        ask(status)
-        mpi = sys.modules.get("mpi4py.MPI")   # imported by now: later requests (a take-back, 0) land there
-        if mpi is not None and not getattr(mpi._set_abort_status, "recorded", False):
-            inner = mpi._set_abort_status
-
-            def later(code: int) -> None:
-                requests.append(code)
-                inner(code)
-
-            later.recorded = True  # type: ignore[attr-defined]
-            mpi._set_abort_status = later
-
-    mpi4py.run.set_abort_status = recording
-    return requests
+    if private_apis.watching_abort_requests():
+        return private_apis.abort_requested_at_exit()
+    return code if under_mpi4py else 0
 
 
 if __name__ == "__main__":
     child = serve(sys.argv[1])
     if child is not None:
-        end_as_python_ends(lambda: run_python(child["args"]))
+        end_as_python_ends(lambda: run_python(child["args"]), under_mpi4py=child["args"][:2] == ["-m", "mpi4py"])

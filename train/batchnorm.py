@@ -51,11 +51,16 @@ class CalibrationBatches:
         self.loader.close()
 
 
-def batch_norm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
-    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+#: torch's batch-norm layers (a lazy one becomes its BatchNorm*d at its first forward).
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+BatchNorm = nn.BatchNorm1d | nn.BatchNorm2d | nn.BatchNorm3d | nn.SyncBatchNorm
 
 
-def _statistics(layer: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def batch_norm_layers(model: nn.Module) -> list[BatchNorm]:
+    return [m for m in model.modules() if isinstance(m, BATCH_NORMS) and m.track_running_stats]
+
+
+def _statistics(layer: BatchNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A tracking layer's running mean, running variance and batch count (never None for these layers)."""
     mean, var, count = layer.running_mean, layer.running_var, layer.num_batches_tracked
     assert mean is not None and var is not None and count is not None

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from dimd.errors import DimdError
+from dimd.private_apis import at_backward_end, graph_task_id
 from dimd.train.flatgrad import FlatGradients, Reduce
 
 #: Why a gradient from an enclosing backward pass, after a nested one ended, is refused.
@@ -205,13 +206,13 @@ class GradientBuckets:
         if not self.syncing:
             return
         if self.at_backward_end is not None and not self._end_queued:   # this backward pass's first gradient
-            task = torch._C._current_graph_task_id()
+            task = graph_task_id()
             if task < self._ended_task:
                 raise DimdError(_NESTED_PASS)
             self._end_queued = True
             self._pass_task = task
             self._early = len(_live_wrappers()) == 1   # else the pass's end reduces the wrappers, in a fixed order
-            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+            at_backward_end(self._backward_ended)
         if not self.overlap or not self._early:
             return
         if self._ready[index]:

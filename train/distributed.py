@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from dimd.errors import DimdError
+from dimd.private_apis import graph_task_id
 from dimd.stall import STALL_TIMEOUT_S, stall_timeout_problem, watch_job
 from dimd.train.buckets import DEFAULT_BUCKET_MB, GradientBuckets
 
@@ -117,7 +118,7 @@ class DistributedGradients:
     def _before_forward(self, *_: Any) -> None:
         """A forward outside backward while a backward pass is still open: that pass raised (and the script
         went on). Its step is dropped now, on every rank alike (:meth:`_drop_raised_pass`)."""
-        if self.buckets.pass_open and torch._C._current_graph_task_id() == -1:
+        if self.buckets.pass_open and graph_task_id() == -1:
             self._drop_raised_pass()
 
     def _drop_raised_pass(self) -> None:

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 from dimd.errors import DimdError
+from dimd.private_apis import abort_requested_at_exit, take_back_abort_at_exit
 from dimd.stall import STALL_TIMEOUT_S, stall_timeout_problem
 from dimd.mpi import (FORWARD_GRACE_S, AgreedError, LaunchMismatch, ThreadLevel, abort, init_mpi,
                       leaves_quietly)
@@ -78,7 +79,6 @@ def init(*, device: str = "auto", threads: int | None = None,
     comm = MPI.COMM_WORLD
     if abort_on_error and comm.Get_size() > 1:
         sys.excepthook = _abort_job_hook(comm)
-        _note_abort_at_exit(MPI)
         # MPI: a communicator only the exit uses (Dup is collective); atexit runs this before mpi4py's MPI_Finalize
         atexit.register(_end_together, comm, comm.Dup(), stall_timeout)
     set_threads(threads, comm)   # MPI: the node's cores are shared by its ranks
@@ -91,7 +91,7 @@ def _abort_job_hook(comm: Any) -> Any:
             if comm.Get_rank() == 0:
                 sys.stderr.write(f"dimd: error: {error}\n")
                 sys.stderr.flush()
-            _leave_in_order()
+            take_back_abort_at_exit()   # python -m mpi4py asked for MPI_Abort at exit: the ranks leave in order
             return   # exit status 1; the exit watch (_end_together) meets the others, then MPI_Finalize
         if issubclass(kind, DimdError):
             sys.stderr.write(f"dimd: error: rank {comm.Get_rank()}: {error}\n")   # one write, a whole line
@@ -101,35 +101,6 @@ def _abort_job_hook(comm: Any) -> Any:
         time.sleep(FORWARD_GRACE_S)   # the launcher forwards the line before the abort tears it down
         abort(comm, 1)   # MPI: end every rank, none left waiting in a collective
     return hook
-
-
-#: The status mpi4py was asked to abort with at exit (0: none asked).
-_abort_at_exit = 0
-
-
-def _note_abort_at_exit(mpi: Any) -> None:
-    """Note when mpi4py's runner (``python -m mpi4py``) asks for ``MPI_Abort`` at exit, as it does after an
-    uncaught exception or ``sys.exit`` with a failing status: the exit watch then steps aside, and that abort
-    ends the job at once instead of after ``stall_timeout``."""
-    asked = mpi._set_abort_status
-
-    def set_abort_status(status: int) -> None:
-        global _abort_at_exit
-        _abort_at_exit = status
-        asked(status)
-
-    mpi._set_abort_status = set_abort_status
-
-
-def _leave_in_order() -> None:
-    """Take back mpi4py's request for ``MPI_Abort`` at exit (``python -m mpi4py`` makes it on any uncaught
-    exception): an error every rank raised ends the job through ``MPI_Finalize``."""
-    global _abort_at_exit
-    if _abort_at_exit:
-        _abort_at_exit = 0
-        from mpi4py import MPI
-
-        MPI._set_abort_status(0)
 
 
 def _end_together(comm: Any, leaving: Any, timeout: float) -> None:
@@ -142,7 +113,7 @@ def _end_together(comm: Any, leaving: Any, timeout: float) -> None:
     """
     from mpi4py import MPI
 
-    if MPI.Is_finalized() or _abort_at_exit:
+    if MPI.Is_finalized() or abort_requested_at_exit():   # python -m mpi4py's MPI_Abort ends the job at once
         return
     everyone = leaving.Ibarrier()   # MPI: every rank arrives here at its exit
     deadline = time.monotonic() + timeout if timeout else float("inf")

@@ -89,7 +89,7 @@ def set_buffers(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     for name, tensor in tensors.items():
         owner_name, _, leaf = name.rpartition(".")
         owner = model.get_submodule(owner_name) if owner_name else model
-        owner._buffers[leaf] = tensor
+        setattr(owner, leaf, tensor)   # an existing buffer's name: the tensor replaces it as that buffer
 
 
 class Learners:

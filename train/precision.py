@@ -29,6 +29,7 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
+from dimd.private_apis import unscale_and_find_non_finite_
 from dimd.train.config import PRECISIONS
 
 _AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
@@ -119,7 +120,7 @@ class Precision:
         found = torch.zeros((), dtype=torch.float32, device=grads.device)
         inverse = torch.full((), 1.0 / self.loss_scale.scale, dtype=torch.float32, device=grads.device)
         # One fused pass: multiply by 1/scale and note any inf/nan (what GradScaler.unscale_ runs).
-        torch._amp_foreach_non_finite_check_and_unscale_([grads], found, inverse)
+        unscale_and_find_non_finite_(grads, found, inverse)
         return found
 
     def skip(self, overflowed_ranks: float | torch.Tensor) -> bool:
