@@ -35,10 +35,13 @@ def test_a_module_on_the_path_and_its_callable_build_the_network(tmp_path, monke
     ("def build(num_classes):\n    raise ValueError('bad width')\n", "FILE:build",
      "num_classes=5 raised ValueError: bad width"),
     ("def build(num_classes):\n    return [num_classes]\n", "FILE:build", "returned list, not a torch.nn.Module"),
+    ("import sys\nsys.exit(0)\n", "FILE:build", "net.py called sys.exit(0) while loading"),
+    ("def build(num_classes):\n    raise SystemExit\n", "FILE:build", "num_classes=5 called sys.exit()"),
     (None, "no_such_package.nets:build", "no module named 'no_such_package'"),
     (None, "file.py:", "expected package.module:callable"),
 ])
 def test_a_bad_model_spec_is_one_line(tmp_path, source, spec, message):
+    """Even a clean exit while it loads or builds (a script's sys.exit(0)) is an error: no run trained."""
     path = tmp_path / "net.py"
     if source is not None:
         path.write_text(source)

@@ -73,6 +73,16 @@ def test_a_builder_is_called_once_with_the_data_classes_only(colour_set, tmp_pat
     assert (tmp_path / "classifier.py.calls").read_text() == "4\n"   # the colour set's 4 classes, once
 
 
+def test_a_model_file_that_exits_while_it_loads_is_an_error_naming_the_file(colour_set, tmp_path):
+    """A script given as a model (it calls sys.exit(0) at its end) must not end the run as if it trained."""
+    script = tmp_path / "train_script.py"
+    script.write_text("import sys\n\n\ndef build(num_classes):\n    pass\n\n\nsys.exit(0)\n")
+    proc = invoke_dimd(*train_args(colour_set, tmp_path, f"{script}:build"))
+    assert (proc.returncode, proc.stderr) == (
+        1, f"dimd: error: --model {script}:build: {script} called sys.exit(0) while loading\n")
+    assert not (tmp_path / "train.json").exists()
+
+
 @pytest.mark.parametrize("model, message", [
     ("missing.py:build", "missing.py: no such file"),
     ("NETWORK:make", "has no callable 'make'; it defines build, not_a_network"),

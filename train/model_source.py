@@ -1,9 +1,11 @@
 """A user's own network for ``dimd train --model``: ``package.module:callable`` or ``path/to/file.py:callable``.
 
 The callable gets ``num_classes`` and returns an ``nn.Module``. Whatever goes
-wrong on the way (no such file or module, the file raises while it loads, no
-such callable, the callable raises or returns something else) is one line
-naming the spec and the problem, the same on every rank.
+wrong on the way (no such file or module, the file raises or exits while it
+loads, no such callable, the callable raises, exits or returns something
+else) is one line naming the spec and the problem, the same on every rank.
+Even ``sys.exit(0)`` there is an error: a run that ended while it imported
+or built its model must not exit as one that trained.
 """
 
 from __future__ import annotations
@@ -49,10 +51,17 @@ def _load_file(path: Path, spec: str) -> Any:
     sys.modules[name] = module   # dataclasses and pickling look the module up while it runs
     try:
         loader_spec.loader.exec_module(module)
+    except SystemExit as exc:
+        del sys.modules[name]
+        raise DimdError(f"--model {spec}: {path} called {_exit_call(exc)} while loading") from None
     except Exception as exc:
         del sys.modules[name]
         raise DimdError(f"--model {spec}: {path} raised {type(exc).__name__} while loading: {exc}") from None
     return module
+
+
+def _exit_call(exc: SystemExit) -> str:
+    return "sys.exit()" if exc.code is None else f"sys.exit({exc.code!r})"
 
 
 def _load_module(where: str, spec: str) -> Any:
@@ -60,6 +69,8 @@ def _load_module(where: str, spec: str) -> Any:
         return importlib.import_module(where)
     except ModuleNotFoundError as exc:
         raise DimdError(f"--model {spec}: no module named {exc.name!r} (is it on PYTHONPATH?)") from None
+    except SystemExit as exc:
+        raise DimdError(f"--model {spec}: importing {where} called {_exit_call(exc)}") from None
     except Exception as exc:
         raise DimdError(f"--model {spec}: importing {where} raised {type(exc).__name__}: {exc}") from None
 
@@ -83,6 +94,8 @@ def build_user_model(spec: str, num_classes: int) -> nn.Module:
     function = model_callable(spec)
     try:
         model = function(num_classes=num_classes)
+    except SystemExit as exc:
+        raise DimdError(f"--model {spec}: calling it with num_classes={num_classes} called {_exit_call(exc)}") from None
     except Exception as exc:
         raise DimdError(f"--model {spec}: calling it with num_classes={num_classes} raised "
                         f"{type(exc).__name__}: {exc}") from None
