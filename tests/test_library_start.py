@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import run_mpi, run_mpi_watched
+from conftest import run_mpi, run_mpi_watched, run_python
 
 import dimd
 import dimd.shuffle
@@ -89,6 +89,15 @@ def test_an_error_on_one_rank_of_a_users_script_ends_every_rank(tmp_path, mpi_le
     assert "rank 0 of 2 on cpu" in proc.stdout
     assert "dimd: error: rank 1: train.dimd: no such file" in proc.stderr
     assert "Traceback" not in proc.stderr   # a DimdError is one line
+
+
+def test_a_users_script_run_without_a_launcher_says_its_error_in_one_line(tmp_path):
+    """``python my_script.py``, a world of one rank: the same line as under the launcher, no traceback."""
+    script = tmp_path / "user_script.py"
+    script.write_text(SCRIPT.replace("comm.Get_rank() == 1", "True"))
+    proc = run_python(script, timeout=120)
+    assert (proc.returncode, proc.stdout) == (1, "rank 0 of 1 on cpu\n")
+    assert proc.stderr == "dimd: error: train.dimd: no such file\n"
 
 
 @pytest.mark.mpi

@@ -52,7 +52,8 @@ def init(*, device: str = "auto", threads: int | None = None,
     while the main thread does not (what DistributedGradients needs); ask for
     ``multiple`` if the script calls MPI itself between backward and step.
     ``abort_on_error``: an uncaught exception on any rank prints its
-    traceback (a :class:`DimdError`: one line) and aborts every rank (one
+    traceback (a :class:`DimdError`: one line, without a launcher too) and
+    aborts every rank (one
     that every rank raised alike, an :class:`AgreedError`: rank 0 prints it
     and the ranks end in order, through ``MPI_Finalize``); and a
     rank whose script ends (its last line, or ``sys.exit`` on that rank
@@ -77,12 +78,23 @@ def init(*, device: str = "auto", threads: int | None = None,
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    if abort_on_error and comm.Get_size() > 1:
+    if abort_on_error and comm.Get_size() == 1:   # `python my_script.py`: nothing to abort, the same one line
+        sys.excepthook = _one_line_hook
+    elif abort_on_error:
         sys.excepthook = _abort_job_hook(comm)
         # MPI: a communicator only the exit uses (Dup is collective); atexit runs this before mpi4py's MPI_Finalize
         atexit.register(_end_together, comm, comm.Dup(), stall_timeout)
     set_threads(threads, comm)   # MPI: the node's cores are shared by its ranks
     return Job(comm, pick_device(device, comm))
+
+
+def _one_line_hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+    """A one-rank script's uncaught :class:`DimdError` as one line; anything else as Python shows it."""
+    if issubclass(kind, DimdError):
+        sys.stderr.write(f"dimd: error: {error}\n")
+        sys.stderr.flush()
+    else:
+        sys.__excepthook__(kind, error, trace)
 
 
 def _abort_job_hook(comm: Any) -> Any:
