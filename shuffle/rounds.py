@@ -17,7 +17,8 @@ import numpy as np
 from dimd.checks import at_least, finite, positive
 from dimd.host import resident_memory
 from dimd.stall import STALL_TIMEOUT_S, watch_job
-from dimd.shuffle.store import DistributedStore
+from dimd.mpi import agreed
+from dimd.shuffle.store import DistributedStore, packed_record_count
 from dimd.shuffle.verify import check_group
 
 
@@ -104,6 +105,7 @@ def run_shuffle(config: ShuffleConfig, comm: Any, *, advance_load: Callable[[int
     the job with a line naming it (:mod:`dimd.stall`).
     """
     comm.Barrier()
+    check_every_rank_holds_records(config, comm)
     store = DistributedStore.load(config.dataset, comm, config.groups, config.memory_limit,
                                   advance=advance_load)
     if config.save_order is not None:
@@ -120,6 +122,20 @@ def run_shuffle(config: ShuffleConfig, comm: Any, *, advance_load: Callable[[int
             if on_round is not None:
                 on_round(figures)
     return run
+
+
+def check_every_rank_holds_records(config: ShuffleConfig, comm: Any) -> None:
+    """Collective: refuse, before the load, a set with fewer records than the ranks of a group (which share
+    one copy of it): a rank with none would shuffle nothing, and its figures would say so only afterwards."""
+    size = comm.Get_size()
+    if config.groups < 1 or size % config.groups:
+        return   # the load names the groups that do not divide the ranks
+    ranks = size // config.groups
+    records = packed_record_count(comm, config.dataset)   # MPI: rank 0 read the index for every rank
+    if records < ranks:
+        raise agreed(comm, f"{config.dataset}.dimd: {records} record{' is' if records == 1 else 's are'} fewer "
+                           f"than the {ranks} ranks that share a copy (each rank needs one); run fewer ranks"
+                           + (" or more `groups`" if config.groups < size else ""))
 
 
 def _load_figures(config: ShuffleConfig, store: DistributedStore, comm: Any) -> ShuffleRun:

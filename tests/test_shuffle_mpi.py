@@ -94,16 +94,47 @@ def pack_subset(packed_sample, out, count):
     return out
 
 
-@pytest.mark.parametrize("records", [2, 7])
-def test_odd_counts_and_empty_partitions(packed_sample, tmp_path, records):
-    subset = pack_subset(packed_sample, tmp_path / "subset", records)
+def test_odd_counts_spread_over_the_ranks(packed_sample, tmp_path):
+    subset = pack_subset(packed_sample, tmp_path / "subset", 7)
     orders = tmp_path / "orders"
     proc = run_mpi_dimd(4, "shuffle", subset, "--rounds", 4, "--verify", "--save-order", orders,
                         timeout=120)
     assert proc.returncode == 0, proc.stderr
     for ranks_held in saved_orders(orders, 4, 4):
-        assert sorted(np.concatenate(ranks_held).tolist()) == list(range(records))
-        assert sorted(len(m) for m in ranks_held) == sorted(len(p) for p in np.array_split(range(records), 4))
+        assert sorted(np.concatenate(ranks_held).tolist()) == list(range(7))
+        assert sorted(len(m) for m in ranks_held) == [1, 2, 2, 2]
+
+
+@case
+def shuffled_orders(dataset: str, rounds: str) -> None:
+    """Load DATASET over the job (one group), shuffle it ROUNDS times, checking each; each rank prints the
+    records it held after each round::
+
+        mpiexec -n 4 python -m mpi4py tests/mpi_case.py shuffled_orders subset 4
+        -> {"rank": 0, "orders": [[1], [0], [], []]}   (one line per rank)
+    """
+    from dimd.shuffle import DistributedStore
+    from dimd.shuffle.verify import check_group
+
+    comm = world()
+    store = DistributedStore.load(dataset, comm)
+    orders = []
+    for r in range(int(rounds)):
+        store.shuffle(seed=0, round=r)
+        check_group(store, f"round {r}")
+        orders.append(store.global_index.tolist())
+    say(json.dumps({"rank": comm.Get_rank(), "orders": orders}))
+
+
+def test_a_store_with_fewer_records_than_ranks_shuffles_them_all(packed_sample, tmp_path):
+    """The library keeps ranks with no record (a small validation set on many ranks); only the
+    ``dimd shuffle`` command refuses them."""
+    subset = pack_subset(packed_sample, tmp_path / "subset", 2)
+    proc = mpi_run(shuffled_orders, 4, subset, 4, timeout=120, check=True)
+    lines = sorted((json.loads(line) for line in proc.stdout.splitlines()), key=lambda line: line["rank"])
+    for r in range(4):
+        held = [line["orders"][r] for line in lines]
+        assert sorted(sum(held, [])) == [0, 1] and sorted(map(len, held)) == [0, 0, 1, 1]
 
 
 def test_memory_limit_ends_the_job_with_advice(packed_sample):
@@ -155,6 +186,17 @@ def test_ranks_that_read_different_packs_under_one_name_are_refused_on_every_ran
     assert len(lines) == 2 and all(line.startswith(f"rank {r}: refused: ") for r, line in enumerate(lines))
     assert "rank 1 on " in lines[0] and "reads a different pack (5 records" in lines[0], lines
     assert "every rank must read the same pack" in lines[0] and lines[0][9:] == lines[1][9:]
+
+
+def test_more_ranks_than_records_is_refused_before_the_load(packed_sample, tmp_path):
+    """As ``dimd train`` refuses a set too small for one batch per rank: no rank may be left empty."""
+    one = pack_subset(packed_sample, tmp_path / "one", 1)
+    proc = run_mpi_dimd(2, "shuffle", one, timeout=60)
+    assert proc.returncode == 1
+    assert [line for line in proc.stderr.splitlines() if "dimd:" in line] == [
+        f"dimd: error: {one}.dimd: 1 record is fewer than the 2 ranks that share a copy (each rank needs one); "
+        "run fewer ranks or more --groups"]
+    assert run_mpi_dimd(2, "shuffle", one, "--groups", 2, "--rounds", 1, timeout=60).returncode == 0
 
 
 def test_groups_must_divide_the_job(packed_sample):
