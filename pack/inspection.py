@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from dimd.format import PackedDataset, crc32
-from dimd.pack.process_pool import imap_watched, worker_pool
+from dimd.pack.process_pool import imap_watched, pool_size, worker_pool
 
 Advance = Callable[[int], None]
 
@@ -83,7 +83,8 @@ def verify(out: str | os.PathLike, *, workers: int = 1, decode: bool = True,
     step = 64
     spans = [(start, min(start + step, count)) for start in range(0, count, step)]
     problems: list[tuple[int, str]] = []
-    if workers <= 1 or len(spans) <= 1:
+    workers = pool_size(workers, len(spans))
+    if workers <= 1:
         for start, stop in spans:
             problems.extend(check_records(ds, start, stop, decode))
             if advance:

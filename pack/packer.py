@@ -17,10 +17,9 @@ from typing import Callable, Generator, Iterable, Iterator
 
 from dimd.errors import DimdError
 from dimd.format import PackedRecord, PackWriter, dataset_paths, escape_name
-from dimd.host import available_cores
 from dimd.pack.config import PackConfig
 from dimd.pack.labels import LabelBound, numbered_classes
-from dimd.pack.process_pool import imap_watched, worker_pool
+from dimd.pack.process_pool import imap_watched, pool_size, worker_pool
 from dimd.pack.sources import Source, Task, open_source
 
 #: A file larger than this is not read as an image (a 1 GiB JPEG would be ~ 10^9 pixels).
@@ -76,7 +75,7 @@ def pack(config: PackConfig, *, advance: Advance | None = None,
         writer.expected = source.count
         if on_start:
             on_start(source)
-        workers = min(config.workers or available_cores(), max(source.count, 1))
+        workers = pool_size(config.workers, source.count)
         result = PackResult(data_path, index_path, source.kind, workers,
                             stale_removed=[str(p) for p in writer.stale.removed],
                             stale_foreign=[str(p) for p in writer.stale.foreign])

@@ -26,12 +26,23 @@ from multiprocessing.pool import Pool
 from typing import Any, Callable, Iterable, Iterator
 
 from dimd.errors import DimdError
+from dimd.host import available_cores
 from dimd.private_apis import pool_workers
 
 #: How long a pool's teardown may take before its workers are killed.
 TEARDOWN_S = 5.0
+#: Worker processes per available core at most: the work is CPU-bound, so more would only cost memory
+#: and start-up time (``--workers 100000`` forked that many).
+MAX_WORKERS_PER_CORE = 4
 #: How often a wait for a result checks that the pool's workers still run.
 WATCH_S = 0.5
+
+
+def pool_size(requested: int | None, tasks: int) -> int:
+    """The workers for ``tasks`` tasks: ``requested`` (default: the available cores), at most
+    :data:`MAX_WORKERS_PER_CORE` per available core and one per task."""
+    cores = available_cores()
+    return max(1, min(requested or cores, MAX_WORKERS_PER_CORE * cores, tasks))
 
 
 @contextlib.contextmanager

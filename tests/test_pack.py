@@ -96,6 +96,13 @@ def test_failed_pack_leaves_no_output_files(colour_tree, tmp_path):
     assert list(tmp_path.glob("out*")) == [] and list(tmp_path.glob(".out*")) == []
 
 
+def test_workers_are_capped_at_four_per_core(colour_tree, tmp_path, monkeypatch):
+    """``--workers 100000`` does not fork 100,000 processes: the work is CPU-bound."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})   # one core available
+    result = pack(PackConfig(colour_tree, tmp_path / "out", workers=100_000))
+    assert result.workers == 4 and len(PackedDataset(tmp_path / "out")) == 12
+
+
 def test_cli_pack_prints_summary_and_writes_json(colour_tree, tmp_path):
     proc = run_dimd("pack", colour_tree, "-o", tmp_path / "out", "--workers", "2",
                     "--json", tmp_path / "pack.json", check=True)

@@ -38,8 +38,8 @@ SKIP_LINES = 20
                     "sources; default: the label numbers).")
 @config_option(PackConfig, "short_side", help="Resize so the shorter side is this many pixels (aspect ratio kept).")
 @config_option(PackConfig, "quality", help="JPEG quality of the stored images.")
-@config_option(PackConfig, "workers", help="Worker processes [default: the cores available]. The output "
-                                           "is the same for any number.")
+@config_option(PackConfig, "workers", help="Worker processes [default: the cores available; at most 4 per "
+                                           "core]. The output is the same for any number.")
 @config_option(PackConfig, "strict", help="Stop at the first image that cannot be packed.")
 @click.option("--skipped", "skipped_file", type=OUTPUT_FILE,
               help="Write the names of skipped images, with the reason, to FILE.")
