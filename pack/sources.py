@@ -20,6 +20,7 @@ to it). See docs/policies.md.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -200,9 +201,9 @@ class _TreeWalk:
             for name, label, base in pending:
                 try:
                     st = os.stat(os.path.join(self.root, name))
-                except OSError:
+                except OSError as exc:
                     if is_image_file(base):
-                        self.rejected.append((name, "broken symlink"))
+                        self.rejected.append((name, _unreadable_link(exc)))
                     continue
                 if stat.S_ISDIR(st.st_mode):
                     self.walk(name, label, claimed=False)
@@ -236,6 +237,15 @@ def _again(what: str, owner: str) -> str:
     return f"the same file as {owner} (a symlink or hard link); packed once, as {owner}"
 
 
+def _unreadable_link(exc: OSError) -> str:
+    """Why a symlink leads to no file: nothing at its end, a loop (a link to itself), or what the OS says."""
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "broken symlink"
+    if exc.errno == errno.ELOOP:
+        return "a symlink loop (a link that leads back to itself)"
+    return f"cannot read ({exc.strerror or exc})"
+
+
 def _not_regular(mode: int, via_link: bool = False) -> str:
     kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
@@ -250,7 +260,7 @@ def file_problem(path: str | os.PathLike) -> tuple[str | None, tuple[int, int]]:
     except FileNotFoundError:
         return "no such file", (0, 0)
     except OSError as exc:
-        return f"cannot read ({exc.strerror or exc})", (0, 0)
+        return _unreadable_link(exc), (0, 0)
     if not stat.S_ISREG(st.st_mode):
         return _not_regular(st.st_mode, via_link=os.path.islink(path)), (0, 0)
     return None, (st.st_dev, st.st_ino)

@@ -129,6 +129,23 @@ def test_only_regular_files_are_images_and_nothing_hangs(tmp_path):
     assert ds.names == ["a/0.jpg", "a/1.jpg", "b/0.jpg"]
 
 
+def test_a_link_to_itself_is_a_loop_and_a_link_to_nothing_is_broken(tmp_path, flat):
+    root = small_tree(tmp_path / "tree", {"a": 1})
+    (root / "a" / "self.jpg").symlink_to("self.jpg")
+    (root / "a" / "gone.jpg").symlink_to("missing.jpg")
+    proc = run_capped("pack", root, "-o", tmp_path / "x", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(line for line in proc.stderr.splitlines() if line.startswith("dimd: skipped")) == [
+        "dimd: skipped a/gone.jpg: broken symlink",
+        "dimd: skipped a/self.jpg: a symlink loop (a link that leads back to itself)",
+    ]
+    (flat / "self.jpg").symlink_to("self.jpg")
+    (tmp_path / "list.txt").write_text("0.jpg 0\nself.jpg 1\n")
+    proc = run_capped("pack", flat, "--list", tmp_path / "list.txt", "-o", tmp_path / "y", timeout=60)
+    assert one_error_line(proc) == (f"{tmp_path / 'list.txt'}:2: {flat / 'self.jpg'}: a symlink loop (a link that "
+                                    "leads back to itself)")
+
+
 def test_a_fifo_named_in_a_list_is_an_error_at_its_line(flat, tmp_path):
     os.mkfifo(flat / "pipe.jpg")
     (tmp_path / "list.txt").write_text("0.jpg 0\npipe.jpg 1\n")
