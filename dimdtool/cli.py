@@ -57,9 +57,16 @@ class LazyGroup(click.Group):
         warnings.showwarning = _show_warning
         try:
             return super().invoke(ctx)
-        except click.UsageError:
-            from dimd.mpi import launcher_rank, leaves_quietly
+        except click.UsageError as exc:
+            from dimd.mpi import launched_ranks, launcher_rank, leaves_quietly
+            from dimd.options import defers_output_checks
 
+            failed = exc.ctx   # the command whose line it refused (click attaches it, its callback's too)
+            if failed is not None and defers_output_checks(failed) and (launched_ranks() or 1) > 1:
+                from dimd.commands.mpi_job import refuse_with_the_job
+
+                # MPI: the other ranks may not share the error (mpiexec's A : B) and wait in MPI_Init for this one
+                refuse_with_the_job(f"{exc.format_message()} Try '{failed.command_path} --help' for help.")
             if leaves_quietly(launcher_rank() in (0, None)):   # MPI: every rank parsed the same line
                 ctx.exit(0)
             raise

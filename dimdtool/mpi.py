@@ -292,6 +292,15 @@ def require_on_every_rank(comm: Any, path: str, what: str) -> None:
                        f"be visible on every node, on a file system they share")
 
 
+def launched_ranks(environ: Mapping[str, str] = os.environ) -> int | None:
+    """How many processes the launcher started, as it exported it (before MPI starts); None outside one."""
+    for size_key, _, _ in LAUNCHER_SIZES:
+        size = _count(environ, size_key)
+        if size is not None:
+            return size
+    return None
+
+
 def launcher_rank(environ: Mapping[str, str] = os.environ) -> int | None:
     """This process's rank as its launcher exported it (before MPI starts), None outside a launcher.
 

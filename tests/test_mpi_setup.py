@@ -2,11 +2,12 @@
 
 import mmap
 import os
+import subprocess
 import time
 from typing import Any
 
 import pytest
-from conftest import launcher, mpi_run, mpiexec
+from conftest import DIMD, launcher, mpi_command, mpi_run, mpiexec
 from mpi_case import case, say, world
 from mpi_segments import leftover_mpi_segments
 
@@ -179,6 +180,23 @@ def agreed_only_over_the_whole_job() -> None:
 def test_only_a_problem_the_whole_job_shares_lets_it_end_in_order():
     proc = mpi_run(agreed_only_over_the_whole_job, 2, timeout=60, check=True)
     assert proc.stdout.count("agreed") == 2
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("refusing", [0, 1])
+def test_a_usage_error_on_some_ranks_only_ends_the_whole_job_with_its_line(packed_sample, refusing):
+    """``mpiexec -n 1 A : -n 1 B`` gives the ranks different command lines: the rank that refuses its own
+    starts MPI all the same, so the other's shuffle, waiting in MPI_Init for it, ends with it."""
+    env = dict(os.environ)
+    good = [*DIMD, "shuffle", packed_sample, "--rounds", 1]
+    bad = [*DIMD, "shuffle", packed_sample, "--bogus"]
+    first, second = (bad, good) if refusing == 0 else (good, bad)
+    job = mpi_command(1, first, env) + [":"] + mpi_command(1, second, env)[len(mpiexec()):]
+    proc = subprocess.run(job, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "dimd:" in line]
+    assert len(lines) == 1 and lines[0].startswith("dimd: error: No such option '--bogus'."), proc.stderr
+    assert lines[0].endswith("Try 'dimd shuffle --help' for help.") and "shuffle:" not in proc.stdout
 
 
 #: A user's network whose builder refuses the class count it gets (the sample set's 4).

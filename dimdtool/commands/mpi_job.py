@@ -121,6 +121,32 @@ def start_mpi(thread_level: ThreadLevel):
         sys.exit(1)
 
 
+def refuse_with_the_job(message: str, code: int = 2) -> None:
+    """A usage error this rank met before MPI started, while the launcher started several ranks.
+
+    The others may not have met it (mpiexec's ``A : B`` gives ranks different
+    command lines), and an MPI command on them waits in ``MPI_Init`` for this
+    rank for ever. So this rank starts MPI as :func:`mpi_command` does and
+    meets them at their first collective, which every MPI command begins with
+    (:func:`dimd.mpi.agree_or_raise` on the output locations): every rank
+    learns the first rank's problem, rank 0 says it, and the job ends in order
+    (this rank with ``code``, the others with 1). Returns only where the launch
+    gave each process a world of its own: no rank waits for another then.
+    """
+    try:
+        init_mpi("single")
+    except LaunchMismatch:
+        return
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    leaving = comm.Dup()   # MPI: as mpi_command's, collective with it
+    try:
+        agree_or_raise(comm, message)
+    except AgreedError as exc:
+        leave_together(comm, leaving, str(exc), code)
+
+
 def leave_together(comm: Any, leaving: Any, message: str, code: int) -> None:
     """Every rank met the same error at the same point: rank 0 says it once, every rank exits ``code``.
 
