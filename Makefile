@@ -18,7 +18,7 @@ STAMP := $(VENV)/.dimd-installed
 # pillow-simd's resize is 5-7x faster with AVX2; build with it when the CPU has it.
 SIMD_CC := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test test-fresh lint clean
 
 setup: $(STAMP)
 
@@ -52,6 +52,15 @@ demo: setup
 # plots-setup: the tests of bench/'s plotting run too (matplotlib, installed without plain Pillow).
 test: setup plots-setup
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile
+
+# How a job starts and ends (MPI start-up and errors, the library's start, the stop signals, clean-up,
+# launches, the checkpoint folder's lock, the batch jobs), again with a fresh python for every process
+# and MPI rank: `make test` forks them from a warm interpreter, whose exit is a stand-in for Python's,
+# mpi4py's and MPICH's (tests/warm_dimd.py). A step of .ci/run.
+FRESH_TESTS := tests/test_mpi_setup.py tests/test_library_start.py tests/test_stop_signals.py \
+               tests/test_cleanup.py tests/test_mpi_launch.py tests/test_checkpoint_folder.py tests/test_bin_jobs.py
+test-fresh: setup
+	DIMD_TESTS_FRESH_PROCESS=1 $(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile $(FRESH_TESTS)
 
 # ruff over the tree; mypy over the library, seen as the one `dimd` namespace it installs as:
 # mypy cannot follow setuptools' editable finder, so it reads a tree of links named as installed.
