@@ -78,7 +78,7 @@ def test_unknown_algorithm_is_one_usage_error_before_mpi_starts():
 
 
 @pytest.mark.mpi
-def test_unknown_model_is_one_usage_error_before_mpi_starts():
+def test_unknown_model_is_one_usage_error_on_every_rank_once():
     proc = run_mpi_dimd(2, "bench-allreduce", "--model", "nope", timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("Invalid value for '--model': 'nope' is not one of 'lenet',") == 1, proc.stderr
