@@ -17,6 +17,17 @@ process, so on the launcher's side ``mpiexec`` ends what it can reach and exits,
 but on the cut-off side it never returns (the abort waits for a launcher it
 cannot reach). So :func:`end_job` calls ``MPI_Abort`` and a timer ends the
 process with ``os._exit`` shortly after, whichever side of the cut it is on.
+
+Open MPI's runtime (PRRTE) needs one step more. After ``MPI_Abort`` its
+launcher (``prterun``, started as ``mpirun``) waits for every host's daemon
+(``prted``) to report its ranks ended, and a daemon on a host that left the
+network never does: ``mpirun`` waited until the kernel gave up on their TCP
+connection (949 s on the namespace hosts, then exit status 0), and the lost
+host's daemon as long for ``mpirun``. A third stop signal makes either leave at
+once (PRRTE's "hit ctrl-c again to forcibly terminate"). So a rank whose
+parent is one of them leaves behind a small process of its own
+(:func:`stop_a_stuck_runtime`) that stops it so if it has not ended
+:data:`PRRTE_GRACE_S` after the abort; ``mpirun`` then exits with status 1.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -33,6 +45,22 @@ from dimd.mpi import FORWARD_GRACE_S, abort
 
 #: After MPI_Abort: a rank whose abort cannot reach its launcher (the host is cut off) ends by itself.
 _EXIT_AFTER_ABORT_S = 3.0
+#: Open MPI's runtime processes that may parent a rank: its launcher and its daemon on the other hosts.
+PRRTE_PROCESSES = frozenset({"prterun", "mpirun", "prted"})
+#: How long after MPI_Abort a PRRTE process may take to end the job itself (it takes a second or two).
+PRRTE_GRACE_S = 10.0
+#: A process of its own (argv: a pidfd, the grace): three SIGTERMs a second apart, unless the process ends first.
+_PRRTE_STOPPER = """
+import select, signal, sys
+process, grace = int(sys.argv[1]), float(sys.argv[2])
+for wait in (grace, 1.0, 1.0):
+    if select.select([process], [], [], wait)[0]:
+        break
+    try:
+        signal.pidfd_send_signal(process, signal.SIGTERM)
+    except ProcessLookupError:
+        break
+"""
 #: How long a rank of an MPI command waits for the others by default (their `stall_timeout`): long enough
 #: for a rank's lead over the slowest, or rank 0's checkpoint write, short of a batch job's time limit.
 STALL_TIMEOUT_S = 600.0
@@ -145,5 +173,28 @@ def end_job(comm: Any, message: str, code: int = 1) -> None:
     timer = threading.Timer(FORWARD_GRACE_S + _EXIT_AFTER_ABORT_S, os._exit, args=(code,))
     timer.daemon = True
     timer.start()
+    stop_a_stuck_runtime()
     time.sleep(FORWARD_GRACE_S)
     abort(comm, code)
+
+
+def stop_a_stuck_runtime(parent: int | None = None, grace: float = PRRTE_GRACE_S) -> subprocess.Popen | None:
+    """Where this rank's parent (or ``parent``) is Open MPI's launcher or daemon: a process in a session of its
+    own (the abort ends this rank's process group) that stops it with three SIGTERMs, a second apart, unless it
+    ends within ``grace`` seconds (see the module's docstring). Returns that process, or None."""
+    parent = os.getppid() if parent is None else parent
+    try:
+        with open(f"/proc/{parent}/comm") as comm_file:
+            if comm_file.read().strip() not in PRRTE_PROCESSES:
+                return None
+        process = os.pidfd_open(parent)   # the same process to the end, whatever pid comes to be reused
+    except (OSError, AttributeError):     # gone, or no /proc or pidfd (not Linux): nothing to stop
+        return None
+    try:
+        return subprocess.Popen([sys.executable, "-S", "-I", "-c", _PRRTE_STOPPER, str(process), str(grace)],
+                                pass_fds=(process,), start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+    finally:
+        os.close(process)

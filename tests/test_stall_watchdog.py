@@ -6,6 +6,9 @@ training run shows that each of its waits for the other ranks is one the watchdo
 """
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -16,7 +19,7 @@ from mpi_case import case, say, world
 from dimd.allreduce.bench import BenchConfig
 from dimd.errors import DimdError
 from dimd.shuffle.rounds import ShuffleConfig
-from dimd.stall import StallWatchdog
+from dimd.stall import StallWatchdog, stop_a_stuck_runtime
 from dimd.train.config import TrainConfig
 from dimd.train.plan.config import StepTimeConfig
 
@@ -230,3 +233,38 @@ def test_every_wait_of_the_other_mpi_commands_after_their_load_is_watched(colour
     commands = ("shuffle", "bench-allreduce", "plan-batch step-time")
     assert {(run["run"], run["rank"]) for run in runs} == {(c, r) for c in commands for r in (0, 1)}
     assert all(run["calls"] > 0 and run["unwatched"] == [] for run in runs), runs
+
+
+#: Open MPI's daemon (prted) as ``end_job`` meets it, stuck waiting for a lost host: a third SIGTERM ends it
+#: (exit 1). It prints ``ready`` once named, then waits ARGV[1] seconds and exits 0.
+STUCK_PRTED = """
+import ctypes, signal, sys, time
+ctypes.CDLL(None).prctl(15, b"prted", 0, 0, 0)   # PR_SET_NAME: /proc/PID/comm reads prted
+terms = []
+signal.signal(signal.SIGTERM, lambda *_: terms.append(1) or (len(terms) == 3 and sys.exit(1)))
+print("ready", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def prted(seconds: float) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-c", STUCK_PRTED, str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    return process
+
+
+def test_open_mpis_runtime_left_waiting_after_the_abort_is_stopped_with_three_sigterms():
+    """After MPI_Abort, Open MPI's launcher and daemons wait for a lost host's daemon (16 minutes by default):
+    the rank leaves a process behind that ends its parent so, once the grace is over."""
+    stuck = prted(60)
+    stopper = stop_a_stuck_runtime(stuck.pid, grace=0.2)
+    assert stopper is not None
+    assert stuck.wait(timeout=30) == 1      # the third SIGTERM
+    assert stopper.wait(timeout=30) == 0
+
+
+def test_a_runtime_that_ends_in_its_grace_is_left_alone_and_other_parents_too():
+    ending = prted(0.5)
+    stopper = stop_a_stuck_runtime(ending.pid, grace=20)
+    assert ending.wait(timeout=30) == 0 and stopper.wait(timeout=30) == 0   # no SIGTERM: it ended by itself
+    assert stop_a_stuck_runtime(os.getpid()) is None                        # pytest is no Open MPI runtime

@@ -162,13 +162,11 @@ CUT_OFF_JOBS = {
 }
 
 
-@pytest.mark.skipif(MPI == "openmpi", reason="Open MPI's mpirun (PRRTE) waits for the cut-off host's daemon until "
-                    "the kernel drops the connection (949 s here) and then exits 0 (docs/mpi.md)")
 @pytest.mark.parametrize("command", CUT_OFF_JOBS)
 def test_a_host_cut_off_mid_job_ends_the_job_with_one_line(packed_sample, tmp_path, cut_h2, command):
     """h2 leaves the network mid-job: no rank or launcher can learn it from MPI, which waits forever.
     The stall watchdog of the rank on h1 names itself, its host and the wait, and every process ends,
-    the launcher on h1 and the proxy and rank on h2 too."""
+    the launcher on h1 and the proxy (Open MPI: the daemon) and rank on h2 too."""
     before = set(processes_on("h1") + processes_on("h2"))    # none, unless an earlier test left some
     words, started = CUT_OFF_JOBS[command]
     args = [word.format(data=packed_sample, tmp=tmp_path) for word in words]
