@@ -238,6 +238,23 @@ def test_a_killed_worker_ends_the_epoch_with_one_line_naming_it(store):
         assert len(collect(fresh, 0)) == fresh.steps_per_epoch
 
 
+def test_a_worker_killed_while_the_rank_sends_it_tasks_ends_with_the_same_line():
+    """The rank blocked in a send (the worker stopped reading, its socket full) when the worker dies: the
+    send's error (a reset connection, a broken pipe) is WorkerDied's line, never an OSError of its own."""
+    import threading
+
+    from dimd.shuffle.workers import DecodeWorkers, WorkerDied
+
+    pool = DecodeWorkers(2)
+    victim = pool.pids[1]
+    os.kill(victim, signal.SIGSTOP)
+    threading.Timer(1.0, os.kill, args=(victim, signal.SIGKILL)).start()
+    with pytest.raises(WorkerDied, match=rf"decoding worker 1 \(pid {victim}\) was killed by SIGKILL"):
+        for _ in range(1_000_000):
+            pool.detach(12345)   # a message to each worker: the stopped one's socket fills, and the send waits
+    assert pool.closed
+
+
 def test_a_loader_sharing_the_workers_of_a_killed_one_gets_the_same_line(store):
     from dimd.shuffle.workers import WorkerDied
 
