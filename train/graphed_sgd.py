@@ -30,6 +30,7 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
+from dimd.private_apis import unscale_and_find_non_finite_
 from dimd.shuffle.normalize import Normalize
 from dimd.train.flatgrad import Reduce
 from dimd.train.graphs import (WARMUP_STEPS, Backend, StaticBatch, StaticInputs, StepGraphs, backend_for,
@@ -74,7 +75,7 @@ class DeviceLossScale:
     def unscale(self, grads: torch.Tensor, flag: torch.Tensor) -> None:
         """``grads`` divided by the scale in place; ``flag`` set to 1 if any is not finite, else 0."""
         found = torch.zeros((), dtype=torch.float32, device=grads.device)
-        torch._amp_foreach_non_finite_check_and_unscale_([grads], found, self.scale.reciprocal())
+        unscale_and_find_non_finite_(grads, found, self.scale.reciprocal())
         flag.copy_(found)
 
     def refresh(self) -> None:

@@ -42,6 +42,8 @@ from typing import Any, Callable, Hashable, Protocol, Sequence
 import torch
 from torch import nn
 
+from dimd.train.batchnorm import BATCH_NORMS
+
 #: Eager steps of a new graph before it is captured (PyTorch's own examples warm up for 3).
 WARMUP_STEPS = 3
 
@@ -90,7 +92,7 @@ def capture_problem(model: nn.Module) -> str | None:
     step, which a replay would never do again.
     """
     for name, module in model.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats \
+        if isinstance(module, BATCH_NORMS) and module.track_running_stats \
                 and module.momentum is None:
             return (f"batch norm {name or type(module).__name__} has momentum=None (a cumulative average it reads "
                     f"on the host at every step), which a CUDA graph cannot replay")
