@@ -30,8 +30,12 @@ def _ignore(n: int = 1) -> None:
 
 @contextlib.contextmanager
 def progress(total: int | None, description: str, *, unit: str = "items", enabled: bool = True,
-             interval: float = 10.0, stream: TextIO | None = None) -> Iterator[Advance]:
-    """Yield ``advance(n)``: a rich bar with rate on a terminal, else a line every ``interval`` s."""
+             interval: float = 10.0, stream: TextIO | None = None,
+             status: Callable[[], str] | None = None) -> Iterator[Advance]:
+    """Yield ``advance(n)``: a rich bar with rate on a terminal, else a line every ``interval`` s.
+
+    ``status()``, if given, is shown after the count (e.g. the archives read so far).
+    """
     stream = stream or sys.stderr
     if not enabled:
         yield _ignore
@@ -41,9 +45,10 @@ def progress(total: int | None, description: str, *, unit: str = "items", enable
                                    TimeElapsedColumn, TimeRemainingColumn)
 
         columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+                   TextColumn("{task.fields[status]}"), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                   TimeRemainingColumn()]
         with Progress(*columns, console=stderr_console(), transient=False) as bar:
-            task = bar.add_task(description, total=total, rate="")
+            task = bar.add_task(description, total=total, rate="", status=status() if status else "")
             start = time.perf_counter()
             done = 0
 
@@ -51,11 +56,12 @@ def progress(total: int | None, description: str, *, unit: str = "items", enable
                 nonlocal done
                 done += n
                 elapsed = max(time.perf_counter() - start, 1e-9)
-                bar.update(task, advance=n, rate=f"{format_rate(done / elapsed)} {unit}/s")
+                bar.update(task, advance=n, rate=f"{format_rate(done / elapsed)} {unit}/s",
+                           status=status() if status else "")
 
             yield advance
         return
-    yield from _plain_progress(total, description, unit, interval, stream)
+    yield from _plain_progress(total, description, unit, interval, stream, status)
 
 
 def format_rate(rate: float) -> str:
@@ -71,18 +77,19 @@ def write_line(stream: TextIO, text: str) -> None:
 
 
 def _plain_progress(total: int | None, description: str, unit: str, interval: float,
-                    stream: TextIO) -> Iterator[Advance]:
+                    stream: TextIO, status: Callable[[], str] | None = None) -> Iterator[Advance]:
     start = last = time.perf_counter()
     done = 0
 
     def line() -> str:
         elapsed = max(time.perf_counter() - start, 1e-9)
         rate = done / elapsed
+        extra = f" {status()}," if status else ""
         if total:
             eta = (total - done) / rate if rate > 0 else float("inf")
-            return (f"{description}: {done}/{total} {unit} ({100 * done / total:.0f}%), "
+            return (f"{description}: {done}/{total} {unit} ({100 * done / total:.0f}%),{extra} "
                     f"{format_rate(rate)} {unit}/s, {elapsed:.0f}s elapsed, eta {eta:.0f}s")
-        return f"{description}: {done} {unit}, {format_rate(rate)} {unit}/s, {elapsed:.0f}s elapsed"
+        return f"{description}: {done} {unit},{extra} {format_rate(rate)} {unit}/s, {elapsed:.0f}s elapsed"
 
     def advance(n: int = 1) -> None:
         nonlocal done, last

@@ -151,6 +151,34 @@ class PackWriter:
         """Record ``i``'s name as added (a file-system string)."""
         return self._names[i]
 
+    def reorder(self, order: np.ndarray) -> None:
+        """Put the records added so far in ``order``: record ``order[i]`` becomes record ``i``.
+
+        For a source whose records arrive in another order than the one they are
+        stored in (an archive read front to back whose members are not sorted).
+        The data file is copied once, record by record, into the index's
+        temporary (unused until :meth:`commit`, and removed with the writer's
+        other temporaries on every way out), which then replaces it.
+        """
+        count = len(self._names)
+        order = np.asarray(order, np.int64)
+        if order.shape != (count,) or not np.array_equal(np.sort(order), np.arange(count)):
+            raise ValueError(f"order must be a permutation of the {count} records")
+        if np.array_equal(order, np.arange(count)):
+            return
+        rows = self._rows[:count][order]
+        with self._disk_errors(self.data_path):
+            self._file.flush()
+            with open(self._tmp_data, "rb") as old, open(self._tmp_index, "wb", buffering=1 << 22) as new:
+                for offset, length in zip(rows["offset"].tolist(), rows["length"].tolist()):
+                    new.write(os.pread(old.fileno(), length, offset))
+            self._file.close()
+            os.replace(self._tmp_index, self._tmp_data)
+            self._file = open(self._tmp_data, "ab")
+        rows["offset"] = np.concatenate(([0], np.cumsum(rows["length"], dtype=np.uint64)[:-1]))
+        self._rows[:count] = rows
+        self._names = [self._names[i] for i in order.tolist()]
+
     def commit(self, classes: Sequence[str], *, short_side: int, quality: int, source: str,
                extra_attrs: dict[str, Any] | None = None) -> None:
         """Write the index and rename both files into place (the index last)."""

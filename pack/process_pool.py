@@ -72,31 +72,48 @@ def terminate_within_deadline(pool: Pool, deadline_s: float = TEARDOWN_S) -> Non
 
 
 def imap_watched(pool: Pool, func: Callable[[Any], Any], items: Iterable[Any], chunksize: int = 1, *,
-                 doing: str = "working", poll_s: float = WATCH_S) -> Iterator[Any]:
+                 doing: str = "working", poll_s: float = WATCH_S, window: int | None = None,
+                 chunk_bytes: int | None = None, size_of: Callable[[Any], int] | None = None) -> Iterator[Any]:
     """``pool.imap(func, items, chunksize)``, except that a worker that dies raises :class:`DimdError`.
 
     ``doing`` ends the message ("packing data/train"). Workers never exit on
     their own before the pool is torn down, so any exit of one means lost tasks.
+
+    ``window`` bounds the chunks in flight (sent and not yet returned): the
+    pool's feeder thread would otherwise read a whole source ahead. A chunk
+    ends at ``chunksize`` items or, with ``size_of``, once its items reach
+    ``chunk_bytes``, so tasks that carry bytes (an archive's members) hold at
+    most ``window`` chunks of about ``chunk_bytes`` in memory.
     """
     workers = pool_workers(pool)
+    chunks = _chunks(items, chunksize, chunk_bytes, size_of)
+    throttle = _Throttle(window) if window else None
+    if throttle is not None:
+        chunks = throttle.feed(chunks)
     # Chunks made here, as imap makes them, so that its result iterator (which can wait with a
     # timeout) is the one that comes back, not the generator imap wraps it in for chunksize > 1.
-    results = pool.imap(_run_chunk, ((func, chunk) for chunk in _chunks(items, chunksize)))
-    while True:
-        try:
-            chunk = results.next(timeout=poll_s)
-        except StopIteration:
-            return
-        except multiprocessing.TimeoutError:
-            for worker in workers:
-                code = worker.exitcode
-                if code is not None:
-                    how = (f"was killed by {_signal_name(-code)}" if code < 0
-                           else f"exited with status {code}")
-                    raise DimdError(f"worker process {worker.pid} {how} while {doing} (out of memory?); "
-                                    "its work is lost, so the run stops") from None
-            continue
-        yield from chunk
+    results = pool.imap(_run_chunk, ((func, chunk) for chunk in chunks))
+    try:
+        while True:
+            try:
+                chunk = results.next(timeout=poll_s)
+            except StopIteration:
+                return
+            except multiprocessing.TimeoutError:
+                for worker in workers:
+                    code = worker.exitcode
+                    if code is not None:
+                        how = (f"was killed by {_signal_name(-code)}" if code < 0
+                               else f"exited with status {code}")
+                        raise DimdError(f"worker process {worker.pid} {how} while {doing} (out of memory?); "
+                                        "its work is lost, so the run stops") from None
+                continue
+            if throttle is not None:
+                throttle.release()
+            yield from chunk
+    finally:
+        if throttle is not None:
+            throttle.close()
 
 
 def _run_chunk(task: tuple[Callable[[Any], Any], tuple[Any, ...]]) -> list[Any]:
@@ -104,10 +121,45 @@ def _run_chunk(task: tuple[Callable[[Any], Any], tuple[Any, ...]]) -> list[Any]:
     return [func(item) for item in chunk]
 
 
-def _chunks(items: Iterable[Any], size: int) -> Iterator[tuple[Any, ...]]:
+def _chunks(items: Iterable[Any], size: int, max_bytes: int | None = None,
+            size_of: Callable[[Any], int] | None = None) -> Iterator[tuple[Any, ...]]:
     iterator = iter(items)
-    while chunk := tuple(itertools.islice(iterator, size)):
-        yield chunk
+    if size_of is None or max_bytes is None:
+        while chunk := tuple(itertools.islice(iterator, size)):
+            yield chunk
+        return
+    pending: list[Any] = []
+    total = 0
+    for item in iterator:
+        pending.append(item)
+        total += size_of(item)
+        if len(pending) == size or total >= max_bytes:
+            yield tuple(pending)
+            pending, total = [], 0
+    if pending:
+        yield tuple(pending)
+
+
+class _Throttle:
+    """A semaphore around an iterable consumed by another thread; ``close`` unblocks it for good."""
+
+    def __init__(self, limit: int) -> None:
+        self._slots = threading.Semaphore(limit)
+        self._closed = False
+
+    def feed(self, items: Iterable[Any]) -> Iterator[Any]:
+        for item in items:
+            self._slots.acquire()
+            if self._closed:
+                return
+            yield item
+
+    def release(self) -> None:
+        self._slots.release()
+
+    def close(self) -> None:
+        self._closed = True
+        self._slots.release()  # one slot wakes the single feeder thread, which then stops
 
 
 def _signal_name(signum: int) -> str:
