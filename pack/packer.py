@@ -2,31 +2,41 @@
 
 Workers (a process pool) read, decode, resize and encode; results come back in
 task order (``imap``), and the parent appends them to :class:`dimd.format.PackWriter`,
-which renames the outputs into place only when the pack completes.
+which renames the outputs into place only when the pack completes. The tasks in
+flight are bounded (chunks of at most :data:`CHUNK_BYTES` when they carry an
+archive's bytes), so memory stays flat whatever the size of the source.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Generator, Iterable, Iterator
+from typing import Callable, Generator
 
 from dimd.errors import DimdError
 from dimd.format import PackedRecord, PackWriter, dataset_paths, escape_name
 from dimd.pack.config import PackConfig
 from dimd.pack.labels import LabelBound, numbered_classes
+from dimd.pack.locate import open_pack_source
 from dimd.pack.process_pool import imap_watched, pool_size, worker_pool
-from dimd.pack.sources import Source, Task, open_source
+from dimd.pack.sources import Source, Task
+from dimd.pack.streamed import StreamedSource
 
 #: A file larger than this is not read as an image (a 1 GiB JPEG would be ~ 10^9 pixels).
 MAX_IMAGE_BYTES = 1 << 30
 
+#: Tasks that carry bytes (archive members) go to a worker in chunks of about this many bytes.
+CHUNK_BYTES = 1 << 20
+#: Chunks in flight per worker.
+CHUNKS_PER_WORKER = 4
+
 Advance = Callable[[int], None]
 OnSkip = Callable[[str, str], None]
+OnArchive = Callable[[str], None]
+AnySource = Source | StreamedSource
 
 
 @dataclass
@@ -44,6 +54,8 @@ class PackResult:
     cpu_seconds: float = 0.0  # this process and its workers: comparable on a busy machine
     stale_removed: list[str] = field(default_factory=list)  # a dead run's temporaries, removed
     stale_foreign: list[str] = field(default_factory=list)  # another host's temporaries, left alone
+    archives: int = 0  # archives read (inner tars, shards, Parquet files)
+    source_info: dict = field(default_factory=dict)  # an archive source's files, sizes and record order
 
     @property
     def images_per_s(self) -> float:
@@ -56,22 +68,25 @@ class PackResult:
                 "cpu_seconds": round(self.cpu_seconds, 3),
                 "workers": self.workers, "source_kind": self.source_kind,
                 "data_path": str(self.data_path), "index_path": str(self.index_path),
+                **({"archives": self.archives, **self.source_info} if self.source_info else {}),
                 "skipped_images": [{"name": n, "reason": r} for n, r in self.skipped]}
 
 
-def pack(config: PackConfig, *, advance: Advance | None = None,
-         on_skip: OnSkip | None = None, on_start: Callable[[Source], None] | None = None) -> PackResult:
+def pack(config: PackConfig, *, advance: Advance | None = None, on_skip: OnSkip | None = None,
+         on_start: Callable[[AnySource], None] | None = None,
+         on_archive: OnArchive | None = None) -> PackResult:
     """Pack ``config.src`` into ``config.out`` (``.dimd`` + ``.idx.h5``); see the module docstring.
 
     ``on_start(source)`` is called once the source is resolved (e.g. to size a
     progress bar), ``advance(n)`` after each image, ``on_skip(name, reason)``
-    for each image that is not packed.
+    for each image that is not packed, ``on_archive(name)`` as each archive
+    of an archive source starts.
     """
     start, cpu_start = time.perf_counter(), _cpu_seconds()
     data_path, index_path = dataset_paths(config.out)
     # The writer first: a bad or existing OUT is refused before a long scan of SRC, not after it.
     with PackWriter(config.out, force=config.force) as writer:
-        source = open_source(config.src, config.list_file, config.classes_file)
+        source = open_pack_source(config)
         writer.expected = source.count
         if on_start:
             on_start(source)
@@ -92,6 +107,11 @@ def pack(config: PackConfig, *, advance: Advance | None = None,
             skip(name, reason)
         with contextlib.closing(_processed(source, config, workers)) as results:
             for name, label, data, height, width, size_in, reason in results:
+                if reason is None:  # an archive starts
+                    result.archives += 1
+                    if on_archive:
+                        on_archive(name)
+                    continue
                 result.bytes_in += size_in
                 if data is None:
                     skip(name, reason)
@@ -100,11 +120,16 @@ def pack(config: PackConfig, *, advance: Advance | None = None,
                 if advance:
                     advance(1)
         if len(writer) == 0:
-            raise DimdError(f"{config.src}: none of its {source.count} images could be packed")
-        classes = source.classes if source.classes is not None else numbered_classes(
-            writer.labels, str(config.src), lambda i: escape_name(writer.name(i)))
+            counted = f" {source.count}" if source.count is not None else ""
+            raise DimdError(f"{config.shown_src}: none of its{counted} images could be packed")
+        if isinstance(source, StreamedSource):
+            classes = source.finish(writer)
+            result.source_info = source.summary()
+        else:
+            classes = source.classes if source.classes is not None else numbered_classes(
+                writer.labels, str(config.src), lambda i: escape_name(writer.name(i)))
         writer.commit(classes, short_side=config.short_side, quality=config.quality,
-                      source=str(config.src),
+                      source=config.shown_src,
                       extra_attrs={"source_kind": source.kind, "skipped": len(result.skipped)})
         result.images, result.bytes_out, result.classes = len(writer), writer.data_bytes, list(classes)
     result.seconds = time.perf_counter() - start
@@ -120,7 +145,7 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _processed(source: Source, config: PackConfig, workers: int) -> Generator[tuple, None, None]:
+def _processed(source: AnySource, config: PackConfig, workers: int) -> Generator[tuple, None, None]:
     """Results in task order, from this process or from a pool of ``workers``."""
     bound = source.label_bound
     settings = (config.short_side, config.quality, bound.limit, bound.named)
@@ -129,38 +154,14 @@ def _processed(source: Source, config: PackConfig, workers: int) -> Generator[tu
         yield from map(process_task, source.tasks())
         return
     _preload_imaging()  # once here, not once per forked worker
-    # Bound the tasks in flight: the pool's feeder thread would otherwise read a whole LMDB ahead.
-    throttle = _Throttle(workers * config.chunksize * 4)
     with worker_pool(workers, _init_pool_worker, settings) as pool:
-        try:
-            for item in imap_watched(pool, process_task, throttle.feed(source.tasks()), config.chunksize,
-                                     doing=f"packing {escape_name(str(config.src))}"):
-                throttle.release()
-                yield item
-        finally:
-            throttle.close()
+        yield from imap_watched(pool, process_task, source.tasks(), config.chunksize,
+                                doing=f"packing {escape_name(config.shown_src)}",
+                                window=workers * CHUNKS_PER_WORKER, chunk_bytes=CHUNK_BYTES, size_of=_task_bytes)
 
 
-class _Throttle:
-    """A semaphore around an iterable consumed by another thread; ``close`` unblocks it for good."""
-
-    def __init__(self, limit: int) -> None:
-        self._slots = threading.Semaphore(limit)
-        self._closed = False
-
-    def feed(self, items: Iterable[Task]) -> Iterator[Task]:
-        for item in items:
-            self._slots.acquire()
-            if self._closed:
-                return
-            yield item
-
-    def release(self) -> None:
-        self._slots.release()
-
-    def close(self) -> None:
-        self._closed = True
-        self._slots.release()  # one slot wakes the single feeder thread, which then stops
+def _task_bytes(task: Task) -> int:
+    return len(task[3][0]) if task[2] == "bytes" else 0
 
 
 def _preload_imaging() -> None:
@@ -193,16 +194,27 @@ def process_task(task: Task) -> tuple:
     """One task -> ``(name, label, jpeg | None, height, width, bytes_in, skip_reason)``.
 
     Whatever goes wrong with one record (including an error no one foresaw)
-    skips that record and names the reason; it never ends the pack.
+    skips that record and names the reason; it never ends the pack. An
+    ``"archive"`` task comes back with ``skip_reason`` None: it marks where an
+    archive starts.
     """
     from dimd.pack.imaging import ImageSkipped, resize_encoded
 
     name, label, kind, payload = task
     short_side, quality, bound = _SETTINGS
     size_in = 0
+    shown = name  # what a skip names: an archive member is named inside its archive
+    if kind == "skip":
+        return name, label, None, 0, 0, 0, payload
+    if kind == "archive":
+        return name, label, None, 0, 0, 0, None
     try:
         if kind == "file":
             data = read_image_file(payload)
+            size_in = len(data)
+            image = resize_encoded(data, short_side, quality)
+        elif kind == "bytes":
+            data, shown = payload
             size_in = len(data)
             image = resize_encoded(data, short_side, quality)
         else:
@@ -214,9 +226,9 @@ def process_task(task: Task) -> tuple:
             if problem:
                 raise ImageSkipped(problem)
     except ImageSkipped as exc:
-        return name, label, None, 0, 0, size_in, str(exc)
+        return shown, label, None, 0, 0, size_in, str(exc)
     except Exception as exc:  # one record's failure, named; the pack goes on
-        return name, label, None, 0, 0, size_in, f"failed ({type(exc).__name__}: {exc})"
+        return shown, label, None, 0, 0, size_in, f"failed ({type(exc).__name__}: {exc})"
     return name, label, image.data, image.height, image.width, size_in, ""
 
 

@@ -38,11 +38,13 @@ MAX_WORKERS_PER_CORE = 4
 WATCH_S = 0.5
 
 
-def pool_size(requested: int | None, tasks: int) -> int:
+def pool_size(requested: int | None, tasks: int | None) -> int:
     """The workers for ``tasks`` tasks: ``requested`` (default: the available cores), at most
-    :data:`MAX_WORKERS_PER_CORE` per available core and one per task."""
+    :data:`MAX_WORKERS_PER_CORE` per available core and one per task. ``tasks`` is None when the
+    count is known only once the source has been read (an archive streamed front to back)."""
     cores = available_cores()
-    return max(1, min(requested or cores, MAX_WORKERS_PER_CORE * cores, tasks))
+    workers = min(requested or cores, MAX_WORKERS_PER_CORE * cores)
+    return max(1, workers if tasks is None else min(workers, tasks))
 
 
 @contextlib.contextmanager

@@ -267,38 +267,58 @@ def file_problem(path: str | os.PathLike) -> tuple[str | None, tuple[int, int]]:
 
 
 # ---------------------------------------------------------------------------- list file
-def _list_source(root: Path, list_file: Path, classes: list[str] | None) -> Source:
-    lines = _read_lines(list_file, "list file")
+@dataclass(frozen=True)
+class ListEntry:
+    """One line of a list file: its number, the path as written, its label."""
+
+    line: int
+    path: str
+    label: int
+
+
+def read_list(list_file: Path, classes: list[str] | None) -> list[ListEntry]:
+    """The ``relative/path label`` lines of ``list_file``, labels bounded; an error names the first bad line."""
     bound = LabelBound.for_classes(classes)
-    files: list[tuple[str, int]] = []
-    first_seen: dict[tuple[int, int], tuple[int, str, int]] = {}  # file -> (line, path, label)
-    for number, line in enumerate(lines, 1):
+    entries: list[ListEntry] = []
+    for number, line in enumerate(_read_lines(list_file, "list file"), 1):
         if not line.strip():
             continue
-        where = f"{list_file}:{number}"
         parts = line.strip().rsplit(None, 1)  # like convert_imageset: the label is the last field
         label = parse_label(parts[1]) if len(parts) == 2 else None
         if label is None:
-            raise DimdError(f"{where}: expected 'relative/path label', got {_shown(line.strip())!r}")
-        relative = parts[0]
+            raise DimdError(f"{list_file}:{number}: expected 'relative/path label', got {_shown(line.strip())!r}")
         problem = bound.problem(label, parts[1])
         if problem:
-            raise DimdError(f"{where}: {problem}")
+            raise DimdError(f"{list_file}:{number}: {problem}")
+        entries.append(ListEntry(number, parts[0], label))
+    if not entries:
+        raise DimdError(f"{list_file}: list file names no images")
+    return entries
+
+
+def list_classes(entries: list[ListEntry], list_file: Path, classes: list[str] | None) -> list[str]:
+    """The classes file's names, or ``"0".."max"`` for the labels the list uses."""
+    if classes is not None:
+        return classes
+    return numbered_classes(np.fromiter((e.label for e in entries), np.int64, len(entries)), str(list_file))
+
+
+def _list_source(root: Path, list_file: Path, classes: list[str] | None) -> Source:
+    entries = read_list(list_file, classes)
+    files: list[tuple[str, int]] = []
+    first_seen: dict[tuple[int, int], ListEntry] = {}  # file -> the first line naming it
+    for entry in entries:
+        where, relative, label = f"{list_file}:{entry.line}", entry.path, entry.label
         problem, key = file_problem(root / relative)
         if problem:
             raise DimdError(f"{where}: {_shown(str(root / relative))}: {problem}")
-        earlier = first_seen.setdefault(key, (number, relative, label))
-        if earlier[2] != label:
-            same = "" if earlier[1] == relative else f" (as {_shown(earlier[1])})"
-            raise DimdError(f"{where}: {_shown(relative)} has label {label}, but line {earlier[0]} "
-                            f"gave the same file{same} label {earlier[2]}")
+        earlier = first_seen.setdefault(key, entry)
+        if earlier.label != label:
+            same = "" if earlier.path == relative else f" (as {_shown(earlier.path)})"
+            raise DimdError(f"{where}: {_shown(relative)} has label {label}, but line {earlier.line} "
+                            f"gave the same file{same} label {earlier.label}")
         files.append((relative, label))
-    if not files:
-        raise DimdError(f"{list_file}: list file names no images")
-    if classes is None:
-        classes = numbered_classes(np.fromiter((label for _, label in files), np.int64, len(files)),
-                                   str(list_file))
-    return Source("list", root, len(files), classes, files)
+    return Source("list", root, len(files), list_classes(entries, list_file, classes), files)
 
 
 def read_classes_file(path: str | os.PathLike) -> list[str]:

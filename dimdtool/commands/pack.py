@@ -26,7 +26,7 @@ SKIP_LINES = 20
 
 
 @click.command("pack")
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", nargs=-1, required=True, type=click.Path(path_type=Path))
 @config_option(PackConfig, "out", "-o", "--output", required=True, type=click.Path(),  # str: out/ keeps its /
                help="Output stem: writes OUT.dimd (the JPEGs) and OUT.idx.h5 (the index); "
                     "missing folders are created.")
@@ -34,8 +34,13 @@ SKIP_LINES = 20
                help="Pack the images named in FILE, one 'relative/path label' line each "
                     "(Caffe's convert_imageset format), e.g. ImageNet's flat val folder.")
 @config_option(PackConfig, "classes_file", type=_FILE,
-               help="Class names, one per line, line i naming label i (for --list and LMDB "
-                    "sources; default: the label numbers).")
+               help="Class names, one per line, line i naming label i (for --list, LMDB, WebDataset and "
+                    "Parquet sources; default: a Parquet file's ClassLabel names, else the label numbers).")
+@config_option(PackConfig, "label_field", metavar="NAME",
+               help="WebDataset: the field of KEY.json that holds the label (when there is no KEY.cls).")
+@config_option(PackConfig, "image_column", metavar="NAME",
+               help="Parquet: the image column, a struct with 'bytes' (the Hub's Image) or binary.")
+@config_option(PackConfig, "label_column", metavar="NAME", help="Parquet: the integer label column.")
 @config_option(PackConfig, "short_side", help="Resize so the shorter side is this many pixels (aspect ratio kept).")
 @config_option(PackConfig, "quality", help="JPEG quality of the stored images.")
 @config_option(PackConfig, "workers", help="Worker processes [default: the cores available; at most 4 per "
@@ -46,7 +51,7 @@ SKIP_LINES = 20
 @config_option(PackConfig, "force", help="Overwrite an existing OUT.")
 @json_option("the summary")
 @quiet_option()
-def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, quiet: bool,
+def pack_command(src: tuple[Path, ...], skipped_file: Path | None, json_path: Path | None, quiet: bool,
                  **fields: Any) -> None:
     """Resize and pack the images of SRC into one data file plus an HDF5 index.
 
@@ -55,6 +60,16 @@ def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, q
       a folder of class sub-folders   labels are the sorted sub-folder names (like ImageFolder)
       a folder plus --list FILE       'relative/path label' lines; label names from --classes-file
       a Caffe LMDB folder (data.mdb)  caffe.Datum values, encoded or raw CHW BGR; name = key
+      a tar of per-class tars         ImageNet's train tar: the same records as its extracted tree
+      a tar plus --list FILE          ImageNet's val tar: the same records as the folder and list
+      WebDataset shards               'train-{000000..000146}.tar', several paths or a file listing
+                                      them; KEY.jpg/.jpeg/.png/.webp with KEY.cls or KEY.json
+      Parquet files                   'data/train-*.parquet' (pip install 'dimd[parquet]'): an image
+                                      struct or binary column and an integer label column
+
+    Archives are read once, front to back, never extracted (gzip, bzip2 and xz
+    tars too); their records come out in the extracted tree's (or the list's)
+    order, WebDataset samples and Parquet rows in the order they are read.
 
     Every image becomes RGB (grey, CMYK, palette and alpha handled, EXIF
     orientation applied), its shorter side is resized to --short-side
@@ -72,11 +87,15 @@ def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, q
       dimd pack imagenet/train -o /scratch/in1k/train
       dimd pack imagenet/val --list val.txt --classes-file synsets.txt -o /scratch/in1k/val
       dimd pack caffe/ilsvrc12_train_lmdb -o /scratch/in1k/train --workers 16
+      dimd pack ILSVRC2012_img_train.tar -o /scratch/in1k/train
+      dimd pack ILSVRC2012_img_val.tar --list val.txt --classes-file synsets.txt -o /scratch/in1k/val
+      dimd pack 'shards/train-{000000..000146}.tar' --classes-file classes.txt -o /scratch/in1k/train
+      dimd pack 'imagenet-1k/data/train-*.parquet' -o /scratch/in1k/train
     """
     from dimd.pack.packer import pack
     from dimd.report import result_document, write_json
 
-    config = build_config(PackConfig, src=src, **fields)
+    config = build_config(PackConfig, src=src[0] if len(src) == 1 else src, **fields)
     bars = contextlib.ExitStack()
     bar: list[Callable[[int], None]] = [lambda n: None]   # the progress bar, once the source is known
 
@@ -85,20 +104,33 @@ def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, q
 
     # Listing a million-file tree on a parallel file system takes a while: say so, but only then.
     scanning = threading.Timer(SCAN_NOTICE_S, lambda: click.echo(
-        f"scanning {src} (listing every image before packing) ...", err=True))
+        f"scanning {config.shown_src} (listing every image before packing) ...", err=True))
     scanning.daemon = True
     if not quiet:
         scanning.start()
     bars.callback(scanning.cancel)
 
+    archives_read, archives_total = [0], [0]   # the second known up front for shards and Parquet files
+
+    def status() -> str:
+        return f"{archives_read[0]}/{archives_total[0]} archives" if archives_total[0] else \
+            f"{archives_read[0]} archives"
+
     def on_start(source) -> None:
         scanning.cancel()
+        archives_total[0] = getattr(source, "archives", None) or 0
         bar[0] = bars.enter_context(
-            progress(source.count, f"pack ({source.kind})", unit="img", enabled=not quiet))
+            progress(source.count, f"pack ({source.kind})", unit="img", enabled=not quiet,
+                     status=status if hasattr(source, "archives") else None))
+
+    def on_archive(name: str) -> None:
+        archives_read[0] += 1
 
     skips = [0]
 
     def on_skip(name: str, reason: str) -> None:
+        if config.strict:
+            return  # the pack stops with one line saying the same
         skips[0] += 1
         if skips[0] <= SKIP_LINES:
             click.echo(f"dimd: skipped {name}: {cli_message(reason)}", err=True)
@@ -107,8 +139,7 @@ def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, q
                        "one), only counted at the end", err=True)
 
     with bars:
-        result = pack(config, advance=advance, on_skip=on_skip,
-                      on_start=on_start)
+        result = pack(config, advance=advance, on_skip=on_skip, on_start=on_start, on_archive=on_archive)
     for path in result.stale_removed:
         click.echo(f"dimd: removed {path}, left by a pack that no longer runs", err=True)
     for path in result.stale_foreign:
@@ -117,12 +148,19 @@ def pack_command(src: Path, skipped_file: Path | None, json_path: Path | None, q
     if skipped_file is not None:
         from dimd.fsutil import atomic_write_text
 
-        atomic_write_text(skipped_file, "".join(f"{n}\t{r}\n" for n, r in result.skipped))
+        atomic_write_text(skipped_file, "".join(f"{n}\t{cli_message(r)}\n" for n, r in result.skipped))
+    if result.source_info.get("reordered"):
+        order = {"tree": "the extracted tree's", "list": "the list's"}[result.source_info["record_order"]]
+        click.echo(f"dimd: note: {config.shown_src} is not in {order} order; its records were put in that "
+                   "order once it was read (one more pass over the output)", err=True)
     click.echo(f"packed {result.images} images in {len(result.classes)} classes "
                f"({len(result.skipped)} skipped) to {result.data_path} + {result.index_path.name}: "
                f"{format_bytes(result.bytes_in)} in, {format_bytes(result.bytes_out)} out, "
                f"{result.seconds:.1f} s, {result.images_per_s:,.1f} images/s, "
-               f"{result.workers} worker{'s' if result.workers != 1 else ''}")
+               f"{result.workers} worker{'s' if result.workers != 1 else ''}"
+               + (f", {result.archives} archive{'s' if result.archives != 1 else ''} read"
+                  if result.source_info else ""))
+
     if json_path is not None:
         write_json(json_path, result_document("pack", config, result.summary()))
 

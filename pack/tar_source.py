@@ -1,0 +1,209 @@
+"""Tar sources: ImageNet's tar of per-class tars, and a flat tar of images with a list file.
+
+``ILSVRC2012_img_train.tar`` holds one tar per class (``n01440764.tar`` ...).
+Packed directly, it gives the bytes packing its extracted tree gives: the
+classes are the inner tars' names without ``.tar``, sorted (as ImageFolder
+sorts the extracted folders), each record is named ``class/member`` and the
+records come in the folder source's walk order (:func:`tree_key`). A flat tar
+(``ILSVRC2012_img_val.tar``) with ``--list`` gives what the flat folder and
+the list give: the list's records, in list order, with its labels.
+
+The archive is read once, front to back. ImageNet's tars are in sorted order,
+so the records come out in order as they are read; a tar made from a folder
+by plain ``tar cf`` lists files in directory order, and then the records are
+put in order once all are written (:func:`dimd.pack.streamed.put_in_order`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+from typing import Generator, Iterator
+
+from dimd.errors import DimdError
+from dimd.format import PackWriter
+from dimd.pack.sources import ListEntry, is_image_file, list_classes
+from dimd.pack.streamed import (SourceFile, StreamedSource, Task, archive_task, bytes_task, put_in_order,
+                                skip_task)
+from dimd.pack.tar_stream import (ArchiveProblem, is_hidden, member_file, member_kind, member_path, members,
+                                  open_tar, read_member, tree_key)
+
+#: A member larger than this is not read as an image (as for files: dimd.pack.packer.MAX_IMAGE_BYTES).
+MAX_IMAGE_BYTES = 1 << 30
+INNER_SUFFIX = ".tar"
+
+
+def too_large(size: int) -> str:
+    return f"{size:,} bytes, more than an image file may have ({MAX_IMAGE_BYTES:,})"
+
+
+class NestedTarSource(StreamedSource):
+    """A tar of per-class tars (``ILSVRC2012_img_train.tar``)."""
+
+    kind = "tar"
+    record_order = "tree"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path), [SourceFile.of(path)], classes=None)
+        self.path = path
+        self._order: list[str] = []  # the classes in the order their tars came: provisional labels
+
+    def tasks(self) -> Iterator[Task]:
+        truncated_inner = None  # an inner tar that ended early: the outer archive ends there too, named once
+        with open_tar(self.path) as tar:
+            try:
+                for member in members(tar):
+                    path = member_path(member.name)
+                    if not path or is_hidden(path) or member.isdir():
+                        continue
+                    name = posixpath.basename(path)
+                    if name.lower().endswith(INNER_SUFFIX) and len(name) > len(INNER_SUFFIX):
+                        yield archive_task(self._where(member.name))
+                        if (yield from self._inner(tar, member, name[: -len(INNER_SUFFIX)])):
+                            truncated_inner = member.name
+                    elif is_image_file(name):
+                        raise DimdError(f"{self.shown}: {member.name}: an image outside any per-class tar; a tar "
+                                        f"of images (as ImageNet's val tar) needs `list_file`")
+            except ArchiveProblem as problem:
+                if not (problem.member and problem.member == truncated_inner):
+                    yield skip_task(self._where(problem.member), problem.reason)
+        if not self._order:
+            raise DimdError(f"{self.shown}: holds no per-class tars (NAME.tar members)")
+
+    def _inner(self, tar, member, label_name: str) -> Generator[Task, None, bool]:
+        """The images of one inner tar (one class), in archive order; returns whether it ended early."""
+        where = self._where(member.name)
+        if label_name in self._order:
+            yield skip_task(where, f"a second tar of class {label_name}; not read (tar x would mix the two)")
+            return False
+        label = len(self._order)
+        self._order.append(label_name)
+        kind = member_kind(member)
+        if kind:
+            yield skip_task(where, f"{kind}; its class is kept, empty")
+            return False
+        images, ended = 0, False
+        names: set[str] = set()
+        try:
+            with open_tar(member.name, member_file(tar, member)) as inner:
+                for image in members(inner):
+                    path = member_path(image.name)
+                    shown = f"{where}/{image.name}"
+                    if path is None:
+                        if is_image_file(posixpath.basename(image.name)):
+                            yield skip_task(shown, "a path outside the tar's top folder (tar x refuses it)")
+                        continue
+                    if not path or is_hidden(path) or image.isdir() or not is_image_file(posixpath.basename(path)):
+                        continue
+                    problem = member_kind(image) or (too_large(image.size) if image.size > MAX_IMAGE_BYTES else None)
+                    if path in names and not problem:
+                        problem = "a second member of the same name in this tar; packed once, the first"
+                    if problem:
+                        yield skip_task(shown, problem)
+                        continue
+                    names.add(path)
+                    images += 1
+                    yield bytes_task(f"{label_name}/{path}", label, read_member(inner, image), shown)
+        except ArchiveProblem as problem:
+            ended = problem.ends
+            if not images and not problem.member:  # no tar at all, or damaged before its first image
+                yield skip_task(where, f"{problem.reason}; its class is kept, empty")
+                return ended
+            yield skip_task(f"{where}/{problem.member}" if problem.member else where, problem.reason)
+        if not images:
+            yield skip_task(where, "an inner tar with no images; its class is kept, empty")
+        return ended
+
+    def _where(self, member: str) -> str:
+        return f"{self.shown}: {member}" if member else self.shown
+
+    def finish(self, writer: PackWriter) -> list[str]:
+        """Classes by sorted name, as ImageFolder sorts the extracted folders; records in the tree's order."""
+        classes = sorted(self._order)
+        final = {name: label for label, name in enumerate(classes)}
+        remap = [final[name] for name in self._order]
+        labels = writer.labels
+        labels[:] = [remap[label] for label in labels.tolist()]
+        self.reordered = put_in_order(writer, lambda i: tree_key(writer.name(i)))
+        return classes
+
+    def summary(self) -> dict:
+        return {**super().summary(), "archives": len(self._order)}
+
+
+class ListedTarSource(StreamedSource):
+    """A flat tar of images plus a list file (``ILSVRC2012_img_val.tar`` with ``val.txt``).
+
+    Each list line names a member (``./`` and ``/`` prefixes aside); the
+    records are the list's, in list order, as for a folder and its list.
+    """
+
+    kind = "tar"
+    record_order = "list"
+
+    def __init__(self, path: Path, list_file: Path, entries: list[ListEntry], classes: list[str] | None) -> None:
+        super().__init__(str(path), [SourceFile.of(path)], classes=list_classes(entries, list_file, classes),
+                         count=len(entries), archives=1)
+        self.path, self.list_file, self.entries = path, list_file, entries
+        self._wanted: dict[str, list[int]] = {}   # member path -> indices into entries
+        for i, entry in enumerate(entries):
+            key = member_path(entry.path)
+            if key is None or not key:
+                raise DimdError(f"{list_file}:{entry.line}: {entry.path}: not a path inside the archive")
+            listed = self._wanted.setdefault(key, [])
+            if listed and entries[listed[0]].label != entry.label:
+                first = entries[listed[0]]
+                raise DimdError(f"{list_file}:{entry.line}: {entry.path} has label {entry.label}, but line "
+                                f"{first.line} gave the same member label {first.label}")
+            listed.append(i)
+
+    def tasks(self) -> Iterator[Task]:
+        found: set[str] = set()
+        ended = None
+        yield archive_task(self.shown)
+        with open_tar(self.path) as tar:
+            try:
+                for member in members(tar):
+                    path = member_path(member.name)
+                    listed = self._wanted.get(path) if path else None
+                    if not path or not listed:
+                        continue
+                    shown = f"{self.shown}: {member.name}"
+                    if path in found:
+                        yield skip_task(shown, "a second member of the same name; packed once, the first")
+                        continue
+                    found.add(path)
+                    kind = member_kind(member)
+                    if kind:
+                        entry = self.entries[listed[0]]
+                        raise DimdError(f"{self.list_file}:{entry.line}: {entry.path}: {kind} in {self.shown}")
+                    if member.size > MAX_IMAGE_BYTES:
+                        yield from (skip_task(shown, too_large(member.size)) for _ in listed)
+                        continue
+                    data = read_member(tar, member)
+                    for i in listed:
+                        yield bytes_task(self.entries[i].path, self.entries[i].label, data, shown)
+            except ArchiveProblem as problem:
+                ended = problem
+                yield skip_task(f"{self.shown}: {problem.member}" if problem.member else self.shown, problem.reason)
+        for entry in self.entries:
+            if member_path(entry.path) not in found:
+                if ended is None:
+                    raise DimdError(f"{self.list_file}:{entry.line}: {entry.path}: no such member in {self.shown}")
+                yield skip_task(f"{self.shown}: {entry.path}", "not read: the archive ends before it")
+
+    def finish(self, writer: PackWriter) -> list[str]:
+        """Records in list order (a name listed twice takes its places in turn)."""
+        places: dict[str, list[int]] = {}
+        for i, entry in enumerate(self.entries):
+            places.setdefault(entry.path, []).append(i)
+        taken: dict[str, int] = {}
+        position = []
+        for i in range(len(writer)):
+            name = writer.name(i)
+            turn = taken.get(name, 0)
+            taken[name] = turn + 1
+            position.append(places[name][turn])
+        self.reordered = put_in_order(writer, position.__getitem__)
+        assert self.classes is not None
+        return self.classes

@@ -1,0 +1,143 @@
+"""WebDataset shards: tars of samples, each ``KEY.jpg`` (or ``.jpeg``, ``.png``, ``.webp``) with a label.
+
+A sample is the run of consecutive members that share a key (the path up to
+the first dot of the file name, as webdataset splits it: ``a/b.seg.png`` is
+key ``a/b``, extension ``seg.png``). Its image is the first of
+:data:`IMAGE_EXTENSIONS` it has; its label is ``KEY.cls`` (a number) or a
+field of ``KEY.json`` (``label_field``). Samples are records in shard order,
+shards in the order given, so a WebDataset copy of a set packs to the same
+records as the set, given the same class order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from dimd.pack.labels import parse_label
+from dimd.pack.streamed import SourceFile, StreamedSource, Task, archive_task, bytes_task, skip_task
+from dimd.pack.tar_source import MAX_IMAGE_BYTES, too_large
+from dimd.pack.tar_stream import ArchiveProblem, member_kind, member_path, members, open_tar, read_member
+
+#: The image of a sample: the first of these extensions it has.
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+LABEL_EXTENSIONS = ("cls", "json")
+#: A label member larger than this is not a label (it is not read).
+MAX_LABEL_BYTES = 1 << 20
+_KEY = re.compile(r"^((?:.*/|)[^./][^.]*)\.([^/]+)$")
+
+
+def split_key(path: str) -> tuple[str, str] | None:
+    """(key, lower-case extension) of a member path, or None for a name without an extension."""
+    match = _KEY.match(path)
+    return (match.group(1), match.group(2).lower()) if match else None
+
+
+@dataclass
+class _Sample:
+    key: str
+    members: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # extension -> (member name, bytes)
+    problem: str | None = None
+
+
+class WebDatasetSource(StreamedSource):
+    """Shards read in the order given, each front to back once."""
+
+    kind = "webdataset"
+
+    def __init__(self, shards: list[Path], shown: str, classes: list[str] | None, label_field: str,
+                 rejected: list[tuple[str, str]]) -> None:
+        super().__init__(shown, [SourceFile.of(p) for p in shards], classes=classes, archives=len(shards))
+        self.shards, self.label_field = shards, label_field
+        self.rejected = rejected
+
+    def tasks(self) -> Iterator[Task]:
+        for shard in self.shards:
+            yield archive_task(str(shard))
+            yield from self._shard(shard)
+
+    def _shard(self, shard: Path) -> Iterator[Task]:
+        sample: _Sample | None = None
+        try:
+            with open_tar(shard) as tar:
+                for member in members(tar):
+                    path = member_path(member.name)
+                    split = split_key(path) if path and not member.isdir() else None
+                    if split is None:
+                        continue
+                    key, extension = split
+                    if sample is None or key != sample.key:
+                        if sample is not None:
+                            yield self._task(shard, sample)
+                        sample = _Sample(key)
+                    if extension in IMAGE_EXTENSIONS or extension in LABEL_EXTENSIONS:
+                        self._add(sample, extension, member, tar)
+        except ArchiveProblem as problem:
+            lost = split_key(member_path(problem.member) or "") if problem.member else None
+            if sample is not None and lost is not None and lost[0] == sample.key:
+                sample = None   # a member of it is lost: the skip below names that member
+            yield skip_task(f"{shard}: {problem.member}" if problem.member else str(shard), problem.reason)
+        if sample is not None:
+            yield self._task(shard, sample)
+
+    def _add(self, sample: _Sample, extension: str, member, tar) -> None:
+        if extension in sample.members:
+            sample.problem = sample.problem or f"two {sample.key}.{extension} members"
+            return
+        limit = MAX_IMAGE_BYTES if extension in IMAGE_EXTENSIONS else MAX_LABEL_BYTES
+        problem = member_kind(member) or (too_large(member.size) if member.size > limit else None)
+        if problem:
+            sample.problem = sample.problem or f"{member.name}: {problem}"
+            return
+        sample.members[extension] = (member.name, read_member(tar, member))
+
+    def _task(self, shard: Path, sample: _Sample) -> Task:
+        shown = f"{shard}: {sample.key}"
+        if sample.problem:
+            return skip_task(shown, sample.problem)
+        image = next((e for e in IMAGE_EXTENSIONS if e in sample.members), None)
+        if image is None:
+            return skip_task(shown, "no image (" + ", ".join(f".{e}" for e in IMAGE_EXTENSIONS) + ")")
+        label, problem = self._label(sample)
+        if problem is None:
+            assert label is not None
+            problem = self.label_problem(label)
+        if problem:
+            return skip_task(shown, problem)
+        assert label is not None
+        name, data = sample.members[image]
+        return bytes_task(f"{shard.name}/{name}", label, data, f"{shard}: {name}")
+
+    def _label(self, sample: _Sample) -> tuple[int | None, str | None]:
+        """(label, None), or (None, why the sample has no single label)."""
+        found: dict[str, int] = {}
+        key = sample.key
+        if "cls" in sample.members:
+            text = sample.members["cls"][1].decode("utf-8", "replace").strip()
+            label = parse_label(text)
+            if label is None:
+                return None, f"{key}.cls holds {text[:40]!r}, not a label"
+            found["cls"] = label
+        if "json" in sample.members:
+            try:
+                document = json.loads(sample.members["json"][1])
+            except (ValueError, UnicodeDecodeError) as exc:
+                return None, f"{key}.json is not JSON ({exc})"
+            value = document.get(self.label_field) if isinstance(document, dict) else None
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    return None, f"{key}.json's {self.label_field!r} is {value!r}, not a label"
+                if value < 0:
+                    return None, f"negative label {value} in {key}.json"
+                found["json"] = value
+        if not found:
+            if "json" in sample.members:
+                return None, f"no label: {key}.json has no {self.label_field!r} and there is no {key}.cls"
+            return None, f"no label (no {key}.cls or {key}.json)"
+        if len(set(found.values())) > 1:
+            return None, (f"two labels: {key}.cls says {found['cls']}, {key}.json's {self.label_field!r} "
+                          f"says {found['json']}")
+        return next(iter(found.values())), None
