@@ -144,6 +144,7 @@ class _TreeWalk:
         self.root = root
         self.seen_dirs: dict[tuple[int, int], str] = {}
         self.seen_files: dict[tuple[int, int], str] = {}
+        self.stat_keys: dict[str, tuple[int, int]] = {}  # files whose listed inode number was not enough
         self.files: list[list[tuple[str, int]]] = [[] for _ in range(classes)]
         self.rejected: list[tuple[str, str]] = []
         self.links: list[tuple[str, int, str]] = []  # (relative path, label, "dir" | "file"), deferred
@@ -216,10 +217,36 @@ class _TreeWalk:
     def _add_file(self, name: str, label: int, key: tuple[int, int]) -> None:
         owner = self.seen_files.get(key)
         if owner is not None:
+            key, owner = self._confirmed(name, key, owner)
+        if owner is not None:
             self.rejected.append((name, _again("file", owner)))
             return
         self.seen_files[key] = name
         self.files[label].append((name, label))
+
+    def _confirmed(self, name: str, key: tuple[int, int], owner: str) -> tuple[tuple[int, int], str | None]:
+        """(key, the file already packed under it, or None): ``stat`` has the last word on an inode number.
+
+        A FUSE file system without inode numbers of its own (sshfs, by default)
+        lists every file with the same one; two files that share a listed
+        number are compared by what ``stat`` gives, and are keyed by that.
+        """
+        mine, theirs = self._stat_key(name), self._stat_key(owner)
+        if mine == theirs:
+            return key, owner
+        self.seen_files.setdefault(theirs, owner)
+        return mine, self.seen_files.get(mine)
+
+    def _stat_key(self, name: str) -> tuple[int, int]:
+        key = self.stat_keys.get(name)
+        if key is None:
+            try:
+                st = os.stat(os.path.join(self.root, name))
+                key = (st.st_dev, st.st_ino)
+            except OSError:
+                key = (-1, len(self.stat_keys))  # unreadable: packing it will name the problem
+            self.stat_keys[name] = key
+        return key
 
 
 def _mode(entry: os.DirEntry) -> int:
