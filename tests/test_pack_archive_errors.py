@@ -23,8 +23,8 @@ from PIL import Image
 from dimd.format import PackedDataset
 from dimd.pack.tar_stream import readable_compression
 
-sys.path.insert(0, str(BENCH))
-import archive_copies  # bench/: shared with bench/pack_archives.py
+sys.path.insert(0, str(BENCH / "probes"))
+import archive_copies  # bench/probes/: shared with bench/probes/pack_archives.py
 
 TRUNCATED = "truncated (end of file inside the member)"
 

@@ -1,7 +1,7 @@
 """`dimd pack` from archives: ImageNet's tar of per-class tars, a flat tar with a list, WebDataset shards.
 
 Each archive is written with Python's tarfile from a set ``dimd sample-data``
-made (bench/archive_copies.py), and packing it must give the bytes packing the
+made (bench/probes/archive_copies.py), and packing it must give the bytes packing the
 files gives: the same data file, the same index rows, in the same order, for
 any number of workers, whatever order and compression the archive has.
 (Bad archives: ``test_pack_archive_errors.py``; Parquet: ``test_pack_parquet.py``.)
@@ -22,8 +22,8 @@ from dimd.format import PackedDataset
 from dimd.pack.locate import expand_braces
 from dimd.pack.packer import PackConfig, pack
 
-sys.path.insert(0, str(BENCH))
-import archive_copies  # bench/: shared with bench/pack_archives.py
+sys.path.insert(0, str(BENCH / "probes"))
+import archive_copies  # bench/probes/: shared with bench/probes/pack_archives.py
 
 SHORT_SIDE = 64  # small outputs: the records still differ image by image
 

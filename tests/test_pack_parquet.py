@@ -21,8 +21,8 @@ from dimd.pack.packer import PackConfig, pack
 
 pa = pytest.importorskip("pyarrow", reason="the dimd[parquet] extra (pyarrow) is not installed")
 pq = pytest.importorskip("pyarrow.parquet")
-sys.path.insert(0, str(BENCH))
-import archive_copies  # noqa: E402  (bench/: shared with bench/pack_archives.py)
+sys.path.insert(0, str(BENCH / "probes"))
+import archive_copies  # noqa: E402  (bench/probes/: shared with bench/probes/pack_archives.py)
 
 
 @pytest.fixture(scope="module")

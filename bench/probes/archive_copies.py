@@ -2,7 +2,7 @@
 
 Written with Python's tarfile (and pyarrow for Parquet) from a class tree or a
 flat folder that ``dimd sample-data`` made, so ``dimd pack`` can be checked
-against packing the files themselves: ``bench/pack_archives.py`` times them,
+against packing the files themselves: ``bench/probes/pack_archives.py`` times them,
 ``tests/test_pack_archives.py`` checks the records they give.
 
 * :func:`write_nested_tar`: a tar of per-class tars, as ``ILSVRC2012_img_train.tar``;
