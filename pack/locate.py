@@ -36,24 +36,8 @@ _RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)\}")
 
 def open_pack_source(config: PackConfig) -> Source | StreamedSource:
     """The source ``config.src`` names, its options checked; one line naming the problem otherwise."""
-    given = config.sources
-    patterned = [p for p in given if _is_pattern(str(p))]
-    if len(given) == 1 and not patterned:
-        path = given[0]
-        _must_exist(path)
-        if path.is_dir() or path.name == LMDB_DATA_FILE:
-            _only(config, path, "folder")
-            return open_source(path, config.list_file, config.classes_file)
-        kind = file_kind(path)
-        if kind == "list":
-            return _files_source(config, str(path), list(_listed(path)))
-        if kind == "tar":
-            return _tar_source(config, path)
-        if kind == "parquet":
-            return _files_source(config, str(path), [path])
-        raise DimdError(f"{path}: not a folder, a tar, a Parquet file or a list of them")
     files: list[Path] = []
-    for path in given:
+    for path in config.sources:
         if _is_pattern(str(path)):
             matched = expand(str(path))
             if not matched:
@@ -61,7 +45,20 @@ def open_pack_source(config: PackConfig) -> Source | StreamedSource:
             files.extend(matched)
         else:
             files.append(path)
-    return _files_source(config, config.shown_src, files)
+    if len(files) > 1:
+        return _files_source(config, config.shown_src, files)
+    path = _must_exist(files[0])
+    if path.is_dir() or path.name == LMDB_DATA_FILE:
+        _only(config, path, "folder")
+        return open_source(path, config.list_file, config.classes_file)
+    kind = file_kind(path)
+    if kind == "list":
+        return _files_source(config, str(path), list(_listed(path)))
+    if kind == "tar":
+        return _tar_source(config, path)
+    if kind == "parquet":
+        return _files_source(config, str(path), [path])
+    raise DimdError(f"{path}: not a folder, a tar, a Parquet file or a list of them")
 
 
 # ---------------------------------------------------------------------------- patterns and lists
@@ -120,6 +117,8 @@ def _split_top(inner: str) -> list[str]:
 
 
 def _is_pattern(text: str) -> bool:
+    if os.path.lexists(text):  # a file whose name holds [ or { is itself
+        return False
     return glob.has_magic(text) or len(expand_braces(text)) > 1 or _RANGE.search(text) is not None
 
 

@@ -29,7 +29,7 @@ from dimd.pack.streamed import StreamedSource
 MAX_IMAGE_BYTES = 1 << 30
 
 #: Tasks that carry bytes (archive members) go to a worker in chunks of about this many bytes.
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 1 << 19
 #: Chunks in flight per worker.
 CHUNKS_PER_WORKER = 4
 

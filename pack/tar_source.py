@@ -20,6 +20,8 @@ import posixpath
 from pathlib import Path
 from typing import Generator, Iterator
 
+import numpy as np
+
 from dimd.errors import DimdError
 from dimd.format import PackWriter
 from dimd.pack.sources import ListEntry, is_image_file, list_classes
@@ -46,7 +48,7 @@ class NestedTarSource(StreamedSource):
     def __init__(self, path: Path) -> None:
         super().__init__(str(path), [SourceFile.of(path)], classes=None)
         self.path = path
-        self._order: list[str] = []  # the classes in the order their tars came: provisional labels
+        self._order: dict[str, int] = {}  # class -> its provisional label: the order the class tars came in
 
     def tasks(self) -> Iterator[Task]:
         truncated_inner = None  # an inner tar that ended early: the outer archive ends there too, named once
@@ -76,8 +78,7 @@ class NestedTarSource(StreamedSource):
         if label_name in self._order:
             yield skip_task(where, f"a second tar of class {label_name}; not read (tar x would mix the two)")
             return False
-        label = len(self._order)
-        self._order.append(label_name)
+        label = self._order[label_name] = len(self._order)
         kind = member_kind(member)
         if kind:
             yield skip_task(where, f"{kind}; its class is kept, empty")
@@ -121,14 +122,11 @@ class NestedTarSource(StreamedSource):
         """Classes by sorted name, as ImageFolder sorts the extracted folders; records in the tree's order."""
         classes = sorted(self._order)
         final = {name: label for label, name in enumerate(classes)}
-        remap = [final[name] for name in self._order]
+        remap = [final[name] for name in self._order]   # provisional label -> final
         labels = writer.labels
-        labels[:] = [remap[label] for label in labels.tolist()]
+        labels[:] = np.asarray(remap, labels.dtype)[labels]
         self.reordered = put_in_order(writer, lambda i: tree_key(writer.name(i)))
         return classes
-
-    def summary(self) -> dict:
-        return {**super().summary(), "archives": len(self._order)}
 
 
 class ListedTarSource(StreamedSource):

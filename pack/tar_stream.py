@@ -26,7 +26,7 @@ from typing import BinaryIO, Iterator
 
 #: The read buffer of an uncompressed tar, and the block size of a compressed one's stream: large
 #: enough that a network file system sees few, long reads.
-READ_BUFFER = 4 << 20
+READ_BUFFER = 1 << 20
 #: (first bytes, compression name, tarfile's name for it, the command that decompresses it)
 COMPRESSIONS = (
     (b"\x1f\x8b", "gzip", "gz", "gunzip"),

@@ -20,7 +20,8 @@ from typing import Iterator
 from dimd.pack.labels import parse_label
 from dimd.pack.streamed import SourceFile, StreamedSource, Task, archive_task, bytes_task, skip_task
 from dimd.pack.tar_source import MAX_IMAGE_BYTES, too_large
-from dimd.pack.tar_stream import ArchiveProblem, member_kind, member_path, members, open_tar, read_member
+from dimd.pack.tar_stream import (ArchiveProblem, is_hidden, member_kind, member_path, members, open_tar,
+                                  read_member)
 
 #: The image of a sample: the first of these extensions it has.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -65,7 +66,7 @@ class WebDatasetSource(StreamedSource):
             with open_tar(shard) as tar:
                 for member in members(tar):
                     path = member_path(member.name)
-                    split = split_key(path) if path and not member.isdir() else None
+                    split = split_key(path) if path and not member.isdir() and not is_hidden(path) else None
                     if split is None:
                         continue
                     key, extension = split

@@ -32,7 +32,7 @@ SKIP_LINES = 20
                     "missing folders are created.")
 @config_option(PackConfig, "list_file", "--list", "--labels", type=_FILE,
                help="Pack the images named in FILE, one 'relative/path label' line each "
-                    "(Caffe's convert_imageset format), e.g. ImageNet's flat val folder.")
+                    "(Caffe's convert_imageset format), e.g. ImageNet's flat val folder or val tar.")
 @config_option(PackConfig, "classes_file", type=_FILE,
                help="Class names, one per line, line i naming label i (for --list, LMDB, WebDataset and "
                     "Parquet sources; default: a Parquet file's ClassLabel names, else the label numbers).")
