@@ -9,6 +9,7 @@ archive's bytes), so memory stays flat whatever the size of the source.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import time
@@ -151,7 +152,10 @@ def _processed(source: AnySource, config: PackConfig, workers: int) -> Generator
     settings = (config.short_side, config.quality, bound.limit, bound.named)
     if workers == 1:
         _init_worker(*settings)
-        yield from map(process_task, source.tasks())
+        try:
+            yield from map(process_task, source.tasks())
+        finally:
+            _close_archives()
         return
     _preload_imaging()  # once here, not once per forked worker
     with worker_pool(workers, _init_pool_worker, settings) as pool:
@@ -217,6 +221,11 @@ def process_task(task: Task) -> tuple:
             data, shown = payload
             size_in = len(data)
             image = resize_encoded(data, short_side, quality)
+        elif kind == "range":
+            path, offset, size, shown = payload
+            data = read_in_place(path, offset, size)
+            size_in = len(data)
+            image = resize_encoded(data, short_side, quality)
         else:
             from dimd.pack.lmdb_source import datum_image
 
@@ -230,6 +239,36 @@ def process_task(task: Task) -> tuple:
     except Exception as exc:  # one record's failure, named; the pack goes on
         return shown, label, None, 0, 0, size_in, f"failed ({type(exc).__name__}: {exc})"
     return name, label, image.data, image.height, image.width, size_in, ""
+
+
+#: A worker's open archives (path -> descriptor), the most recently used last; at most a few stay open.
+_ARCHIVES: collections.OrderedDict[str, int] = collections.OrderedDict()
+OPEN_ARCHIVES = 4
+
+
+def read_in_place(path: str, offset: int, size: int) -> bytes:
+    """An archive member's bytes, read where they lie (the archive stays open for the next member)."""
+    from dimd.pack.imaging import ImageSkipped
+    from dimd.pack.tar_stream import TRUNCATED
+
+    fd = _ARCHIVES.pop(path, None)
+    try:
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY)
+            while len(_ARCHIVES) >= OPEN_ARCHIVES:
+                os.close(_ARCHIVES.popitem(last=False)[1])
+        _ARCHIVES[path] = fd
+        data = os.pread(fd, size, offset)
+    except OSError as exc:
+        raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None
+    if len(data) != size:  # the archive was cut since it was read
+        raise ImageSkipped(TRUNCATED)
+    return data
+
+
+def _close_archives() -> None:
+    while _ARCHIVES:
+        os.close(_ARCHIVES.popitem()[1])
 
 
 def read_image_file(path: str) -> bytes:

@@ -7,6 +7,9 @@ Besides the folder sources' tasks it yields:
 * ``"bytes"``: a member's bytes; the payload is ``(data, shown)``, where
   ``shown`` names the member inside its archive for a skip
   (``train.tar: n01440764.tar/n01440764_10026.JPEG``);
+* ``"range"``: where a member of an uncompressed tar on a local disk lies,
+  ``(path, offset, size, shown)``: the worker reads it in place (``pread``),
+  as it reads a file, so its bytes never pass through this process;
 * ``"skip"``: a member or an archive that is not packed; the payload is the reason;
 * ``"archive"``: the next archive starts (for progress).
 
@@ -26,7 +29,6 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -39,6 +41,10 @@ Task = tuple  # (name, label, kind, payload), as in dimd.pack.sources
 
 def bytes_task(name: str, label: int, data: bytes, shown: str) -> Task:
     return name, label, "bytes", (data, shown)
+
+
+def range_task(name: str, label: int, path: str, offset: int, size: int, shown: str) -> Task:
+    return name, label, "range", (path, offset, size, shown)
 
 
 def skip_task(shown: str, reason: str) -> Task:
@@ -130,7 +136,3 @@ def put_in_order(writer: PackWriter, key: Callable[[int], Any]) -> bool:
     order = np.array(sorted(range(count), key=key), np.int64)
     writer.reorder(order)
     return True
-
-
-def source_bytes(paths: Sequence[Path]) -> list[SourceFile]:
-    return [SourceFile.of(p) for p in paths]

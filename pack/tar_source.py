@@ -26,9 +26,9 @@ from dimd.errors import DimdError
 from dimd.format import PackWriter
 from dimd.pack.sources import ListEntry, is_image_file, list_classes
 from dimd.pack.streamed import (SourceFile, StreamedSource, Task, archive_task, bytes_task, put_in_order,
-                                skip_task)
-from dimd.pack.tar_stream import (ArchiveProblem, is_hidden, member_file, member_kind, member_path, members,
-                                  open_tar, read_member, tree_key)
+                                range_task, skip_task)
+from dimd.pack.tar_stream import (ArchiveProblem, is_hidden, member_file, member_kind, member_location, member_path,
+                                  members, on_local_disk, open_tar, read_member, tree_key)
 
 #: A member larger than this is not read as an image (as for files: dimd.pack.packer.MAX_IMAGE_BYTES).
 MAX_IMAGE_BYTES = 1 << 30
@@ -37,6 +37,15 @@ INNER_SUFFIX = ".tar"
 
 def too_large(size: int) -> str:
     return f"{size:,} bytes, more than an image file may have ({MAX_IMAGE_BYTES:,})"
+
+
+def image_task(tar, member, name: str, label: int, shown: str, in_place: Path | None) -> Task:
+    """A member as a task: where it lies, for the worker to read (``in_place``: the tar's path, on a local disk,
+    uncompressed), else its bytes, read here; :class:`ArchiveProblem` if the archive ends inside it."""
+    offset = member_location(tar, member) if in_place is not None else None
+    if offset is not None:
+        return range_task(name, label, str(in_place), offset, member.size, shown)
+    return bytes_task(name, label, read_member(tar, member), shown)
 
 
 class NestedTarSource(StreamedSource):
@@ -48,6 +57,7 @@ class NestedTarSource(StreamedSource):
     def __init__(self, path: Path) -> None:
         super().__init__(str(path), [SourceFile.of(path)], classes=None)
         self.path = path
+        self.in_place = path if on_local_disk(path) else None
         self._order: dict[str, int] = {}  # class -> its provisional label: the order the class tars came in
 
     def tasks(self) -> Iterator[Task]:
@@ -104,7 +114,7 @@ class NestedTarSource(StreamedSource):
                         continue
                     names.add(path)
                     images += 1
-                    yield bytes_task(f"{label_name}/{path}", label, read_member(inner, image), shown)
+                    yield image_task(inner, image, f"{label_name}/{path}", label, shown, self.in_place)
         except ArchiveProblem as problem:
             ended = problem.ends
             if not images and not problem.member:  # no tar at all, or damaged before its first image
@@ -143,6 +153,7 @@ class ListedTarSource(StreamedSource):
         super().__init__(str(path), [SourceFile.of(path)], classes=list_classes(entries, list_file, classes),
                          count=len(entries), archives=1)
         self.path, self.list_file, self.entries = path, list_file, entries
+        self.in_place = path if on_local_disk(path) else None
         self._wanted: dict[str, list[int]] = {}   # member path -> indices into entries
         for i, entry in enumerate(entries):
             key = member_path(entry.path)
@@ -178,9 +189,9 @@ class ListedTarSource(StreamedSource):
                     if member.size > MAX_IMAGE_BYTES:
                         yield from (skip_task(shown, too_large(member.size)) for _ in listed)
                         continue
-                    data = read_member(tar, member)
-                    for i in listed:
-                        yield bytes_task(self.entries[i].path, self.entries[i].label, data, shown)
+                    task = image_task(tar, member, "", -1, shown, self.in_place)
+                    for i in listed:  # a member listed twice is packed twice, its bytes read once here
+                        yield (self.entries[i].path, self.entries[i].label, *task[2:])
             except ArchiveProblem as problem:
                 ended = problem
                 yield skip_task(f"{self.shown}: {problem.member}" if problem.member else self.shown, problem.reason)

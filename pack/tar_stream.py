@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import posixpath
+import re
 import tarfile
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
 
 #: The read buffer of an uncompressed tar, and the block size of a compressed one's stream: large
 #: enough that a network file system sees few, long reads.
@@ -160,6 +162,52 @@ def read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     if len(data) != member.size:
         raise ArchiveProblem(member.name, TRUNCATED)
     return data
+
+
+def member_location(tar: tarfile.TarFile, member: tarfile.TarInfo) -> int | None:
+    """Where a regular member's bytes start in the file below ``tar`` (a tar inside a tar included).
+
+    None for a compressed tar, whose bytes have no place in a file, and for a
+    member whose bytes run past the end of the file (a truncated archive:
+    :func:`read_member` names it).
+    """
+    fileobj: Any = tar.fileobj
+    offset = member.offset_data
+    while isinstance(getattr(fileobj, "raw", None), _Region):
+        region = fileobj.raw
+        if offset + member.size > region._size:
+            return None
+        fileobj, offset = region._file, region._start + offset
+    if not (isinstance(fileobj, io.BufferedReader) and isinstance(fileobj.raw, io.FileIO)):
+        return None
+    return offset if offset + member.size <= os.fstat(fileobj.fileno()).st_size else None
+
+
+#: File systems whose reads cost no round trip: there the workers read an uncompressed tar's members in
+#: place, in parallel, as they read files; elsewhere (NFS, Lustre, GPFS, sshfs and other FUSE file systems)
+#: the one sequential read of the packing process hands them the bytes.
+LOCAL_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "bcachefs", "jfs",
+                                "reiserfs", "tmpfs", "ramfs", "overlay"})
+
+
+def on_local_disk(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is on one of :data:`LOCAL_FILE_SYSTEMS` (Linux's /proc/self/mounts; False elsewhere)."""
+    real = os.path.realpath(path)
+    best, kind = "", None
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as mounts:
+            lines = mounts.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040 is a space
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, fields[2]
+    return kind in LOCAL_FILE_SYSTEMS
 
 
 def member_file(tar: tarfile.TarFile, member: tarfile.TarInfo) -> BinaryIO:

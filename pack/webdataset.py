@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Iterator
 
 from dimd.pack.labels import parse_label
-from dimd.pack.streamed import SourceFile, StreamedSource, Task, archive_task, bytes_task, skip_task
-from dimd.pack.tar_source import MAX_IMAGE_BYTES, too_large
-from dimd.pack.tar_stream import (ArchiveProblem, is_hidden, member_kind, member_path, members, open_tar,
-                                  read_member)
+from dimd.pack.streamed import SourceFile, StreamedSource, Task, archive_task, skip_task
+from dimd.pack.tar_source import MAX_IMAGE_BYTES, image_task, too_large
+from dimd.pack.tar_stream import (ArchiveProblem, is_hidden, member_kind, member_path, members, on_local_disk,
+                                  open_tar, read_member)
 
 #: The image of a sample: the first of these extensions it has.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -40,8 +40,12 @@ def split_key(path: str) -> tuple[str, str] | None:
 @dataclass
 class _Sample:
     key: str
-    members: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # extension -> (member name, bytes)
+    labels: dict[str, bytes] = field(default_factory=dict)   # "cls" / "json" -> its bytes
+    images: dict[str, Task] = field(default_factory=dict)    # extension -> the image as a task
     problem: str | None = None
+
+    def has(self, extension: str) -> bool:
+        return extension in self.labels or extension in self.images
 
 
 class WebDatasetSource(StreamedSource):
@@ -62,6 +66,7 @@ class WebDatasetSource(StreamedSource):
 
     def _shard(self, shard: Path) -> Iterator[Task]:
         sample: _Sample | None = None
+        in_place = shard if on_local_disk(shard) else None
         try:
             with open_tar(shard) as tar:
                 for member in members(tar):
@@ -75,7 +80,7 @@ class WebDatasetSource(StreamedSource):
                             yield self._task(shard, sample)
                         sample = _Sample(key)
                     if extension in IMAGE_EXTENSIONS or extension in LABEL_EXTENSIONS:
-                        self._add(sample, extension, member, tar)
+                        self._add(shard, sample, extension, member, tar, in_place)
         except ArchiveProblem as problem:
             lost = split_key(member_path(problem.member) or "") if problem.member else None
             if sample is not None and lost is not None and lost[0] == sample.key:
@@ -84,22 +89,25 @@ class WebDatasetSource(StreamedSource):
         if sample is not None:
             yield self._task(shard, sample)
 
-    def _add(self, sample: _Sample, extension: str, member, tar) -> None:
-        if extension in sample.members:
+    def _add(self, shard: Path, sample: _Sample, extension: str, member, tar, in_place: Path | None) -> None:
+        if sample.has(extension):
             sample.problem = sample.problem or f"two {sample.key}.{extension} members"
             return
         limit = MAX_IMAGE_BYTES if extension in IMAGE_EXTENSIONS else MAX_LABEL_BYTES
         problem = member_kind(member) or (too_large(member.size) if member.size > limit else None)
         if problem:
             sample.problem = sample.problem or f"{member.name}: {problem}"
-            return
-        sample.members[extension] = (member.name, read_member(tar, member))
+        elif extension in LABEL_EXTENSIONS:
+            sample.labels[extension] = read_member(tar, member)
+        else:  # the label is not known yet: filled in by _task
+            sample.images[extension] = image_task(tar, member, f"{shard.name}/{member.name}", -1,
+                                                  f"{shard}: {member.name}", in_place)
 
     def _task(self, shard: Path, sample: _Sample) -> Task:
         shown = f"{shard}: {sample.key}"
         if sample.problem:
             return skip_task(shown, sample.problem)
-        image = next((e for e in IMAGE_EXTENSIONS if e in sample.members), None)
+        image = next((e for e in IMAGE_EXTENSIONS if e in sample.images), None)
         if image is None:
             return skip_task(shown, "no image (" + ", ".join(f".{e}" for e in IMAGE_EXTENSIONS) + ")")
         label, problem = self._label(sample)
@@ -109,22 +117,22 @@ class WebDatasetSource(StreamedSource):
         if problem:
             return skip_task(shown, problem)
         assert label is not None
-        name, data = sample.members[image]
-        return bytes_task(f"{shard.name}/{name}", label, data, f"{shard}: {name}")
+        name, _, kind, payload = sample.images[image]
+        return name, label, kind, payload
 
     def _label(self, sample: _Sample) -> tuple[int | None, str | None]:
         """(label, None), or (None, why the sample has no single label)."""
         found: dict[str, int] = {}
         key = sample.key
-        if "cls" in sample.members:
-            text = sample.members["cls"][1].decode("utf-8", "replace").strip()
+        if "cls" in sample.labels:
+            text = sample.labels["cls"].decode("utf-8", "replace").strip()
             label = parse_label(text)
             if label is None:
                 return None, f"{key}.cls holds {text[:40]!r}, not a label"
             found["cls"] = label
-        if "json" in sample.members:
+        if "json" in sample.labels:
             try:
-                document = json.loads(sample.members["json"][1])
+                document = json.loads(sample.labels["json"])
             except (ValueError, UnicodeDecodeError) as exc:
                 return None, f"{key}.json is not JSON ({exc})"
             value = document.get(self.label_field) if isinstance(document, dict) else None
@@ -135,7 +143,7 @@ class WebDatasetSource(StreamedSource):
                     return None, f"negative label {value} in {key}.json"
                 found["json"] = value
         if not found:
-            if "json" in sample.members:
+            if "json" in sample.labels:
                 return None, f"no label: {key}.json has no {self.label_field!r} and there is no {key}.cls"
             return None, f"no label (no {key}.cls or {key}.json)"
         if len(set(found.values())) > 1:

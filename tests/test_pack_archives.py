@@ -66,6 +66,23 @@ def test_a_tar_of_class_tars_packs_to_the_bytes_of_its_tree(sample_tree, tree_pa
     assert PackedDataset(tmp_path / "out").attrs["source_kind"] == "tar"
 
 
+@pytest.mark.parametrize("where", ["local disk", "network file system"])
+def test_members_read_in_place_or_streamed_give_the_same_bytes(sample_tree, tree_pack, tmp_path, monkeypatch, where):
+    """On a local disk the workers read an uncompressed tar's members in place; elsewhere this process streams
+    them to the workers. Either way, the tree's bytes."""
+    import dimd.pack.tar_source
+    import dimd.pack.webdataset
+
+    local = where == "local disk"
+    for module in (dimd.pack.tar_source, dimd.pack.webdataset):
+        monkeypatch.setattr(module, "on_local_disk", lambda path: local)
+    archive = archive_copies.write_nested_tar(sample_tree, tmp_path / "train.tar", shuffle_seed=4)
+    same_records(tree_pack, packed(archive, tmp_path / "out"))
+    shards = archive_copies.write_webdataset(sample_tree, tmp_path / "shards", per_shard=30)
+    tree, from_shards = PackedDataset(tree_pack), PackedDataset(packed(tuple(shards), tmp_path / "wds"))
+    assert tree.data_path.read_bytes() == from_shards.data_path.read_bytes()
+
+
 def test_the_tree_that_tar_x_extracts_packs_to_the_same_bytes(sample_tree, tmp_path):
     archive = archive_copies.write_nested_tar(sample_tree, tmp_path / "train.tar", shuffle_seed=9)
     extracted = tmp_path / "extracted"
