@@ -9,7 +9,9 @@ any number of workers, whatever order and compression the archive has.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import sys
 import tarfile
 from pathlib import Path
@@ -17,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import BENCH, invoke_dimd
+from hostile import jpeg
+from PIL import Image
 
 from dimd.format import PackedDataset
 from dimd.pack.locate import expand_braces
@@ -26,6 +30,12 @@ sys.path.insert(0, str(BENCH / "probes"))
 import archive_copies  # bench/probes/: shared with bench/probes/pack_archives.py
 
 SHORT_SIDE = 64  # small outputs: the records still differ image by image
+
+
+def png(size: tuple[int, int]) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (30, 30, 200)).save(buffer, "PNG")
+    return buffer.getvalue()
 
 
 def same_records(a: Path, b: Path) -> None:
@@ -100,6 +110,15 @@ def test_a_tar_packs_to_the_same_bytes_for_any_number_of_workers(sample_tree, tr
         same_records(tree_pack, packed(archive, tmp_path / f"w{workers}", workers=workers))
 
 
+def test_an_archive_gets_at_most_four_workers_per_core(sample_tree, tree_pack, tmp_path, monkeypatch):
+    """Its image count is unknown until it is read, so only the cores bound ``--workers 100000``."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})   # one core available
+    archive = archive_copies.write_nested_tar(sample_tree, tmp_path / "train.tar")
+    result = pack(PackConfig(archive, tmp_path / "out", short_side=SHORT_SIDE, workers=100_000))
+    assert result.workers == 4
+    same_records(tree_pack, tmp_path / "out")
+
+
 @pytest.fixture(scope="module")
 def flat_set(tmp_path_factory) -> Path:
     from dimd.sample_data import SampleSpec, generate
@@ -152,6 +171,29 @@ def test_shards_can_be_named_one_by_one_or_in_a_file(sample_tree, classes_file, 
     by_list = packed(listing, tmp_path / "list", classes_file=classes_file)
     same_records(by_pattern, by_paths)
     same_records(by_pattern, by_list)
+
+
+def test_a_sample_takes_the_first_image_extension_and_the_named_json_field(tmp_path):
+    first, second = jpeg((20, 20)), jpeg((30, 20), (10, 200, 10))
+    shard = tmp_path / "shard-0.tar"
+    with tarfile.open(shard, "w") as tar:
+        for name, data in [("a.png", png((24, 24))), ("a.jpg", first), ("a.json", b'{"label": 7, "cls_id": 1}'),
+                           ("b.webp", b"not read"), ("b.json", b'{"cls_id": 0}'), ("b.jpeg", second)]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    result = pack(PackConfig(shard, tmp_path / "out", label_field="cls_id", workers=1))
+    ds = PackedDataset(tmp_path / "out")
+    assert (result.skipped, ds.names, ds.classes) == ([], ["shard-0.tar/a.jpg", "shard-0.tar/b.jpeg"], ["0", "1"])
+    assert ds.records["label"].tolist() == [1, 0]
+
+
+def test_progress_counts_the_images_and_the_archives_read(sample_tree, classes_file, tmp_path):
+    archive_copies.write_webdataset(sample_tree, tmp_path / "shards", per_shard=20)
+    proc = invoke_dimd("pack", tmp_path / "shards" / "train-{000000..000002}.tar", "-o", tmp_path / "out",
+                       "--classes-file", classes_file, "--workers", "1", "--short-side", "16", check=True)
+    assert proc.stderr.splitlines()[-1].startswith("pack (webdataset): 48 img, 3/3 archives, ")
+    assert proc.stdout.rstrip().endswith("1 worker, 3 archives read")
 
 
 def test_shards_without_a_classes_file_are_named_by_their_label_numbers(sample_tree, tmp_path):

@@ -56,6 +56,20 @@ def test_without_class_names_the_labels_name_the_classes(sample_tree, tmp_path):
     assert result.classes == ["0", "1", "2", "3"]
 
 
+def test_a_classes_file_names_the_classes_instead_of_the_metadata(sample_tree, tmp_path):
+    archive_copies.write_parquet(sample_tree, tmp_path / "data", files=1)
+    data = tmp_path / "data" / "train-00000-of-00001.parquet"
+    renamed = tmp_path / "renamed.txt"
+    renamed.write_text("w\nx\ny\nz\n")
+    result = pack(PackConfig(data, tmp_path / "out", short_side=32, workers=1, classes_file=renamed))
+    assert result.classes == ["w", "x", "y", "z"]
+    fewer = tmp_path / "fewer.txt"
+    fewer.write_text("w\nx\n")
+    assert one_error_line(invoke_dimd("pack", data, "--classes-file", fewer, "-o", tmp_path / "refused")) == (
+        f"{data}: its ClassLabel names 4 classes, the classes file 2")
+    assert not list(tmp_path.glob("refused*"))
+
+
 def write(path, table) -> None:
     pq.write_table(table, path)
 
