@@ -86,7 +86,7 @@ clean:
 PLOT_PACKAGES := matplotlib contourpy cycler fonttools kiwisolver packaging pyparsing python-dateutil six
 PLOTS_STAMP   := $(VENV)/.dimd-plots
 
-.PHONY: plots-setup netfs-setup reproduce reproduce-quick gpu-feed
+.PHONY: plots-setup netfs-setup reproduce reproduce-quick gpu-feed gpu-allreduce
 
 plots-setup: $(PLOTS_STAMP)
 
@@ -148,3 +148,9 @@ gpu-wheels:
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_WHEEL_PYTHON) --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	  --platform manylinux1_x86_64 -d .whl mpi4py mpich lmdb
+
+# One GPU: bench-allreduce --device cuda (the host path's copies per size, nccl) and dimd train's one-rank run
+# with --allreduce nccl against the default (bench/gpu_allreduce.py; about 10 min; QUICK=1: about 3). Then the
+# tests that need a GPU: pytest -m cuda tests/test_cuda.py. Without CUDA it says so and exits 2.
+gpu-allreduce:
+	$(PY) bench/gpu_allreduce.py $(if $(QUICK),--quick)

@@ -9,16 +9,23 @@
 ``ALGORITHMS`` maps each name to an :class:`Algorithm` (function, one-line
 description, options with their defaults); ``STANDALONE`` names those that
 need nothing but the communicator (all but ``torch``, which runs on the
-``torch.distributed`` process group the caller set up).
+``torch.distributed`` process group the caller set up, and ``nccl`` and
+``gloo``, which run on the one :func:`start_group` starts from MPI)::
+
+    with start_group(comm, "gloo") as group:      # collective; NCCL: start_group(comm, "nccl", device)
+        allreduce(grads, comm, "gloo")            # or group.start(tensor, average=True).wait()
 """
 
 from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, STANDALONE, SUPPORTED_DTYPES, Algorithm,
                                 AllreduceError, allreduce, get_algorithm)
 from dimd.allreduce.bench import choose_fastest
+from dimd.allreduce.group import (BACKENDS, TorchGroup, caller_group, device_group, nccl_problem, start_group,
+                                  started_group)
 from dimd.allreduce.buffers import release_scratch
 from dimd.allreduce.multicolor import ColorTree, color_trees, multicolor_split
 from dimd.allreduce.ring import ring_root_segment_bytes
 
-__all__ = ["ALGORITHMS", "DEFAULT_COLORS", "STANDALONE", "SUPPORTED_DTYPES", "Algorithm", "AllreduceError",
-           "ColorTree", "allreduce", "choose_fastest", "color_trees", "get_algorithm", "multicolor_split",
-           "release_scratch", "ring_root_segment_bytes"]
+__all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_COLORS", "STANDALONE", "SUPPORTED_DTYPES", "Algorithm",
+           "AllreduceError", "ColorTree", "TorchGroup", "allreduce", "caller_group", "choose_fastest", "color_trees",
+           "device_group", "get_algorithm", "multicolor_split", "nccl_problem", "release_scratch",
+           "ring_root_segment_bytes", "start_group", "started_group"]

@@ -17,6 +17,7 @@ import numpy as np
 from dimd.allreduce.baseline import mpi_allreduce
 from dimd.allreduce.buffers import private_comm
 from dimd.allreduce.doubling import rabenseifner, recursive_doubling
+from dimd.allreduce.group import group_allreduce
 from dimd.allreduce.multicolor import multicolor
 from dimd.allreduce.ring import ring, ring_root
 from dimd.allreduce.torchdist import torch_allreduce
@@ -27,6 +28,8 @@ from dimd.errors import DimdError
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
 
 DEFAULT_COLORS = 4
+#: ``Algorithm.torch_group`` of ``torch``: the torch.distributed group the caller initialised.
+CALLER = "caller"
 #: None: each pipelined algorithm sizes its segments from the message (see their modules).
 DEFAULT_SEGMENT_BYTES = None
 
@@ -44,9 +47,12 @@ class Algorithm:
     description: str
     options: Mapping[str, Any] = field(default_factory=dict)  # name -> default (None: automatic)
     point_to_point: bool = True  # runs on a private duplicate of the caller's comm
-    #: Needs nothing but the communicator. False (``torch``): needs a set-up of the caller's, so
-    #: automatic choices and sweeps over "every algorithm" leave it out (see STANDALONE).
+    #: Needs nothing but the communicator. False (``torch``, ``nccl``, ``gloo``): needs a torch.distributed
+    #: group, so automatic choices and sweeps over "every algorithm" leave it out (see STANDALONE).
     standalone: bool = True
+    #: Reduces through torch.distributed, in place on the tensors' device: on the group the caller started
+    #: (``CALLER``), or on the one dimd starts from MPI with this backend (``nccl``, ``gloo``); None: over MPI.
+    torch_group: str | None = None
 
     def resolve(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The options this call uses: defaults overlaid with ``options``, each checked."""
@@ -87,7 +93,13 @@ ALGORITHMS: dict[str, Algorithm] = {
                   "recursive-halving reduce-scatter + recursive-doubling allgather (extra ranks folded in)"),
         Algorithm("torch", torch_allreduce,
                   "torch.distributed.all_reduce on the process group the caller initialised (gloo, NCCL)",
-                  point_to_point=False, standalone=False),
+                  point_to_point=False, standalone=False, torch_group=CALLER),
+        Algorithm("nccl", group_allreduce("nccl"),
+                  "NCCL on the GPUs, in place in device memory: torch.distributed's group, started by dimd from MPI",
+                  point_to_point=False, standalone=False, torch_group="nccl"),
+        Algorithm("gloo", group_allreduce("gloo"),
+                  "gloo on the CPUs: the same torch.distributed path as nccl, started by dimd from MPI",
+                  point_to_point=False, standalone=False, torch_group="gloo"),
     )
 }
 

@@ -7,6 +7,15 @@ average, minimum and maximum. algbw = bytes / time; busbw = algbw x 2(P-1)/P
 (nccl-tests' bus bandwidth: what each rank's link carries in a ring). Timed
 buffers hold zeros, so repeated in-place sums neither grow nor overflow; the
 check runs separately on values with a known sum.
+
+On device buffers (``device="cuda"``, the DIMD paper's figure 5 with a
+modern row) the buffers are torch tensors in the GPU's memory
+(:class:`TensorBuffers`) and the rows are what a GPU rank pays
+(:func:`tensor_reducers`): NCCL's allreduce in device memory, the copy to
+pinned host memory and back alone (``d2h+h2d``), and every host algorithm
+with those copies around it, as S-SGD's host path runs them. The clock stops
+once the device has finished. The same code times CPU tensors with gloo
+instead of NCCL (the tests do).
 """
 
 from __future__ import annotations
@@ -24,6 +33,10 @@ from dimd.stall import STALL_TIMEOUT_S, watch_job
 
 DTYPE_NAMES = tuple(d.name for d in SUPPORTED_DTYPES)
 PEERS = ("gloo",)  # torch.distributed backends timed in the same job
+#: Where the timed buffers live: host memory (numpy), or a GPU's (torch tensors; NCCL and the copies).
+DEVICES = ("cpu", "cuda")
+#: The row of the copies alone, on device buffers: to pinned host memory and back, no sum.
+COPY_ROW = "d2h+h2d"
 
 #: An allreduce under test: sums a 1-D array in place across the job.
 Reducer = Callable[[np.ndarray], None]
@@ -64,8 +77,9 @@ def message_sizes(min_bytes: int, max_bytes: int, factor: int, itemsize: int = 1
 
 
 def sweep_bytes(max_bytes: int, itemsize: int, check: bool) -> int:
-    """Memory one rank needs for a sweep up to ``max_bytes``: the buffer, an algorithm's scratch
-    (about as much again), and with ``check`` the known values and their sum in int64."""
+    """Host memory one rank needs for a sweep up to ``max_bytes``: the buffer (on device buffers, its host
+    copy), an algorithm's scratch (about as much again), and with ``check`` the known values and their sum
+    in int64."""
     return 2 * max_bytes + (3 * 8 * (max_bytes // itemsize) if check else 0)
 
 
@@ -80,16 +94,20 @@ def reducer(algorithm: str, comm: Any, options: dict[str, Any]) -> Reducer:
     return lambda buf: allreduce(buf, comm, algorithm, **taken)
 
 
-def time_reducer(run: Reducer, buf: np.ndarray, comm: Any, iters: int, warmup: int) -> tuple[float, float, float]:
-    """(avg, min, max) over ranks of each rank's mean seconds per call."""
+def time_reducer(run: Reducer, buf: Any, comm: Any, iters: int, warmup: int,
+                 settle: Callable[[], None] = lambda: None) -> tuple[float, float, float]:
+    """(avg, min, max) over ranks of each rank's mean seconds per call; ``settle`` waits for a device's
+    queued work (before the barrier, and before the clock stops)."""
     from mpi4py import MPI
 
     for _ in range(warmup):
         run(buf)
+    settle()
     comm.Barrier()
     start = MPI.Wtime()
     for _ in range(iters):
         run(buf)
+    settle()
     mine = np.array([(MPI.Wtime() - start) / max(iters, 1)])
     every = np.empty(comm.Get_size())
     comm.Allgather(mine, every)
@@ -105,11 +123,87 @@ def expected_sum(count: int, dtype: np.dtype, size: int) -> np.ndarray:
     return (size * (np.arange(count, dtype=np.int64) % 251) + 3 * size * (size - 1) // 2 + size).astype(dtype)
 
 
-def count_wrong(run: Reducer, count: int, dtype: np.dtype, comm: Any) -> int:
-    """Elements, summed over ranks, where ``run`` misses the known sum."""
-    buf = known_values(count, dtype, comm.Get_rank())
+class HostBuffers:
+    """Numpy arrays in host memory, what dimd's algorithms sum."""
+
+    def zeros(self, count: int, dtype: np.dtype) -> Any:
+        return np.zeros(count, dtype=dtype)
+
+    def known(self, count: int, dtype: np.dtype, rank: int) -> Any:
+        return known_values(count, dtype, rank)
+
+    def to_host(self, buf: Any) -> np.ndarray:
+        return buf
+
+    def settle(self) -> None:
+        return None
+
+
+class TensorBuffers(HostBuffers):
+    """Torch tensors on ``device`` (a GPU's memory; the CPU's in tests); :meth:`settle` waits for the GPU."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+
+    def zeros(self, count: int, dtype: np.dtype) -> Any:
+        import torch
+
+        return torch.from_numpy(np.zeros(count, dtype=dtype)).to(self.device)
+
+    def known(self, count: int, dtype: np.dtype, rank: int) -> Any:
+        import torch
+
+        return torch.from_numpy(known_values(count, dtype, rank)).to(self.device)
+
+    def to_host(self, buf: Any) -> np.ndarray:
+        return buf.cpu().numpy()
+
+    def settle(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+
+def tensor_reducers(comm: Any, names: Sequence[str], options: dict[str, Any], group: Any,
+                    device: Any) -> dict[str, Reducer]:
+    """What a rank pays to sum a tensor on ``device``: ``group``'s collective where the tensor is (NCCL's on a
+    GPU), the copy to host memory and back alone (:data:`COPY_ROW`), and each of ``names`` between those copies
+    (pinned host memory on a GPU, as S-SGD's host path copies its buckets)."""
+    import torch
+
+    staging: dict[tuple[int, Any], Any] = {}
+
+    def host_copy(tensor: Any) -> Any:
+        key = (tensor.numel(), tensor.dtype)
+        if key not in staging:
+            staging.clear()   # one size at a time: the sweep goes size by size
+            staging[key] = torch.empty(tensor.numel(), dtype=tensor.dtype, pin_memory=device.type == "cuda")
+        host = staging[key]
+        host.copy_(tensor)
+        return host
+
+    def with_copies(host_reduce: Reducer | None) -> Reducer:
+        def run(tensor: Any) -> None:
+            host = host_copy(tensor)            # device to host (waits for the device)
+            if host_reduce is not None:
+                host_reduce(host.numpy())       # MPI: the host algorithm's sum
+            tensor.copy_(host)                  # and back
+        return run
+
+    reducers: dict[str, Reducer] = {group.backend: lambda tensor: group.start(tensor).wait(),   # MPI: in place
+                                    COPY_ROW: with_copies(None)}
+    reducers.update({name: with_copies(reducer(name, comm, options)) for name in names})
+    return reducers
+
+
+def count_wrong(run: Reducer, count: int, dtype: np.dtype, comm: Any, buffers: HostBuffers | None = None) -> int:
+    """Elements, summed over ranks, where ``run`` misses the known sum (:data:`COPY_ROW` is not checked)."""
+    buffers = buffers or HostBuffers()
+    buf = buffers.known(count, dtype, comm.Get_rank())
     run(buf)
-    wrong = np.array([np.count_nonzero(buf != expected_sum(count, dtype, comm.Get_size()))], dtype=np.int64)
+    wrong = np.array([np.count_nonzero(buffers.to_host(buf) != expected_sum(count, dtype, comm.Get_size()))],
+                     dtype=np.int64)
     total = np.empty(1, dtype=np.int64)
     comm.Allreduce(wrong, total)
     return int(total[0])
@@ -141,25 +235,26 @@ def bandwidths(nbytes: int, seconds: float, size: int) -> tuple[float, float]:
 def sweep(comm: Any, reducers: dict[str, Reducer], sizes: Iterable[int], dtype: np.dtype, *,
           iters: int | None = None, warmup: int | None = None, check: bool = False,
           on_row: Callable[[Row], None] | None = None, waiting: Waiting = lambda what: contextlib.nullcontext(),
-          ) -> list[Row]:
+          buffers: HostBuffers | None = None) -> list[Row]:
     """Time every reducer at every size (size-major, so drift hits all alike); return the rows.
 
     Each (size, reducer) is one wait for the other ranks, marked with ``waiting``.
+    ``buffers``: where the buffers live (default: numpy arrays; :class:`TensorBuffers`: a device's tensors).
     """
     dtype = np.dtype(dtype)
     size = comm.Get_size()
+    buffers = buffers or HostBuffers()
     rows: list[Row] = []
     for nbytes in sizes:
         count = nbytes // dtype.itemsize
-        buf = np.zeros(count, dtype=dtype)
         n_iters = iters if iters is not None else auto_iters(count * dtype.itemsize)
         n_warmup = warmup if warmup is not None else auto_warmup(n_iters)
         baseline = None
         for name, run in reducers.items():
             with waiting(f"{name}'s allreduce of {count * dtype.itemsize} bytes"):
-                wrong = count_wrong(run, count, dtype, comm) if check else None
-                buf.fill(0)
-                avg, low, high = time_reducer(run, buf, comm, n_iters, n_warmup)
+                wrong = count_wrong(run, count, dtype, comm, buffers) if check and name != COPY_ROW else None
+                buf = buffers.zeros(count, dtype)
+                avg, low, high = time_reducer(run, buf, comm, n_iters, n_warmup, buffers.settle)
             if name == "mpi":
                 baseline = avg
             algbw, busbw = bandwidths(count * dtype.itemsize, avg, size)
@@ -219,6 +314,7 @@ class BenchConfig:
     segment_bytes: int | None = None  # None: sized from the message
     check: bool = False
     peer: str | None = None      # "gloo": also time torch.distributed all_reduce
+    device: str = "cpu"          # "cuda": device buffers: nccl, the copies alone, each algorithm with its copies
     extra_sizes: tuple[int, ...] = ()  # message sizes to add to the sweep (e.g. a model's gradients)
     stall_timeout: float = STALL_TIMEOUT_S   # seconds a rank waits for the others in a row; 0: forever
 
@@ -233,6 +329,9 @@ class BenchConfig:
         at_least(self, "colors", 1)
         at_least(self, "segment_bytes", 1, optional=True)
         one_of(self, "peer", PEERS, optional=True)
+        one_of(self, "device", DEVICES)
+        require(self.device == "cpu" or self.peer is None, "peer",
+                "times gloo on host buffers; with `device` cuda the table's torch.distributed row is nccl's")
         at_least(self, "factor", 2)
         at_least(self, "min_bytes", 0)
         require(self.min_bytes <= self.max_bytes, "min_bytes",
@@ -302,19 +401,31 @@ def run_bench(config: BenchConfig, comm: Any, on_row: Callable[[Row], None] | No
     if on_start is not None:
         on_start()
     options = {"colors": config.colors, "segment_bytes": config.segment_bytes}
-    reducers = {name: reducer(name, comm, options) for name in config.algorithms}
-    closers = []
-    if config.peer == "gloo":
-        from dimd.allreduce.gloo import gloo_reducer
+    buffers: HostBuffers = HostBuffers()
+    group = None
+    if config.device == "cuda":   # the command checked that every rank has CUDA
+        import torch
 
-        reducers["gloo"], close = gloo_reducer(comm)
-        closers.append(close)
+        from dimd.allreduce.group import start_group
+
+        device = torch.device("cuda", torch.cuda.current_device())
+        group = start_group(comm, "nccl", device, stall_timeout=config.stall_timeout)   # MPI: from the job
+        reducers = tensor_reducers(comm, config.algorithms, options, group, device)
+        buffers = TensorBuffers(device)
+    else:
+        reducers = {name: reducer(name, comm, options) for name in config.algorithms}
+        if config.peer == "gloo":
+            from dimd.allreduce.group import start_group
+
+            group = start_group(comm, "gloo", stall_timeout=config.stall_timeout)   # MPI: from the job
+            reducers["gloo"] = group.reduce_array
     try:
         with watch_job(comm, config.stall_timeout) as watchdog:   # MPI: a lost peer ends the job, not hangs it
             rows = sweep(comm, reducers, config.sizes(), np.dtype(config.dtype), iters=config.iters,
-                         warmup=config.warmup, check=config.check, on_row=on_row, waiting=watchdog.waiting)
+                         warmup=config.warmup, check=config.check, on_row=on_row, waiting=watchdog.waiting,
+                         buffers=buffers)
     finally:
-        for close in closers:
-            close()
+        if group is not None:
+            group.close()
     wrong = sum(row.wrong or 0 for row in rows) if config.check else None
     return BenchResult(world_size=comm.Get_size(), rows=rows, wrong_total=wrong)

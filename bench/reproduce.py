@@ -43,6 +43,7 @@ MODULES = (
     "gpu_feed",              # opt-in, CUDA only (make gpu-feed): one GPU's ceiling, dimd, a DataLoader script
     "cuda_graphs",           # opt-in, CUDA only: the step and SMA's learners as CUDA graphs, eager against graphed
     "sma_tta_gpu",           # opt-in, CUDA only: Crossbow's time to accuracy on one GPU, graphed learners
+    "gpu_allreduce",         # opt-in, CUDA only: the host path's copies per size, nccl on one GPU
 )
 
 README = BENCH / "README.md"

@@ -10,8 +10,9 @@ Three set-ups, the same model, per-rank batch, augmentation, optimizer, P ranks 
                    the same files, decoded by dimd's one DataLoader baseline
                    (``dimd.shuffle.bench_io.FileDataset``): what a PyTorch user runs instead;
 * ``DistributedGradients``  the DDP loop and data with ``dimd.DistributedGradients`` in DDP's place,
-                   under mpiexec, reducing its buckets with the ``torch`` algorithm on the same
-                   gloo collective: dimd's gradient mechanism against DDP's, nothing else changed.
+                   under mpiexec, reducing its buckets with the ``torch`` algorithm on a gloo
+                   group started as DDP's is: dimd's gradient mechanism against DDP's reducer on the
+                   same collective, nothing else changed.
 
 The files hold the packed records' bytes, so all three decode the same JPEGs.
 A run's figure is the median over its epochs after the first (the warm-up).
@@ -129,14 +130,14 @@ def library_main(args: argparse.Namespace) -> None:
     import torch
 
     import dimd
-    from dimd.allreduce.gloo import gloo_reducer
+    from dimd.allreduce import start_group
     from dimd.train.models import build_model
     from dimd.train.schedule import scaled_lr
     from dimd.train.sgd import make_optimizer
 
     comm, _ = dimd.init(device="cpu", threads=args.threads)
     rank = comm.Get_rank()
-    _, close = gloo_reducer(comm)
+    group = start_group(comm, "gloo")   # the default group, as DDP's script starts it; `torch` reduces on it
     loader, sampler, classes = file_batches(args, rank)
     torch.manual_seed(args.seed)
     model = build_model(args.model, classes)
@@ -145,7 +146,7 @@ def library_main(args: argparse.Namespace) -> None:
     grads = dimd.DistributedGradients(model, comm, algorithm=args.algorithm, optimizer=optimizer)
     history = train_epochs(model, optimizer, loader, sampler, args)
     grads.close()
-    close()
+    group.close()
     if rank == 0:
         from dimd.report import result_document, write_json
 

@@ -62,6 +62,17 @@ def world(thread_level: str = "single") -> Any:
     return MPI.COMM_WORLD
 
 
+def reduction(algorithm: str, comm: Any) -> tuple[Callable[[Any], None], Any]:
+    """A strategy's ``(reduce, device_reduce)`` for ``algorithm``: a host algorithm over MPI (device_reduce
+    None), or for nccl and gloo their torch.distributed group, started here (close it at the case's end)."""
+    import torch
+
+    from dimd.allreduce import allreduce, device_group
+
+    group = device_group(algorithm, comm, torch.device("cpu"))
+    return (lambda array: allreduce(array, comm, algorithm)), group
+
+
 def say(line: str) -> None:
     """Print ``line`` in one write and flush it: ranks share the launcher's stdout."""
     sys.stdout.write(line + "\n")

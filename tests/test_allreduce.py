@@ -163,8 +163,11 @@ def test_read_only_buffer_is_refused():
 
 def test_registry_describes_every_algorithm():
     assert list(ALGORITHMS) == ["mpi", "ring", "ring-root", "multicolor", "tree", "ps",
-                                "recursive-doubling", "rabenseifner", "torch"]
-    assert STANDALONE == tuple(name for name in ALGORITHMS if name != "torch")
+                                "recursive-doubling", "rabenseifner", "torch", "nccl", "gloo"]
+    # torch.distributed's: the caller's group, or the one dimd starts; sweeps over "every algorithm" leave them out
+    assert {name: a.torch_group for name, a in ALGORITHMS.items() if a.torch_group} == {
+        "torch": "caller", "nccl": "nccl", "gloo": "gloo"}
+    assert STANDALONE == tuple(name for name in ALGORITHMS if name not in ("torch", "nccl", "gloo"))
     for name, algorithm in ALGORITHMS.items():
         assert algorithm.name == name and algorithm.description and "\n" not in algorithm.description
 

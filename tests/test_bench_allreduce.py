@@ -2,10 +2,13 @@
 labelled with whole elements of the size asked for."""
 
 import json
+import time
 
 import pytest
-from conftest import invoke_dimd, run_mpi_dimd
+import torch
+from conftest import invoke_dimd, mpi_run, run_mpi_dimd
 from hostile import one_error_line
+from mpi_case import case, say, world
 
 from dimd.allreduce import STANDALONE
 from dimd.allreduce.bench import BenchConfig, message_sizes
@@ -144,3 +147,65 @@ def test_extra_sizes_must_be_whole_elements():
                                           r"bytes \(got 12\)"):
         BenchConfig(dtype="int64", extra_sizes=(16, 12))
     assert BenchConfig(dtype="int32", max_bytes=8, extra_sizes=(12,)).sizes() == [8, 12]
+
+
+@case
+def tensor_sweep_through_a_group(algorithms: str) -> None:
+    """``bench-allreduce --device cuda``'s sweep on CPU tensors, through gloo instead of NCCL: per row one JSON
+    line from rank 0 (checked against the known sums; the copies alone are not)::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py tensor_sweep_through_a_group mpi,ring
+        -> {"bytes": 0, "algorithm": "gloo", ..., "wrong": 0} ...
+    """
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from dimd.allreduce import start_group
+    from dimd.allreduce.bench import TensorBuffers, sweep, tensor_reducers
+
+    comm = world("serialized")
+    device = torch.device("cpu")
+    with start_group(comm, "gloo") as group:
+        reducers = tensor_reducers(comm, algorithms.split(","), {}, group, device)
+        rows = sweep(comm, reducers, [0, 8, 4096, 100_004], np.dtype(np.float32), iters=2, warmup=1, check=True,
+                     buffers=TensorBuffers(device))
+    if comm.Get_rank() == 0:
+        for row in rows:
+            say(json.dumps(dataclasses.asdict(row)))
+
+
+@pytest.mark.mpi
+def test_device_buffers_time_the_collective_the_copies_and_each_algorithm_with_them():
+    """What --device cuda times, on CPU tensors through gloo (the backend the only difference): every row
+    sums right, the copies alone are a row of their own, each host algorithm is timed between them."""
+    proc = mpi_run(tensor_sweep_through_a_group, 2, "mpi,ring", timeout=120, check=True)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [(r["bytes"], r["algorithm"]) for r in rows] == [
+        (size, name) for size in (0, 8, 4096, 100_004) for name in ("gloo", "d2h+h2d", "mpi", "ring")]
+    assert all(r["wrong"] == (None if r["algorithm"] == "d2h+h2d" else 0) for r in rows), rows
+    assert all(r["vs_mpi"] > 0 for r in rows if r["bytes"])
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
+def test_device_cuda_without_cuda_is_one_line_and_exit_2():
+    proc = run_mpi_dimd(2, "bench-allreduce", "--device", "cuda", "-b", "8", "-e", "8", timeout=120)
+    message = one_error_line(proc, code=2)
+    assert message.startswith("--device cuda: no CUDA device on ") and "without --device cuda" in message
+    assert proc.stdout == ""
+
+
+@pytest.mark.mpi
+def test_a_rendezvous_that_cannot_complete_ends_the_job_in_one_line_within_the_timeout():
+    """rank 0's address answers nobody (TEST-NET-1, RFC 5737): the job ends after --stall-timeout with one line
+    from rank 0, none of torch's C++ retry logs, no traceback."""
+    start = time.monotonic()
+    proc = run_mpi_dimd(2, "bench-allreduce", "--peer", "gloo", "-a", "mpi", "-b", "8", "-e", "8",
+                        "--stall-timeout", "3", env={"MASTER_ADDR": "192.0.2.1"},
+                        timeout=120)
+    message = one_error_line(proc)
+    assert message.startswith("rank 0 on ") and "gloo's rendezvous did not complete: no progress for 3 s" in message
+    assert "MASTER_ADDR" in message and "--stall-timeout bounds this wait" in message
+    assert "c10d" not in proc.stderr and time.monotonic() - start < 60

@@ -118,3 +118,35 @@ def test_the_feed_copies_the_loaders_page_locked_slots_to_the_gpu_ahead_of_the_s
     feed.close()
     assert len(fed) == len(expected)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(fed, expected))
+
+
+def test_one_rank_trains_with_nccl_started_from_mpi(packed_sample, tmp_path):
+    """--allreduce nccl on one GPU: the group started from the (one-rank) MPI job, NCCL's communicator on the
+    rank's GPU, the buckets given to it (one rank: nothing to sum), and the run's JSON says so."""
+    result = train(packed_sample, tmp_path, "--epochs", "1", "--allreduce", "nccl")["result"]
+    assert result["allreduce"] == "nccl" and result["allreduce_choice"]["how"] == "requested"
+    assert result["device"].startswith("cuda") and np.isfinite(result["final"]["train_loss"])
+
+
+def test_a_gradient_bucket_is_averaged_by_nccl_on_the_device(world):
+    """One rank's group: NCCL's AVG over one rank leaves the bucket as it was, on the GPU, without a host copy."""
+    from dimd.allreduce import start_group
+
+    with start_group(world, "nccl", torch.device("cuda", torch.cuda.current_device())) as group:
+        bucket = torch.arange(1000, dtype=torch.float32, device="cuda")
+        group.start(bucket, average=True).wait()
+        assert torch.equal(bucket.cpu(), torch.arange(1000, dtype=torch.float32))
+        host = np.arange(10, dtype=np.float32)
+        group.reduce_array(host)   # the registry's form: through the device and back
+        assert np.array_equal(host, np.arange(10, dtype=np.float32))
+
+
+def test_bench_allreduce_times_device_buffers(tmp_path):
+    out = tmp_path / "cuda.json"
+    run_dimd("bench-allreduce", "--device", "cuda", "-a", "mpi,ring", "-b", "1M", "-e", "16M", "-f", "4",
+             "--check", "--json", out, check=True, timeout=300)
+    rows = json.loads(out.read_text())["result"]["rows"]
+    assert {r["algorithm"] for r in rows} == {"nccl", "d2h+h2d", "mpi", "ring"}
+    assert all(r["wrong"] in (0, None) and r["time_us"] > 0 for r in rows)
+    copies = {r["bytes"]: r["time_us"] for r in rows if r["algorithm"] == "d2h+h2d"}
+    assert copies[16 << 20] > copies[1 << 20]   # the copies' cost grows with the size

@@ -8,7 +8,7 @@ with a stand-in for the sum over ranks.
 import contextlib
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -173,9 +173,11 @@ def distributed_gradients_match_flat_allreduce(*algorithms: str) -> None:
     frozen, and two of three backward passes run inside no_sync(). The
     gradients are compared as the last ``backward()`` returns, before any
     ``synchronize()``, which must then reduce nothing again. Rank 0 prints the
-    largest difference per algorithm (0 at P = 2: sums of two are exact)::
+    largest difference per algorithm (0 at P = 2: sums of two are exact). ``gloo``
+    reduces the buckets on the device path (torch.distributed's group, started
+    once here and shared by every wrapper)::
 
-        mpiexec -n 3 python -m mpi4py tests/mpi_case.py distributed_gradients_match_flat_allreduce mpi ring
+        mpiexec -n 3 python -m mpi4py tests/mpi_case.py distributed_gradients_match_flat_allreduce mpi ring gloo
         -> mpi configurations 20 max_diff 5.96e-08
     """
     import copy
@@ -184,11 +186,13 @@ def distributed_gradients_match_flat_allreduce(*algorithms: str) -> None:
     import torch
     from mpi4py import MPI
 
+    from dimd.allreduce import BACKENDS, start_group
     from dimd.train.distributed import DistributedGradients
 
     comm = world("serialized")
     rank, size = comm.Get_rank(), comm.Get_size()
     torch.set_num_threads(1)
+    groups = [start_group(comm, name) for name in BACKENDS if name in algorithms]   # one rendezvous, shared
     g = torch.Generator().manual_seed(100 + rank)
     batches = [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(3)]
     branches = ["a", "b", "ab"] if rank % 2 == 0 else ["b", "b", "a"]   # rank 0 never uses b in pass 1...
@@ -205,7 +209,9 @@ def distributed_gradients_match_flat_allreduce(*algorithms: str) -> None:
                 model = copy.deepcopy(reference_model)
                 grads = DistributedGradients(model, comm, algorithm=algorithm, overlap=overlap,
                                              bucket_mb=bucket_bytes / (1 << 20))
-                reductions = count_calls(grads.buckets, "reduce")
+                # the buckets' reductions: over MPI, or started on the device's group (nccl, gloo)
+                reductions = (count_calls(grads.buckets, "reduce") if grads.group is None else
+                              count_calls(grads.group, "start"))
                 model.zero_grad(set_to_none=True)
                 for i, ((x, y), branch) in enumerate(zip(batches, branches)):
                     model.branch = branch
@@ -223,13 +229,16 @@ def distributed_gradients_match_flat_allreduce(*algorithms: str) -> None:
                 grads.close()
         if rank == 0:
             say(f"{algorithm} configurations {configurations} max_diff {worst:.3g}")
+    for group in groups:
+        group.close()
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_gradients_equal_one_flat_allreduce_for_every_bucket_size(ranks):
-    proc = mpi_run(distributed_gradients_match_flat_allreduce, ranks, "mpi", "ring", timeout=180, check=True)
-    for algorithm in ("mpi", "ring"):
+    proc = mpi_run(distributed_gradients_match_flat_allreduce, ranks, "mpi", "ring", "gloo", timeout=180,
+                   check=True)
+    for algorithm in ("mpi", "ring", "gloo"):
         line = next(x for x in proc.stdout.splitlines() if x.startswith(algorithm + " "))
         assert "configurations 20" in line
         if ranks == 2:
@@ -321,8 +330,9 @@ def overlap_on_and_off_train_alike(algorithm: str = "ring") -> None:
 
 
 @pytest.mark.mpi
-def test_overlap_on_and_off_give_the_same_weights():
-    proc = mpi_run(overlap_on_and_off_train_alike, 3, "ring", timeout=180, check=True)
+@pytest.mark.parametrize("ranks, algorithm", [(3, "ring"), (2, "gloo")])
+def test_overlap_on_and_off_give_the_same_weights(ranks, algorithm):
+    proc = mpi_run(overlap_on_and_off_train_alike, ranks, algorithm, timeout=180, check=True)
     assert "identical True replicas True" in proc.stdout
     assert float(proc.stdout.split("moved ")[1].split()[0]) > 0.01   # the steps did train
 
@@ -389,7 +399,7 @@ def two_wrapped_models_in_one_backward(algorithm: str = "ring") -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", ["ring", "mpi"])
+@pytest.mark.parametrize("algorithm", ["ring", "mpi", "gloo"])
 def test_two_wrapped_models_in_one_backward_average_both(algorithm):
     """Even where the ranks complete the two models' buckets in different orders (an unused branch)."""
     proc = mpi_run(two_wrapped_models_in_one_backward, 2, algorithm, timeout=180, check=True)
@@ -448,56 +458,99 @@ def raised_pass_then_accumulation(algorithm: str = "ring") -> None:
 
 
 @pytest.mark.mpi
-def test_a_raised_pass_is_dropped_and_the_next_accumulation_kept():
-    proc = mpi_run(raised_pass_then_accumulation, 2, "ring", timeout=180, check=True)
+@pytest.mark.parametrize("algorithm", ["ring", "gloo"])
+def test_a_raised_pass_is_dropped_and_the_next_accumulation_kept(algorithm):
+    proc = mpi_run(raised_pass_then_accumulation, 2, algorithm, timeout=180, check=True)
     diffs = [float(word) for word in proc.stdout.split("max_diff ")[1:] for word in [word.split()[0]]]
     assert len(diffs) == 2 and max(diffs) < 1e-6, proc.stdout
 
 
 @case
-def torch_algorithm_sums_with_gloo() -> None:
-    """The registry's ``torch`` algorithm over a gloo group set up over MPI: sums, and DistributedGradients on it.
+def torch_groups_started_from_mpi() -> None:
+    """torch.distributed's group started by dimd from MPI (no MASTER_ADDR or MASTER_PORT), shared by its users,
+    and every refusal in one line on every rank; then the ``torch`` algorithm on a group the script started::
 
-        mpiexec -n 2 python -m mpi4py tests/mpi_case.py torch_algorithm_sums_with_gloo
-        -> torch sum ok gradients ok
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py torch_groups_started_from_mpi
+        -> gloo sums ok shared ok refusals ok torch sum ok gradients ok
     """
     import numpy as np
     import torch
+    import torch.distributed as dist
     import torch.nn.functional as F
     from mpi4py import MPI
 
-    from dimd.allreduce import allreduce
-    from dimd.allreduce.gloo import gloo_reducer
+    from dimd.allreduce import allreduce, start_group, started_group
+    from dimd.errors import DimdError
     from dimd.train.distributed import DistributedGradients
 
     comm = world("serialized")
     rank, size = comm.Get_rank(), comm.Get_size()
-    _, close = gloo_reducer(comm)
-    try:
-        for count in (1, 7, 100_003):
+    whole = sum(range(1, size + 1))
+    group = start_group(comm, "gloo")
+    assert group.address.startswith("tcp://") and dist.get_backend() == "gloo"
+    for count in (1, 7, 100_003):
+        mine = np.arange(count, dtype=np.float32) * (rank + 1)
+        allreduce(mine, comm, "gloo")                         # the registry's name, on this group
+        assert np.array_equal(mine, np.arange(count, dtype=np.float32) * whole), count
+    tensor = torch.full((5,), float(rank + 1))
+    group.start(tensor, average=True).wait()                  # the mean, in place
+    assert torch.equal(tensor, torch.full((5,), whole / size))
+    line = ["gloo sums ok"]
+    again = start_group(comm, "gloo")                         # a second user shares it
+    assert again is group
+    again.close()
+    assert dist.is_initialized() and started_group("gloo") is group
+    group.close()                                             # the last user ends it
+    assert not dist.is_initialized() and started_group("gloo") is None
+    line.append("shared ok")
+
+    def refused(call: Callable[[], Any], *words: str) -> None:
+        try:
+            call()
+        except DimdError as exc:
+            message = str(exc)
+        else:
+            raise AssertionError("not refused")
+        assert "\n" not in message and all(word in message for word in words), message
+        assert comm.allgather(message) == [message] * size    # agreed: the same line on every rank
+
+    refused(lambda: start_group(comm, "nccl", torch.device("cpu")), "nccl reduces tensors on GPUs")
+    dist.init_process_group("gloo", init_method=start_group_free_address(comm), rank=rank, world_size=size)
+    refused(lambda: start_group(comm, "gloo"), "already initialised", "algorithm 'torch'")
+    line.append("refusals ok")
+    try:   # the script's own group: algorithm torch reduces on it
+        for count in (1, 100_003):
             mine = np.arange(count, dtype=np.float32) * (rank + 1)
             allreduce(mine, comm, "torch")
-            assert np.array_equal(mine, np.arange(count, dtype=np.float32) * sum(range(1, size + 1))), count
+            assert np.array_equal(mine, np.arange(count, dtype=np.float32) * whole), count
+        line.append("torch sum ok")
         model = BranchyNet.build()
         x, y = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(rank)), torch.tensor([0, 1, 2, 0])
         expected = local_gradients(BranchyNet.build(), [(x, y)], ["ab"]).numpy().copy()
         comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
         grads = DistributedGradients(model, comm, algorithm="torch", bucket_mb=0.002)
         F.cross_entropy(model(x), y).backward()
-        grads.synchronize()
         got = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad]).numpy()
         assert np.allclose(got, expected / size, rtol=1e-6, atol=1e-7)
         grads.close()
+        line.append("gradients ok")
     finally:
-        close()
+        dist.destroy_process_group()
     if rank == 0:
-        say("torch sum ok gradients ok")
+        say(" ".join(line))
+
+
+def start_group_free_address(comm: Any) -> str:
+    """A ``tcp://`` address on rank 0's host for a script's own ``init_process_group`` (its own rendezvous)."""
+    from dimd.host import free_port
+
+    return comm.bcast(f"tcp://127.0.0.1:{free_port('127.0.0.1')}" if comm.Get_rank() == 0 else None)
 
 
 @pytest.mark.mpi
-def test_torch_algorithm_sums_over_a_gloo_group():
-    proc = mpi_run(torch_algorithm_sums_with_gloo, 2, timeout=180, check=True)
-    assert "torch sum ok gradients ok" in proc.stdout
+def test_torch_distributed_groups_start_from_mpi_and_refuse_in_one_line():
+    proc = mpi_run(torch_groups_started_from_mpi, 2, timeout=180, check=True)
+    assert "gloo sums ok shared ok refusals ok torch sum ok gradients ok" in proc.stdout
 
 
 def test_two_wrapped_models_in_one_backward_never_reduce_at_once():

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpi_case import case, say, world
+from mpi_case import case, reduction, say, world
 
 from dimd.errors import ConfigError
 from dimd.train.config import TrainConfig
@@ -117,16 +117,22 @@ def test_an_epoch_in_bf16_mixed_on_the_cpu_records_its_precision(packed_sample, 
 
 
 @case
-def sixteen_mixed_skips_on_every_rank() -> None:
+def sixteen_mixed_skips_on_every_rank(*algorithms: str) -> None:
     """16-mixed S-SGD on P ranks: rank 1's gradients overflow in the second step (an inf in its batch).
 
     Every rank must skip that step, halve its loss scale and keep identical
-    weights; rank 0 prints one JSON line: per step, skipped / finite / scale,
-    and whether the weights moved and the replicas agree.
+    weights; rank 0 prints one JSON line per algorithm (default ring; gloo: the
+    flag rides torch.distributed's allreduce of the buckets, the device path):
+    per step, skipped / finite / scale, and whether the weights moved and the
+    replicas agree.
     """
+    for algorithm in algorithms or ("ring",):
+        sixteen_mixed_steps(algorithm)
+
+
+def sixteen_mixed_steps(algorithm: str) -> None:
     import torch
 
-    from dimd.allreduce import allreduce
     from dimd.train.models import build_model
     from dimd.train.precision import Precision
     from dimd.train.sgd import SSGD, broadcast_state, make_optimizer, replicas_identical
@@ -139,8 +145,9 @@ def sixteen_mixed_skips_on_every_rank() -> None:
     model = build_model("lenet", 10)
     broadcast_state(model, comm)
     precision = Precision("16-mixed", torch.device("cpu"))
-    sgd = SSGD(model, make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=0.0),
-               lambda a: allreduce(a, comm, "ring"), comm.Get_size(), precision=precision)
+    reduce, group = reduction(algorithm, comm)
+    sgd = SSGD(model, make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=0.0), reduce, comm.Get_size(),
+               precision=precision, device_reduce=group, bucket_bytes=40_000)
     g = torch.Generator().manual_seed(rank)
     steps = []
     for step in range(3):
@@ -154,19 +161,26 @@ def sixteen_mixed_skips_on_every_rank() -> None:
                       "scale": precision.loss_scale.scale, "events": len(result.events)})
     same = replicas_identical(model, comm)
     everyone = comm.gather(steps)
+    sgd.close()
+    if group is not None:
+        group.close()
     if rank == 0:
-        say(json.dumps({"steps": steps, "ranks_agree": all(s == steps for s in everyone), "identical": same}))
+        say(json.dumps({"algorithm": algorithm, "steps": steps, "ranks_agree": all(s == steps for s in everyone),
+                        "identical": same}))
 
 
 @pytest.mark.mpi
 def test_16_mixed_skips_an_overflowing_step_on_every_rank_and_the_replicas_stay_identical():
     from conftest import mpi_run
 
-    proc = mpi_run(sixteen_mixed_skips_on_every_rank, 2, timeout=120, check=True)
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["ranks_agree"] and report["identical"]
-    first, overflowed, after = report["steps"]
-    assert not first["skipped"] and first["moved"]
-    assert overflowed == {"skipped": True, "finite": True, "moved": False, "scale": first["scale"] / 2,
-                          "events": 1}
-    assert not after["skipped"] and after["moved"]
+    # ring: the flag rides dimd's host allreduce; gloo: torch.distributed's, the path NCCL takes on GPUs
+    proc = mpi_run(sixteen_mixed_skips_on_every_rank, 2, "ring", "gloo", timeout=120, check=True)
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [report["algorithm"] for report in reports] == ["ring", "gloo"]
+    for report in reports:
+        assert report["ranks_agree"] and report["identical"]
+        first, overflowed, after = report["steps"]
+        assert not first["skipped"] and first["moved"]
+        assert overflowed == {"skipped": True, "finite": True, "moved": False, "scale": first["scale"] / 2,
+                              "events": 1}
+        assert not after["skipped"] and after["moved"]

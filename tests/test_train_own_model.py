@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import invoke_dimd, mpi_run, run_dimd, run_mpi_dimd
-from mpi_case import case, say, world
+from mpi_case import case, reduction, say, world
 
 NETWORK = """
 from torch import nn
@@ -99,16 +99,19 @@ def test_a_bad_model_file_or_callable_is_one_line(colour_set, tmp_path, model, m
 
 
 @case
-def sgd_overlap_on_and_off_alike() -> None:
+def sgd_overlap_on_and_off_alike(*algorithms: str) -> None:
     """dimd train's S-SGD step (SSGD) with its buckets reduced during backward and after it: four
-    steps each, LeNet, small buckets; rank 0 says whether the weights and the step figures are identical::
+    steps each, LeNet, small buckets, with each algorithm (default ring; gloo: the device path, torch.distributed's
+    group); rank 0 says per algorithm whether the weights and the step figures are identical with and without
+    overlap, and whether every algorithm's are identical to the first's (bit for bit at P = 2)::
 
-        mpiexec -n 3 python -m mpi4py tests/mpi_case.py sgd_overlap_on_and_off_alike
-        -> buckets 9 identical True loss 27.6
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py sgd_overlap_on_and_off_alike ring gloo
+        -> ring buckets 3 identical True loss 27.8
+           gloo buckets 3 identical True loss 27.8
+           algorithms alike True
     """
     import torch
 
-    from dimd.allreduce import allreduce
     from dimd.train.models import build_model
     from dimd.train.sgd import SSGD, broadcast_state, make_optimizer
     from dimd.train.steps import StepPlace
@@ -117,25 +120,41 @@ def sgd_overlap_on_and_off_alike() -> None:
     rank, size = comm.Get_rank(), comm.Get_size()
     torch.set_num_threads(1)
 
-    def run(overlap: bool) -> tuple[Any, list, int]:
+    def run(overlap: bool, algorithm: str) -> tuple[Any, list, int]:
         torch.manual_seed(0)
         model = build_model("lenet", 10)
         broadcast_state(model, comm)
         opt = make_optimizer(model, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True)
-        sgd = SSGD(model, opt, lambda a: allreduce(a, comm, "ring"), size, bucket_bytes=40_000, overlap=overlap)
+        reduce, group = reduction(algorithm, comm)
+        sgd = SSGD(model, opt, reduce, size, bucket_bytes=40_000, overlap=overlap, device_reduce=group)
         g = torch.Generator().manual_seed(rank)
         figures = [sgd.step([(torch.randn(6, 3, 32, 32, generator=g), torch.randint(0, 10, (6,), generator=g))],
                             StepPlace(lr=0.05)) for _ in range(4)]
         sgd.buckets.close()
+        if group is not None:
+            group.close()
         return model, [(r.loss_sum, r.correct, r.samples) for r in figures], sgd.buckets.buckets
 
-    (on, on_figures, buckets), (off, off_figures, _) = run(True), run(False)
-    identical = on_figures == off_figures and all(torch.equal(p, q) for p, q in zip(on.parameters(), off.parameters()))
-    if rank == 0:
-        say(f"buckets {buckets} identical {identical} loss {on_figures[-1][0]:.3g}")
+    def same(a: tuple, b: tuple) -> bool:
+        return a[1] == b[1] and all(torch.equal(p, q) for p, q in zip(a[0].parameters(), b[0].parameters()))
+
+    runs = []
+    for algorithm in algorithms or ("ring",):
+        on, off = run(True, algorithm), run(False, algorithm)
+        runs.append(on)
+        if rank == 0:
+            say(f"{algorithm} buckets {on[2]} identical {same(on, off)} loss {on[1][-1][0]:.3g}")
+    if rank == 0 and len(runs) > 1:
+        say(f"algorithms alike {all(same(runs[0], other) for other in runs[1:])}")
 
 
 @pytest.mark.mpi
-def test_the_sgd_step_trains_alike_with_and_without_overlap():
-    proc = mpi_run(sgd_overlap_on_and_off_alike, 2, timeout=180, check=True)
-    assert "identical True" in proc.stdout and "buckets 1 " not in proc.stdout
+def test_the_sgd_step_trains_alike_with_and_without_overlap_on_the_host_and_on_the_device_path():
+    """ring sums host buffers over MPI; gloo reduces the buckets in place through torch.distributed (the path
+    NCCL takes on GPUs): at P = 2 the weights are the same bits either way."""
+    proc = mpi_run(sgd_overlap_on_and_off_alike, 2, "ring", "gloo", timeout=180, check=True)
+    lines = proc.stdout.splitlines()
+    for algorithm in ("ring", "gloo"):
+        line = next(x for x in lines if x.startswith(algorithm + " "))
+        assert "identical True" in line and "buckets 1 " not in line, line
+    assert "algorithms alike True" in lines

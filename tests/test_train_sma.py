@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import invoke_dimd, mpi_run, run_dimd, run_mpi_dimd
-from mpi_case import case, say, world
+from mpi_case import case, reduction, say, world
 
 
 def small_bn_model(classes: int = 5) -> Any:
@@ -35,7 +35,6 @@ def sma_distribution(learners_per_rank: str, compute: str = "loop", algorithm: s
     """
     import torch
 
-    from dimd.allreduce import allreduce
     from dimd.train.sma import SMA
     from dimd.train.steps import StepPlace
 
@@ -44,15 +43,15 @@ def sma_distribution(learners_per_rank: str, compute: str = "loop", algorithm: s
     k = int(learners_per_rank)
     total, b = size * k, 3
 
-    def sma(learners: int, world_size: int, reduce) -> SMA:
+    def sma(learners: int, world_size: int, reduce, device_reduce: Any = None) -> SMA:
         torch.manual_seed(0)
         return SMA(small_bn_model(), reduce, world_size, learners=learners, alpha=None, momentum=0.9,
-                   central_momentum=None, weight_decay=1e-3, compute=compute)
+                   central_momentum=None, weight_decay=1e-3, compute=compute, device_reduce=device_reduce)
 
     g = torch.Generator().manual_seed(42)
     steps = [[(torch.randint(0, 255, (b, 3, 16, 16), dtype=torch.uint8, generator=g),
                torch.randint(0, 5, (b,), generator=g)) for _ in range(total)] for _ in range(3)]
-    mine = sma(k, size, lambda a: allreduce(a, comm, algorithm))
+    mine = sma(k, size, *reduction(algorithm, comm))   # gloo: Delta summed on the device path
     start = mine.z.clone()
     for batches in steps:
         result = mine.step(batches[rank * k:(rank + 1) * k], StepPlace(lr=0.05))
@@ -71,10 +70,11 @@ def sma_distribution(learners_per_rank: str, compute: str = "loop", algorithm: s
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks, per_rank, compute", [(2, 2, "threads"), (3, 1, "loop")])
-def test_p_ranks_of_k_learners_equal_one_process_of_p_times_k(ranks, per_rank, compute):
-    """2 ranks x 2 learners against 1 x 4, and 3 x 1 against 1 x 3, fed the same batches."""
-    proc = mpi_run(sma_distribution, ranks, per_rank, compute, check=True)
+@pytest.mark.parametrize("ranks, per_rank, compute, algorithm", [(2, 2, "threads", "ring"), (3, 1, "loop", "gloo")])
+def test_p_ranks_of_k_learners_equal_one_process_of_p_times_k(ranks, per_rank, compute, algorithm):
+    """2 ranks x 2 learners against 1 x 4, and 3 x 1 against 1 x 3, fed the same batches; Delta summed over
+    MPI (ring), or in place through torch.distributed (gloo, the path NCCL takes on GPUs)."""
+    proc = mpi_run(sma_distribution, ranks, per_rank, compute, algorithm, check=True)
     line = next(text for text in proc.stdout.splitlines() if text.startswith("z diff"))
     _, _, z_diff, _, _, buffers_diff, _, moved, _, identical = line.split()
     assert float(z_diff) < 1e-6, line           # the same z within float tolerance

@@ -32,6 +32,22 @@ anyway; bench/probes/overlap.py measures the two (docs/library.md).
 order, on the caller's thread at :meth:`synchronize`: the sums are the same
 numbers, so the weights after N steps are identical with and without it.
 
+**On the device** (``device_reduce``, a :class:`DeviceReduce`: the
+torch.distributed group of :mod:`dimd.allreduce.group`, NCCL on GPUs and gloo
+on CPUs) there is no host copy and no communication thread: the hook that
+completes a bucket starts its collective at once, in place on the buffer's
+slice, and returns (``all_reduce(async_op=True)``, as DDP's reducer does). The
+backend runs it on a stream of its own (NCCL: it waits there for what the
+compute stream queued before the call, so the bucket's gradients are written,
+while backward goes on) or on its own threads (gloo).
+:meth:`synchronize` then waits for each bucket in order: on a GPU the
+compute stream waits (the host does not), on a CPU the caller does. The mean
+is taken in the collective where the backend can (NCCL's ``AVG``); the extras
+in the last bucket are multiplied by the ranks first, so the mean leaves them
+summed. The rules of order are the host path's: buckets start in index order,
+the extras' bucket at :meth:`synchronize`, none during backward while two
+wrappers are alive.
+
 ``at_backward_end`` (what :class:`dimd.DistributedGradients` passes: its
 synchronize) is queued with autograd on the first gradient of each
 synchronized backward pass, so it runs as ``backward()`` finishes, as DDP's
@@ -48,7 +64,7 @@ import threading
 import weakref
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -62,8 +78,29 @@ _NESTED_PASS = ("a backward pass nested in another (activation checkpointing wit
                 "first gradients and ended, so they were averaged before the enclosing pass gave the rest; "
                 "checkpoint with use_reentrant=False")
 
-#: Reduces a contiguous slice of the device buffer in place (the ``torch`` algorithm on CUDA: NCCL).
-DeviceReduce = Callable[[torch.Tensor], None]
+
+
+class Pending(Protocol):
+    """A bucket's collective in flight."""
+
+    def wait(self) -> None:
+        """Make the result visible to what the caller does next: on a GPU, the caller's current stream waits
+        for it (the host does not); on a CPU, the caller's thread waits."""
+
+
+class DeviceReduce(Protocol):
+    """What reduces buckets in place where they are (:class:`dimd.allreduce.TorchGroup`: NCCL, gloo).
+
+    ``start`` is called in bucket order, on the thread that runs backward (on a
+    GPU, autograd's), with a contiguous 1-D slice of the flat buffer: it
+    starts summing it over the ranks (``average``: their mean) and returns at
+    once; the backend orders the collective after the work already queued
+    on the caller's stream. Every rank calls it with the same slices in the
+    same order.
+    """
+
+    def start(self, tensor: torch.Tensor, average: bool = False) -> Pending:
+        ...
 
 #: The bucket when overlapping and none is asked for: big enough that per-message costs stay small,
 #: small enough that the first bucket is ready early in backward (DDP's default is 25 MiB too).
@@ -136,10 +173,10 @@ class GradientBuckets:
 
     ``reduce`` sums a contiguous float32 numpy array in place across the job
     (on a GPU, a pinned host copy of the bucket); ``device_reduce``, if given,
-    sums the device slice itself instead. ``extras`` scalars after the
-    gradients ride in the last bucket, which therefore starts only at
-    :meth:`synchronize` (the caller fills them after backward); they are
-    summed, never averaged.
+    reduces the buffer's slices where they are instead (no host copy, no
+    communication thread). ``extras`` scalars after the gradients ride in the
+    last bucket, which therefore starts only at :meth:`synchronize` (the
+    caller fills them after backward); they are summed, never averaged.
     """
 
     def __init__(self, parameters: Iterable[torch.nn.Parameter], reduce: Reduce, world_size: int, *,
@@ -147,7 +184,8 @@ class GradientBuckets:
                  device_reduce: DeviceReduce | None = None,
                  at_backward_end: Callable[[], None] | None = None) -> None:
         trainable = [p for p in parameters if p.requires_grad]
-        self.flat = FlatGradients(reversed(trainable), extras=extras, bucket_bytes=bucket_bytes)
+        self.flat = FlatGradients(reversed(trainable), extras=extras, bucket_bytes=bucket_bytes,
+                                  host_copy=device_reduce is None)
         self.parameters = self.flat.parameters   # in buffer order: last layer first
         self.reduce = reduce
         self.device_reduce = device_reduce
@@ -165,9 +203,11 @@ class GradientBuckets:
         self.sizes[-1] += 1 if extras else 0   # the extras: released by synchronize()
         self._views = [self.flat.buffer[int(o): int(o) + p.numel()].view_as(p)
                        for p, o in zip(self.parameters, self.flat.offsets)]
-        self._host = self.flat._host is not self.flat.buffer and device_reduce is None
+        self._host = self.flat._host is not self.flat.buffer
+        self._slices = [self.flat.buffer[start:stop] for start, stop in self.bounds]
         self._events: dict[int, torch.cuda.Event] = {}
         self._started: list[Future[None]] = []   # this pass's buckets on the communication thread
+        self._in_flight: list[Pending] = []      # ... or on the device_reduce's stream or threads
         self._pass_task = -1    # autograd's id of the backward pass at_backward_end is queued with
         self._ended_task = -1   # ... and of the last one that ended (ids grow: a lower one is an enclosing pass)
         self._failed = False   # a bucket's reduction raised: the later ones of the pass are skipped
@@ -240,6 +280,9 @@ class GradientBuckets:
             self._next += 1
 
     def _start(self, bucket: int) -> None:
+        if self.device_reduce is not None:
+            self._start_on_device(bucket)
+            return
         if not self.overlap:
             self._reduce_bucket(bucket)
             return
@@ -248,6 +291,16 @@ class GradientBuckets:
             event.record()
             self._events[bucket] = event
         self._started.append(communication_thread().submit(partial(self._reduce_started, bucket)))
+
+    def _start_on_device(self, bucket: int) -> None:
+        """Start the bucket's collective where the buffer is, without waiting for it."""
+        if self.world_size == 1:
+            return   # the sum over one rank is the bucket
+        assert self.device_reduce is not None
+        extras = self.bounds[bucket][1] - self.flat.numel
+        if self.average and extras > 0:   # the extras ride here: times the ranks, so the mean is their sum
+            self.flat.extras.mul_(self.world_size)
+        self._in_flight.append(self.device_reduce.start(self._slices[bucket], self.average))   # MPI: the bucket
 
     def _reduce_started(self, bucket: int) -> None:
         """On the communication thread: one bucket, unless an earlier one of this pass failed."""
@@ -267,11 +320,7 @@ class GradientBuckets:
             return   # the sum over one rank is the bucket: on a GPU this skips its copy to the host and back
         if event is not None:
             event.synchronize()
-        if self.device_reduce is not None:
-            self.device_reduce(flat.buffer[start:stop])   # MPI: the bucket summed over ranks (on the device)
-            if self.average:
-                flat.buffer[start:min(stop, flat.numel)].div_(self.world_size)
-            return
+        assert flat.host_array is not None   # made with a host copy: no device_reduce
         if self._host:
             flat._host[start:stop].copy_(flat.buffer[start:stop])
         self.reduce(flat.host_array[start:stop])   # MPI: the bucket summed over ranks
@@ -304,7 +353,7 @@ class GradientBuckets:
                     else:
                         view.copy_(grad)
                     parameter.grad = view
-            if not self.overlap:
+            if not self.overlap and self.device_reduce is None:
                 _drain_other_reductions()
             self._pending = [0] * len(self.bounds)
             self._start_ready()
@@ -314,7 +363,10 @@ class GradientBuckets:
             self._reset()
 
     def _wait_started(self) -> None:
-        """Wait for this pass's buckets on the communication thread; re-raise the first error."""
+        """Wait for this pass's buckets (on the communication thread, or on the device); re-raise the first error."""
+        in_flight, self._in_flight = self._in_flight, []
+        for pending in in_flight:
+            pending.wait()   # MPI: the bucket's collective, in start order
         started, self._started = self._started, []
         errors = [error for error in (done.exception() for done in started) if error is not None]
         self._failed = False

@@ -96,7 +96,7 @@ class TrainConfig:
     zero_init_residual: bool = False
     groups: int = 1
     shuffle_every: int | None = 0         # steps; 0: at every epoch start; None: never
-    allreduce: str | None = None          # None: the fastest measured at start-up
+    allreduce: str | None = None          # None: nccl on GPUs where it can run, else the fastest measured at start-up
     bucket_mb: float | None = None        # None: DEFAULT_BUCKET_MB with overlap, else one message; 0: one message
     overlap: bool | None = None           # S-SGD: reduce buckets during backward; None: where a core or GPU is free
     device: str = "auto"
@@ -174,6 +174,8 @@ class TrainConfig:
                 "gpu needs a GPU: leave out `device` cpu (or decode on the cpu)")
         require(self.decode == "cpu" or self.read_from == "memory", "decode",
                 "gpu decodes the records held in memory: leave out `read_from`")
+        require(self.allreduce != "nccl" or self.device != "cpu", "allreduce",
+                "nccl reduces on GPUs: with `device` cpu name gloo (the same path on the CPU) or a host algorithm")
         require(self.files_root is None or self.read_from != "memory", "files_root",
                 "is where `read_from` files or files-cold finds the original images; give one of those too")
 

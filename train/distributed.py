@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dimd.allreduce import device_group
 from dimd.errors import DimdError
 from dimd.private_apis import graph_task_id
 from dimd.stall import STALL_TIMEOUT_S, stall_timeout_problem, watch_job
@@ -39,8 +40,10 @@ class DistributedGradients:
 
     ``algorithm``: a name of :data:`dimd.allreduce.ALGORITHMS`, or ``auto``
     (the fastest measured now for one bucket, among those needing only MPI);
-    ``torch`` uses the ``torch.distributed`` group the caller initialised (on
-    CUDA tensors it reduces on the device). ``bucket_mb``: bucket size (0: one
+    ``nccl`` (GPUs) and ``gloo`` (CPUs) start torch.distributed's group from
+    ``comm`` (no MASTER_ADDR or MASTER_PORT to set) and reduce the buckets in
+    place on the device, no host copy and no communication thread; ``torch``
+    does the same on the group the caller initialised. ``bucket_mb``: bucket size (0: one
     bucket). ``overlap``: reduce each bucket on the communication thread as
     soon as backward completes it; False reduces them all as backward ends,
     with the same numbers. Either way ``backward()`` returns once every
@@ -75,7 +78,7 @@ class DistributedGradients:
             raise DimdError(f"bucket_mb must be 0 (one bucket) or more, got {bucket_mb}")
         if algorithm != "auto":
             get_algorithm(algorithm).resolve(options)   # the one-line error for a bad name or option
-        on_device = next((p.device.type != "cpu" for p in model.parameters() if p.requires_grad), False)
+        device = next((p.device for p in model.parameters() if p.requires_grad), torch.device("cpu"))
         self.model = model
         self.comm = comm
         self.world_size = comm.Get_size()
@@ -91,21 +94,17 @@ class DistributedGradients:
         self.algorithm = (_fastest(min(bucket_bytes or trainable, trainable), comm, list(STANDALONE))
                           if algorithm == "auto" else algorithm)
         self.options = options
-        device_reduce = None
-        if self.algorithm == "torch":
-            from dimd.allreduce.torchdist import all_reduce_tensor, process_group_ready
-
-            process_group_ready()
-            device_reduce = all_reduce_tensor if on_device else None
-        elif overlap or on_device:   # on a GPU, autograd may run the end of backward on its own thread
-            _check_thread_level()
+        # nccl, gloo: the group started now from MPI; torch: the caller's (a line when there is none)
+        self.group = device_group(self.algorithm, comm, device, stall_timeout=stall_timeout)
+        if self.group is None and (overlap or device.type != "cpu"):   # on a GPU, autograd may end backward on
+            _check_thread_level()                                     # a thread of its own, and call MPI there
         if get_algorithm(self.algorithm).point_to_point and self.world_size > 1:
             from dimd.allreduce.buffers import private_comm
 
             private_comm(comm)   # MPI: made now, on this thread, not first on the communication thread
         self.buckets = GradientBuckets(model.parameters(), self._reduce, self.world_size,
                                        bucket_bytes=bucket_bytes, overlap=overlap, average=average,
-                                       device_reduce=device_reduce, at_backward_end=self.synchronize)
+                                       device_reduce=self.group, at_backward_end=self.synchronize)
         self._step_hooks = ([optimizer.register_step_pre_hook(lambda *_: self.synchronize()),
                              optimizer.register_step_post_hook(lambda *_: self._consumed())]
                             if optimizer is not None else [])
@@ -207,12 +206,15 @@ class DistributedGradients:
         if self.buckets.pass_open:   # the last backward pass raised
             self._drop_raised_pass()
         self.buckets.close()
+        if self.group is not None:
+            self.group.close()
         self._watchdog.__exit__()
 
     def describe(self) -> dict[str, Any]:
         """What was chosen, for a run's JSON."""
         return {"algorithm": self.algorithm, "buckets": self.buckets.buckets, "overlap": self.overlap,
-                "gradient_bytes": self.buckets.flat.numel * 4}
+                "gradient_bytes": self.buckets.flat.numel * 4,
+                "reduced": f"on the device ({self.group.backend})" if self.group is not None else "over MPI"}
 
 
 def average_buffers(model: nn.Module, comm: Any) -> None:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Generator, Iterator
 import numpy as np
 import torch
 
+from dimd.allreduce import device_group
 from dimd.errors import DimdError
 from dimd.mpi import agree_or_raise, agreed
 from dimd.shuffle.memory import describe_ranks, gather_rank_memory
@@ -184,16 +185,24 @@ def calibration_source(config: TrainConfig, store: Any, device: torch.device, wo
                                           pin_memory=device.type == "cuda", crop_scale=config.crop_scale))
 
 
-def choose_allreduce(config: TrainConfig, nbytes: int, comm) -> tuple[str, dict[str, Any]]:
-    """The requested algorithm, or the fastest measured now for this message size."""
+def choose_allreduce(config: TrainConfig, nbytes: int, comm, device: torch.device) -> tuple[str, dict[str, Any]]:
+    """Collective: the requested algorithm; or on GPUs nccl, where every rank has a GPU of its own and NCCL;
+    else the fastest measured now for this message size. Also how it was chosen, and why not nccl."""
     if config.allreduce is not None:  # TrainConfig checked the name
         return config.allreduce, {"how": "requested"}
     if comm.Get_size() == 1:
         return "mpi", {"how": "single rank"}
+    choice: dict[str, Any] = {}
+    if device.type == "cuda":
+        from dimd.allreduce import nccl_problem
+
+        choice["not_nccl"] = nccl_problem(comm, device)   # MPI: every rank's GPU and torch build
+        if choice["not_nccl"] is None:
+            return "nccl", {"how": "the default on GPUs: every rank has a GPU of its own and NCCL is available"}
     from dimd.allreduce import choose_fastest
 
-    return choose_fastest(nbytes, comm, np.float32), {"how": "fastest measured at start-up",
-                                                       "bytes": nbytes}
+    return choose_fastest(nbytes, comm, np.float32), {"how": "fastest measured at start-up", "bytes": nbytes,
+                                                       **choice}
 
 
 def overlap_choice(config: TrainConfig, device: torch.device, comm: Any, graphs: bool = False) -> bool:
@@ -262,10 +271,13 @@ def make_reducer(algorithm: str, comm) -> Reduce:
 def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
                   world_size: int, normalize: Any, batches_per_epoch: int, overlap: bool = False,
                   calibration: Callable[[int, int], Iterator[Any]] | None = None,
-                  precision: Any = None, graphs: GraphChoice | None = None) -> Strategy:
+                  precision: Any = None, graphs: GraphChoice | None = None,
+                  device_reduce: Any = None) -> Strategy:
     """S-SGD or SMA over ``model`` (which SMA makes its central model z), as ``config.sync`` says;
     ``overlap``: S-SGD reduces gradient buckets during backward; ``calibration``: the training
-    batches SMA recomputes z's batch-norm statistics on; ``graphs``: the steps replay as CUDA graphs."""
+    batches SMA recomputes z's batch-norm statistics on; ``graphs``: the steps replay as CUDA graphs;
+    ``device_reduce``: the torch.distributed group that reduces the gradients (S-SGD) or Delta (SMA) in
+    place on the device, instead of ``reduce``."""
     cfg = config
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -287,7 +299,8 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
                          sync_every=sma.sync_every, compute=sma.learner_compute,
                          normalize=normalize, threads=torch.get_num_threads(),
                          autotune_threshold=sma.autotune_threshold,
-                         max_learners=batches_per_epoch, synchronize=sync, calibration=calibration, **extra)
+                         max_learners=batches_per_epoch, synchronize=sync, calibration=calibration,
+                         device_reduce=device_reduce, **extra)
     from dimd.train.sgd import SSGD, make_optimizer
 
     optimizer = make_optimizer(model, lr=cfg.lr, momentum=cfg.momentum,
@@ -306,7 +319,8 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
                            bucket_bytes=cfg.bucket_bytes(False), normalize=normalize, synchronize=sync, noise=noise,
                            precision=precision, rule=graphs.rule)
     return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
-                normalize=normalize, synchronize=sync, noise=noise, overlap=overlap, precision=precision)
+                normalize=normalize, synchronize=sync, noise=noise, overlap=overlap, precision=precision,
+                device_reduce=device_reduce)
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -390,14 +404,16 @@ class Trainer:
         self.model_info = {"name": cfg.model, "parameters": parameter_count(self.model),
                            "gradient_bytes": nbytes, "classes": len(self.store.classes), **recorded_source(cfg.model)}
         # MPI: the allreduce algorithm, measured for this message size if not given
-        self.algorithm, self.algorithm_choice = choose_allreduce(cfg, nbytes, comm)
+        self.algorithm, self.algorithm_choice = choose_allreduce(cfg, nbytes, comm, self.device)
         self.graphs = graphs_choice(cfg, self.device, self.model, comm, graph_backend)   # MPI: agreed
         self.overlap = overlap_choice(cfg, self.device, comm, self.graphs.on)
         self.algorithm_choice["overlap"] = self.overlap
+        #: nccl, gloo: torch.distributed's group, started from MPI (the rendezvous within the stall timeout)
+        self.group = device_group(self.algorithm, comm, self.device, stall_timeout=cfg.stall_timeout)
         self.calibration = calibration_source(cfg, self.store, self.device, workers) if cfg.sync == "sma" else None
         self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
                                                 self.normalize, self.batches_per_epoch, self.overlap,
-                                                self.calibration, self.precision, self.graphs)
+                                                self.calibration, self.precision, self.graphs, self.group)
         self.fit_prefetch()
 
         # -- schedule
@@ -447,6 +463,8 @@ class Trainer:
             if self.calibration is not None:
                 self.calibration.close()
             self.strategy.close()
+            if self.group is not None:
+                self.group.close()
         return self.result(replicas_identical)
 
     def train_epoch(self) -> None:

@@ -24,7 +24,9 @@ class FlatGradients:
     """One buffer: ``[grad_0 | grad_1 | ... | grad_n | extras]``, float32."""
 
     def __init__(self, parameters: Iterable[torch.nn.Parameter], *, extras: int = 0,
-                 bucket_bytes: int = 0, dtype: torch.dtype = torch.float32) -> None:
+                 bucket_bytes: int = 0, dtype: torch.dtype = torch.float32, host_copy: bool = True) -> None:
+        """``host_copy``: on a GPU, keep a pinned host copy for dimd's allreduces, which sum CPU buffers
+        (False: the buffer is reduced where it is, on the device)."""
         self.parameters = [p for p in parameters if p.requires_grad]
         if not self.parameters:
             raise ValueError("the model has no trainable parameters")
@@ -41,9 +43,9 @@ class FlatGradients:
         self.grads = self.buffer[: self.numel]
         self.extras = self.buffer[self.numel:]
         # On a GPU the allreduce runs on a pinned host copy (dimd.allreduce sums CPU buffers).
-        self._host = (self.buffer if device.type == "cpu" else
+        self._host = (self.buffer if device.type == "cpu" or not host_copy else
                       torch.empty(self.buffer.shape, dtype=dtype, pin_memory=True))
-        self.host_array: np.ndarray = self._host.numpy()
+        self.host_array: np.ndarray | None = self._host.numpy() if self._host.device.type == "cpu" else None
         self.bucket_bounds = bucket_bounds(ends, self.numel + extras, bucket_bytes, self.buffer.element_size())
         self.attach()
 
@@ -75,6 +77,8 @@ class FlatGradients:
         """
         if not self.attached():
             raise RuntimeError("a gradient left the flat buffer (was zero_grad(set_to_none=True) called?)")
+        if self.host_array is None:
+            raise RuntimeError("these flat gradients have no host copy to reduce (made with host_copy=False)")
         if self._host is not self.buffer:
             self._host.copy_(self.buffer)
         for start, stop in self.bucket_bounds:

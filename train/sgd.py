@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from dimd.shuffle.normalize import Normalize
-from dimd.train.buckets import GradientBuckets
+from dimd.train.buckets import DeviceReduce, GradientBuckets
 from dimd.train.flatgrad import Reduce
 from dimd.train.noise import NoiseScale
 from dimd.train.precision import Precision
@@ -63,6 +63,9 @@ class SSGD:
     goes on (off with ``noise``, whose local |g|^2 needs every gradient before
     any is reduced); the weights are the same either way (docs/library.md).
 
+    ``device_reduce``: reduce the buckets in place on their device (NCCL, gloo;
+    :class:`~dimd.train.buckets.DeviceReduce`) instead of with ``reduce``.
+
     ``noise``: estimate McCandlish et al.'s gradient noise scale as a side
     effect of every step (needs ``world_size`` >= 2): each rank puts its own
     |g|^2 into the extras tail, so the allreduce that sums the gradients also
@@ -76,7 +79,8 @@ class SSGD:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduce: Reduce,
                  world_size: int, *, bucket_bytes: int = 0, normalize: Normalize | None = None,
                  synchronize: Callable[[], None] | None = None, noise: NoiseScale | None = None,
-                 overlap: bool = False, precision: Precision | None = None) -> None:
+                 overlap: bool = False, precision: Precision | None = None,
+                 device_reduce: DeviceReduce | None = None) -> None:
         if noise is not None and world_size < 2:
             raise ValueError("the gradient noise scale needs at least 2 ranks")
         self.noise = noise
@@ -88,7 +92,7 @@ class SSGD:
         # 16-mixed unscales every gradient and notes an overflow before any bucket is reduced: no overlap.
         overlap = overlap and noise is None and self.precision.loss_scale is None
         self.buckets = GradientBuckets(model.parameters(), reduce, world_size, extras=EXTRAS, bucket_bytes=bucket_bytes,
-                                       overlap=overlap)
+                                       overlap=overlap, device_reduce=device_reduce)
         self.flat = self.buckets.flat
         self.normalize = normalize
         self._sync = synchronize or (lambda: None)

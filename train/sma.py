@@ -39,6 +39,7 @@ from torch import nn
 
 from dimd.train.autotune import AutoTuner
 from dimd.train.batchnorm import recompute_batch_norm
+from dimd.train.buckets import DeviceReduce
 from dimd.train.flatgrad import Reduce
 from dimd.train.learners import Learners
 from dimd.train.sgd import decays, identical_across_ranks
@@ -80,15 +81,17 @@ class SMA:
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int = 1,
                  autotune_threshold: float = 0.1, autotune_window: float = 2.0, max_learners: int = 64,
                  synchronize: Callable[[], None] | None = None, calibration: Calibration | None = None,
-                 calibration_images: int = CALIBRATION_IMAGES) -> None:
+                 calibration_images: int = CALIBRATION_IMAGES, device_reduce: DeviceReduce | None = None) -> None:
         """``learners`` None: the auto-tuner chooses; ``alpha`` None: 1/L (L = all learners, the
         paper's suggestion); ``central_momentum`` None: 0 (the authors hard-coded 0.9, which on top of
         the learners' momentum at alpha 1/L is unstable at rates one sixth of the usual, docs/sma.md);
         ``sync_every``: learner steps per synchronisation (the epoch's last step synchronises
         too); ``calibration``: training batches that z's batch-norm statistics are
-        recomputed on (None: the learners' statistics averaged)."""
+        recomputed on (None: the learners' statistics averaged); ``device_reduce``: sum Delta in place on
+        the learners' device (NCCL on GPUs, gloo on CPUs) instead of with ``reduce``."""
         self.model = model
         self.reduce = reduce
+        self.device_reduce = device_reduce
         self.world_size = world_size
         self.alpha_given = alpha
         self.momentum = momentum
@@ -115,9 +118,10 @@ class SMA:
         self.delta = self.message[:n]
         self.extras = self.message[n:]
         self.delta_prev = torch.zeros(n, device=device)
-        # On a GPU the allreduce runs on a pinned host copy (dimd.allreduce sums CPU buffers).
-        self._host = self.message if device.type == "cpu" else torch.empty(n + EXTRAS, pin_memory=True)
-        self._host_array = self._host.numpy()
+        # On a GPU dimd's allreduces run on a pinned host copy (they sum CPU buffers); a device_reduce needs none.
+        on_host = device.type == "cpu" or device_reduce is not None
+        self._host = self.message if on_host else torch.empty(n + EXTRAS, pin_memory=True)
+        self._host_array = self._host.numpy() if device_reduce is None else None
         self.pending = np.zeros(3)            # this rank's loss sum, hits, samples since the last sync
         self.syncs = 0
         self.since_sync = 0                   # learner steps since the last synchronisation (every rank alike)
@@ -247,7 +251,13 @@ class SMA:
         return extras
 
     def _reduce_message(self) -> None:
-        """Collective: the message (Delta and the extras) summed over the ranks, through a host copy on a GPU."""
+        """Collective: the message (Delta and the extras) summed over the ranks: in place on the device through
+        ``device_reduce``, else by ``reduce``, through a host copy on a GPU."""
+        if self.device_reduce is not None:
+            if self.world_size > 1:
+                self.device_reduce.start(self.message).wait()   # MPI: Delta summed over every learner, on the device
+            return
+        assert self._host_array is not None
         if self._host is not self.message:
             self._host.copy_(self.message)
         self.reduce(self._host_array)                    # MPI: Delta summed over every learner of every rank

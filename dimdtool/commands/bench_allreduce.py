@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import click
 
 from dimd.allreduce.api import STANDALONE
-from dimd.allreduce.bench import DTYPE_NAMES, PEERS, BenchConfig
+from dimd.allreduce.bench import COPY_ROW, DEVICES, DTYPE_NAMES, PEERS, BenchConfig
 from dimd.commands.mpi_job import mpi_command
 from dimd.options import (SIZE, NameListType, RegistryChoice, build_config, config_option, json_option,
                           stall_timeout_option)
@@ -29,6 +30,23 @@ def idle_ranks(mpi_setup) -> str:
     if mpi_setup.yield_when_idle:
         return "mpi_yield_when_idle on"
     return "idle ranks poll"
+
+
+def cuda_problem() -> str | None:
+    """Why this rank cannot time device buffers, or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return (f"--device cuda: no CUDA device on {socket.gethostname()} "
+                f"(torch {torch.__version__}); time host buffers without --device cuda")
+    return None
+
+
+def device_name() -> str:
+    import torch
+
+    return f"{torch.cuda.get_device_name()}, torch {torch.__version__}, NCCL " + ".".join(
+        map(str, torch.cuda.nccl.version()))
 
 
 def _columns() -> str:
@@ -67,6 +85,10 @@ def _line(row) -> str:
                     "the wrong elements (summed over ranks) in #wrong; exit 1 if any.")
 @config_option(BenchConfig, "peer", type=click.Choice(PEERS),
                help="Also time torch.distributed all_reduce (gloo backend) in the same job.")
+@config_option(BenchConfig, "device", type=click.Choice(DEVICES),
+               help=f"cuda: buffers in each rank's GPU (one per rank of a node): NCCL's allreduce in device memory, "
+                    f"the copy to pinned host memory and back alone ({COPY_ROW}), and each algorithm with those "
+                    f"copies around it, what a GPU rank pays for a host allreduce. Without CUDA: one line, exit 2.")
 @click.option("--model", type=RegistryChoice(_models), default=None,
               help="Also time a message of this model's gradient size (float32, as `dimd train` "
                    "allreduces it; `dimd train --list-models`).")
@@ -92,6 +114,7 @@ def bench_allreduce(json_path: Path | None, model: str | None, classes: int | No
       mpirun -n 4 dimd bench-allreduce --check
       mpirun -n 2 dimd bench-allreduce -a mpi,ring,multicolor -b 64K -e 64M --peer gloo --json ar.json
       mpirun -n 3 dimd bench-allreduce -b 64K -e 16M -f 4 --model resnet20 --json ar-P3.json
+      mpirun -n 8 dimd bench-allreduce --device cuda -a mpi,ring,multicolor -b 1M -e 256M --json gpu.json
     """
     from dimd.allreduce.bench import run_bench
     from dimd.errors import DimdError
@@ -113,6 +136,13 @@ def bench_allreduce(json_path: Path | None, model: str | None, classes: int | No
                                      f"as dimd train allreduces them", param_hint="'--model'")
     config = build_config(BenchConfig, extra_sizes=(gradient_bytes,) if gradient_bytes is not None else (),
                           **fields)
+    if config.device == "cuda":
+        from dimd.train.hardware import pick_device
+
+        missing = comm.allgather(cuda_problem())   # MPI: every rank's own GPU, or the first rank's reason
+        if any(missing):
+            raise click.UsageError(next(problem for problem in missing if problem))   # every rank: exit 2, one line
+        pick_device("cuda", comm)   # MPI: one GPU per rank of a node, by node-local rank
     root = comm.Get_rank() == 0
     size = comm.Get_size()
     library = " ".join(mpi_setup.library_version.split())
@@ -128,6 +158,9 @@ def bench_allreduce(json_path: Path | None, model: str | None, classes: int | No
                    f"{config.segment_bytes or 'auto'}")
         if model is not None:
             click.echo(f"# {model}'s gradients: {gradient_bytes} bytes, timed with the sweep")
+        if config.device == "cuda":
+            click.echo(f"# device buffers ({device_name()}): nccl sums in device memory; {COPY_ROW} is the copy "
+                       f"to pinned host memory and back alone; every other row includes those copies")
         click.echo(_columns())
 
     def on_row(row) -> None:

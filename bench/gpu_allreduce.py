@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""What a host allreduce costs a GPU rank, and what NCCL costs instead: the device checks, in one go.
+
+    python bench/gpu_allreduce.py            # about 10 minutes on one GPU; needs CUDA
+    python bench/gpu_allreduce.py --quick    # a smoke test of the pipeline (about 3 minutes)
+
+Without a CUDA device it prints one line and exits 2. On one GPU, one rank:
+
+* ``bench-allreduce --device cuda``: per size (1 MiB to 256 MiB, and resnet50's gradients), NCCL's
+  allreduce in device memory, the copy to pinned host memory and back alone (``d2h+h2d``: what one
+  rank pays on the host path, with nothing to sum), and the host algorithms with those copies;
+* ``dimd train --device cuda`` one rank, today's way (the default: one rank sums nothing and skips
+  the reduction) against ``--allreduce nccl`` (the group started from MPI, its buckets on the device),
+  runs interleaved, images/s the median of each run's epochs after the first. The target: nccl at
+  least 0.98x the default.
+
+The JSON (gpu_allreduce.json in the results folder) names the GPU, torch, CUDA and NCCL; the figure
+joins the gallery (bench/reproduce.py, opt-in). The tests that need a GPU are
+``pytest -m cuda tests/test_cuda.py`` (among them a one-rank NCCL run and this table's command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from typing import Any
+
+from _common import RESULTS, Context, JobError, Reproduction, dimd_job, sample_set, spread
+
+FULL = {"model": "resnet50", "precision": "bf16-mixed", "image_size": 224, "batch_size": 128, "epochs": 3,
+        "runs": 3, "classes": 10, "per_class": 300, "val_per_class": 10, "min_bytes": 1 << 20,
+        "max_bytes": 256 << 20, "factor": 4, "algorithms": "mpi,ring,multicolor"}
+QUICK = {"model": "resnet18", "per_class": 40, "epochs": 2, "runs": 1, "max_bytes": 16 << 20}
+SETUPS = ("default (one rank skips the reduction)", "--allreduce nccl")
+
+
+def no_cuda_line() -> str | None:
+    """Why this benchmark cannot run here (one line), or None on a CUDA machine."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (f"bench/gpu_allreduce.py measures on a GPU: this machine has no CUDA device (torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda or 'not built in'})")
+
+
+def device_versions() -> dict[str, Any]:
+    import torch
+
+    return {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+
+
+def steady(history: list[dict[str, Any]]) -> float:
+    """A run's images/s: the median of its epochs after the first (start-up and warm-up)."""
+    epochs = history[1:] or history
+    return statistics.median(e["images_per_s"] for e in epochs)
+
+
+def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
+    problem = no_cuda_line()
+    if problem:
+        raise JobError(problem)
+    from dimd.host import available_cores
+
+    p = ctx.size(FULL, QUICK)
+    p["workers"] = max(1, available_cores() - 2)    # decoding processes: the cores but two
+    ctx.log("bench-allreduce --device cuda, one rank")
+    table = dimd_job(["bench-allreduce", "--device", "cuda", "-a", p["algorithms"], "-b", p["min_bytes"],
+                      "-e", p["max_bytes"], "-f", p["factor"], "--model", "resnet50", "--check"],
+                     ctx.folder() / "bench_allreduce_cuda.json", ranks=1)["result"]
+    data = sample_set(p["classes"], p["per_class"], p["val_per_class"], log=ctx.log)
+    runs: dict[str, list[float]] = {setup: [] for setup in SETUPS}
+    choices: dict[str, Any] = {}
+    for run in range(p["runs"]):           # interleaved: the machine's drift hits both alike
+        for setup in SETUPS:
+            ctx.log(f"run {run + 1}/{p['runs']}: {setup}")
+            extra = ["--allreduce", "nccl"] if "nccl" in setup else []
+            doc = dimd_job(["train", data.train, "--val", data.val, "--model", p["model"], "--precision",
+                            p["precision"], "--device", "cuda", "--decode-workers", p["workers"],
+                            "--image-size", p["image_size"], "--batch-size", p["batch_size"], "--epochs",
+                            p["epochs"], "--lr", 0.1, "--schedule", "constant", *extra],
+                           ctx.folder() / f"train_{'nccl' if extra else 'default'}_run{run}.json", ranks=1)
+            runs[setup].append(steady(doc["result"]["history"]))
+            choices[setup] = {"allreduce": doc["result"]["allreduce"],
+                              "how": doc["result"]["allreduce_choice"]["how"]}
+    ratio = spread(n / d for n, d in zip(runs[SETUPS[1]], runs[SETUPS[0]]))
+    figures = {"table": table, "train": {s: spread(v) for s, v in runs.items()}, "choices": choices,
+               "nccl_over_default": ratio, "records": data.records, **device_versions()}
+    return p, figures
+
+
+def plot(envelope: dict[str, Any]) -> Any:
+    import plotting
+
+    result = envelope["result"]
+    fig, axes = plotting.figure(1, 2, width=6.4, height=4.2, gridspec_kw={"width_ratios": [3, 1]})
+    ax, ax_train = axes[0]
+    rows = result["table"]["rows"]
+    for i, name in enumerate(dict.fromkeys(r["algorithm"] for r in rows)):
+        mine = sorted((r["bytes"], r["time_us"] / 1000) for r in rows if r["algorithm"] == name and r["bytes"])
+        ax.plot([b / 2**20 for b, _ in mine], [t for _, t in mine], marker="o", label=name,
+                color=plotting.color(name, i), linestyle="--" if name == "d2h+h2d" else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message (MiB), device buffers")
+    ax.set_ylabel("time per allreduce (ms), one rank")
+    ax.set_title("what a GPU rank pays")
+    ax.legend(fontsize=7)
+    setups = list(result["train"])
+    plotting.bars(ax_train, list(range(len(setups))), [result["train"][s] for s in setups], width=0.6,
+                  label=None, color_=plotting.color("dimd", 0))
+    ax_train.set_xticks(range(len(setups)), ["default", "nccl"])
+    ax_train.set_ylabel("training images/s, one GPU")
+    return fig
+
+
+def findings(envelope: dict[str, Any]) -> str:
+    result, p = envelope["result"], envelope["parameters"]
+    rows = result["table"]["rows"]
+    copies = sorted((r["bytes"], r["time_us"]) for r in rows if r["algorithm"] == "d2h+h2d" and r["bytes"])
+    biggest = copies[-1] if copies else (0, 0.0)
+    gradient = result["table"].get("gradient_bytes")
+    at_gradient = next((t for b, t in copies if b == gradient), None)
+    train = result["train"]
+    ratio = result["nccl_over_default"]
+    return (f"On {result['gpu']} (torch {result['torch']}, CUDA {result['cuda']}, NCCL {result['nccl']}), one "
+            f"rank. The copy to the host and back alone takes {biggest[1] / 1000:.2f} ms for "
+            f"{biggest[0] / 2**20:.0f} MiB"
+            + (f" and {at_gradient / 1000:.2f} ms for resnet50's {gradient / 2**20:.1f} MiB of gradients"
+               if at_gradient is not None else "")
+            + f". {p['model']} {p['precision']} at batch {p['batch_size']}, {p['runs']} run(s) of {p['epochs']} "
+            f"epochs (the first not counted): "
+            + ", ".join(f"{s} {v['median']:,.0f} images/s" for s, v in train.items())
+            + f"; nccl / default {ratio['median']:.3f}x ({ratio['min']:.3f}-{ratio['max']:.3f}; target at "
+              f"least 0.98x).")
+
+
+REPRODUCTION = Reproduction(
+    name="gpu_allreduce",
+    title="What a host allreduce costs a GPU rank: the copies, and NCCL instead",
+    claim=("(DIMD's figure 5 with a modern row.) A GPU rank that sums its gradients on the host pays a copy "
+           "to the host and back on top of the host algorithm; NCCL sums them in device memory. On one GPU "
+           "the table shows the copies' cost per size, and dimd train with `--allreduce nccl` should train "
+           "at least 0.98x as fast as the one-rank run that skips the reduction."),
+    measure=measure, plot=plot, findings=findings, minutes=10.0, default=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke test of the pipeline, not a result")
+    for name in ("runs", "epochs", "per_class"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, help=f"default {FULL[name]}")
+    parser.add_argument("--model", help=f"default {FULL['model']}")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    FULL.update({name: getattr(args, name) for name in ("runs", "epochs", "per_class", "model")
+                 if getattr(args, name)})
+    problem = no_cuda_line()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    import reproduce
+
+    reproduce.measure_one(REPRODUCTION, args.quick, RESULTS)
+    try:
+        png = reproduce.draw_one(REPRODUCTION, RESULTS)
+        reproduce.write_readme(reproduce.registry(), RESULTS)
+        print(f"{png} and bench/README.md written", file=sys.stderr)
+    except (ImportError, SystemExit) as exc:   # no matplotlib / pillow-simd on this machine
+        print(f"{RESULTS / 'gpu_allreduce.json'} written; the figure needs the plotting extras ({exc}): run "
+              f"`.venv/bin/python bench/reproduce.py --plot-only gpu_allreduce` where `make plots-setup` ran",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

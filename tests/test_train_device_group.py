@@ -1,0 +1,68 @@
+"""Which allreduce `dimd train` takes on GPUs, and what it refuses: NCCL where every rank has a GPU of its own."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import invoke_dimd, mpi_run
+from mpi_case import case, say, world
+
+from dimd.errors import ConfigError
+from dimd.train.config import TrainConfig
+
+
+@case
+def nccl_by_default_where_every_rank_has_its_gpu() -> None:
+    """``dimd train``'s choice of allreduce on GPUs, with the GPUs faked (torch.device("cuda", i) and NCCL said
+    to be there): nccl where every rank has a GPU of its own, the fastest host algorithm (and why) where two
+    ranks share one or the build has no NCCL. Rank 0 prints one JSON line per case::
+
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py nccl_by_default_where_every_rank_has_its_gpu
+    """
+    import torch
+    import torch.distributed as dist
+
+    from dimd.train.config import TrainConfig
+    from dimd.train.engine import choose_allreduce
+
+    comm = world()
+    rank = comm.Get_rank()
+    config = TrainConfig(train="unused", val="unused")
+    build_has_nccl = dist.is_nccl_available()
+    choices = {}
+    dist.is_nccl_available = lambda: True
+    try:
+        choices["own"] = choose_allreduce(config, 4096, comm, torch.device("cuda", rank))
+        choices["shared"] = choose_allreduce(config, 4096, comm, torch.device("cuda", 0))
+    finally:
+        dist.is_nccl_available = lambda: build_has_nccl
+    if not build_has_nccl:
+        choices["no_nccl"] = choose_allreduce(config, 4096, comm, torch.device("cuda", rank))
+    choices["cpu"] = choose_allreduce(config, 4096, comm, torch.device("cpu"))
+    if rank == 0:
+        for name, (algorithm, choice) in choices.items():
+            say(json.dumps({"case": name, "algorithm": algorithm, **choice}))
+
+
+@pytest.mark.mpi
+def test_nccl_is_the_default_where_every_rank_has_a_gpu_of_its_own_and_the_json_says_why_not_elsewhere():
+    proc = mpi_run(nccl_by_default_where_every_rank_has_its_gpu, 2, timeout=120, check=True)
+    choices = {line["case"]: line for line in map(json.loads, proc.stdout.splitlines())}
+    assert choices["own"] == {"case": "own", "algorithm": "nccl",
+                              "how": "the default on GPUs: every rank has a GPU of its own and NCCL is available"}
+    shared = choices["shared"]
+    assert shared["how"] == "fastest measured at start-up" and shared["algorithm"] not in ("nccl", "gloo", "torch")
+    assert shared["not_nccl"].startswith("ranks 0 and 1 on ") and "share GPU 0" in shared["not_nccl"]
+    if "no_nccl" in choices:   # a torch build without NCCL (this project's CPU build)
+        assert "has no NCCL" in choices["no_nccl"]["not_nccl"]
+    assert "not_nccl" not in choices["cpu"]   # on CPUs nccl is not a candidate: nothing to explain
+
+
+def test_nccl_on_the_cpu_is_refused_naming_gloo():
+    with pytest.raises(ConfigError, match="nccl reduces on GPUs: with `device` cpu name gloo"):
+        TrainConfig(train="t", val="v", allreduce="nccl", device="cpu")
+    proc = invoke_dimd("train", "t", "--val", "v", "--allreduce", "nccl", "--device", "cpu")
+    assert proc.returncode == 2
+    assert "Invalid value for '--allreduce': nccl reduces on GPUs: with --device cpu name gloo" in proc.stderr
