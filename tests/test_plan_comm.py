@@ -95,8 +95,9 @@ def message_counts():
 
 def test_every_algorithm_the_planner_may_choose_has_a_cost_model_and_only_those():
     """The planner models what dimd.allreduce registers: every algorithm that runs on a communicator
-    alone (what choose_fastest and bench-allreduce's 'all' sweep over), and nothing else."""
-    assert sorted(COST_MODELS) == sorted(STANDALONE)
+    alone (what choose_fastest and bench-allreduce's 'all' sweep over), and nccl, whose rows
+    bench-allreduce --device cuda times; nothing else (not gloo, nor the caller's torch group)."""
+    assert sorted(COST_MODELS) == sorted([*STANDALONE, "nccl"])
     assert set(COUNTED) == set(STANDALONE) - {"mpi"} and len(COUNTED) >= 7
 
 
@@ -261,3 +262,24 @@ def test_default_holdout_and_prediction_ranks():
     assert default_holdout([2, 3]) == (3,)
     assert prediction_ranks([3, 5], 16) == [1, 2, 3, 4, 5, 8, 16]
     assert prediction_ranks([2], 1000)[-2:] == [512, 1000]
+
+
+def test_nccl_rows_of_device_buffers_are_fitted_and_their_host_rows_with_copies_skipped():
+    """bench-allreduce --device cuda at P = 2, 4, 8: nccl's rows fit its ring law with a GPU per rank (the host's
+    few cores do not stretch them); the host algorithms' rows there include the copies and are skipped."""
+    nccl = np.array([0.7e-6, 1.06e-12, 0.0, 0.0])         # ~470 GB/s of bus bandwidth, a few us per step
+    docs = []
+    for p in (2, 4, 8):
+        doc = bench_document(p, {"nccl": nccl, "ring": np.array([10e-6, 0.3e-9, 0.1e-9, 0.0])},
+                             gradient_bytes=102_228_128, noise=0.01, seed=p)
+        doc["parameters"]["device"] = "cuda"
+        doc["mpi"]["cores"] = 2                           # 8 ranks on 2 cores: no matter, each has a GPU
+        docs.append((f"gpu-P{p}.json", doc))
+    results = load_bench_results(docs)
+    assert {s.algorithm for s in results.samples} == {"nccl"} and all(s.job_cores is None for s in results.samples)
+    assert results.skipped["ring on device buffers"] == "includes the copies between device and host: no cost model"
+    figures = fit_algorithms(results, CommFitConfig(files=("x",), max_ranks=64))
+    fit = figures["algorithms"]["nccl"]
+    assert fit["holdout"]["max_abs_error"] < 0.05 and fit["formula"].endswith("(NCCL's ring, in device memory)")
+    predictions = {p["ranks"]: p["seconds"] for p in fit["predictions"]}
+    assert predictions[64] == pytest.approx(predict_delta("nccl", nccl, 102_228_128, 64), rel=0.05)

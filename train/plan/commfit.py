@@ -12,6 +12,11 @@ then refitted on every row.
 Predictions Delta(P) at the gradient size assume a core per rank (the
 span, no s); measurements taken with more ranks than cores are fitted with
 Brent's bound and s, so a laptop's oversubscribed runs still teach a, b and c.
+
+Results of ``bench-allreduce --device cuda`` (a GPU per rank) give ``nccl``'s
+rows, fitted like the others with a GPU per rank (no shared cores); their host
+algorithms' rows include the copies between device and host, which no cost
+model has, and are skipped (the same algorithms on host buffers fit as usual).
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ def load_bench_results(documents: Iterable[tuple[str, dict[str, Any]]]) -> Bench
             raise DimdError(f"{source}: measured {other} elements, {first_source} {first}: fit the results "
                             f"of one --dtype (float32, as gradients are)")
         mpi = document.get("mpi") or {}
+        on_gpus = parameters.get("device") == "cuda"   # device buffers: a GPU per rank, host rows with copies
         ranks = result.get("world_size")
         rows = result.get("rows")
         if not isinstance(ranks, int) or ranks < 1 or not isinstance(rows, list):
@@ -88,12 +94,16 @@ def load_bench_results(documents: Iterable[tuple[str, dict[str, Any]]]) -> Bench
             if name not in COST_MODELS:
                 out.skipped[str(name)] = "no cost model"
                 continue
+            if on_gpus and name != "nccl":
+                out.skipped[f"{name} on device buffers"] = "includes the copies between device and host: no cost model"
+                continue
             if row.get("wrong"):
                 out.skipped[f"{name} at P={ranks}, {row.get('bytes')} B"] = "wrong sums in --check"
                 continue
             if ranks < 2 or not row.get("bytes") or not row.get("time_us"):
                 continue  # nothing to model: no communication, or an empty message
-            out.samples.append(Sample(name, ranks, int(row["bytes"]), float(row["time_us"]) * 1e-6, job_cores,
+            out.samples.append(Sample(name, ranks, int(row["bytes"]), float(row["time_us"]) * 1e-6,
+                                      None if on_gpus else job_cores,   # GPUs: the host's cores do not matter
                                       parameters.get("colors"), parameters.get("segment_bytes")))
     return out
 

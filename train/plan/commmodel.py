@@ -220,6 +220,13 @@ def _tree_height(parent: np.ndarray, root: int) -> int:
     return int(depth.max())
 
 
+def nccl_costs(n: float, ranks: int, **_: object) -> Costs:
+    """NCCL from device memory, modelled as its large-message ring: P-1 reduce-scatter and P-1 allgather steps of
+    n/P bytes each, the sums on the GPU (what nccl-tests' bus bandwidth, algbw x 2(P-1)/P, assumes). a, b and c
+    are the GPUs' links' (NVLink within a node, the network across nodes), not the CPUs'."""
+    return ring_costs(n, ranks)
+
+
 def mpi_costs(n: float, ranks: int, **_: object) -> Costs:
     """The MPI library chooses its own algorithm; modelled as the usual large-message one
     (ceil(log2 P) latency terms, ring-like bandwidth: Rabenseifner's or the ring's)."""
@@ -235,7 +242,7 @@ class CostModel:
     formula: str        # the span, in the module's counting convention
 
 
-#: One per algorithm of ``dimd.allreduce.STANDALONE`` (the registry's names; a test holds them equal).
+#: One per algorithm of ``dimd.allreduce.STANDALONE`` and for ``nccl`` (the registry's names; a test holds them so).
 COST_MODELS: dict[str, CostModel] = {m.name: m for m in (
     CostModel("ring", ring_costs, "4(P-1) a + 4(P-1)/P n b + (P-1)/P n c"),
     CostModel("recursive-doubling", recursive_doubling_costs,
@@ -249,6 +256,7 @@ COST_MODELS: dict[str, CostModel] = {m.name: m for m in (
     CostModel("multicolor", multicolor_costs,
               "busiest rank over k colour trees (2 per child + 2 per segment) + (h-1) fill stages"),
     CostModel("mpi", mpi_costs, "2 ceil(log2 P) a + 4(P-1)/P n b + (P-1)/P n c (the library's own choice)"),
+    CostModel("nccl", nccl_costs, "4(P-1) a + 4(P-1)/P n b + (P-1)/P n c (NCCL's ring, in device memory)"),
 )}
 
 #: Seconds per message, per byte moved, per byte added, and per message that waits for a shared core.

@@ -147,7 +147,7 @@ BENCH_RESULT: dict = {
 }
 #: The envelope fields of a ``bench-allreduce`` result that the fit reads besides its result.
 BENCH_MPI: dict = {"cores": Optional(COUNT), "local_ranks": Optional(COUNT)}
-BENCH_PARAMETERS: dict = {"colors": Optional(COUNT), "segment_bytes": Optional(COUNT)}
+BENCH_PARAMETERS: dict = {"colors": Optional(COUNT), "segment_bytes": Optional(COUNT), "device": Optional(Text())}
 
 #: A ``plan-batch step-time`` result: c, gamma, M_T and the per-batch medians fitted.
 STEP_RESULT: dict = {
