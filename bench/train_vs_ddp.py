@@ -75,7 +75,7 @@ def train_epochs(model: Any, optimizer: Any, loader: Any, sampler: Any, args: ar
         sampler.set_epoch(epoch)
         model.train()
         split = dict.fromkeys(SPLIT, 0.0)
-        images, start = 0, time.perf_counter()
+        images, start, cpu = 0, time.perf_counter(), time.process_time()
         batches = iter(loader)
         while True:
             t0 = time.perf_counter()
@@ -95,7 +95,10 @@ def train_epochs(model: Any, optimizer: Any, loader: Any, sampler: Any, args: ar
             split["optimizer"] += t3 - t2
             images += len(labels) * args.np
         seconds = time.perf_counter() - start
+        # the rank process's CPU time, all its threads (the reducer's, gloo's): what the mechanism costs, whatever
+        # else the machine runs (its DataLoader workers are processes of their own)
         history.append({"epoch": epoch + 1, "train_seconds": seconds, "images": images,
+                        "cpu_ms_per_image": 1e3 * (time.process_time() - cpu) / (images / args.np),
                         "images_per_s": images / seconds, "time_split": split})
     return history
 

@@ -79,7 +79,6 @@ _NESTED_PASS = ("a backward pass nested in another (activation checkpointing wit
                 "checkpoint with use_reentrant=False")
 
 
-
 class Pending(Protocol):
     """A bucket's collective in flight."""
 
