@@ -86,6 +86,24 @@ def test_zero_grad_set_to_none_is_copied_back_into_the_buffer():
     buckets.close()
 
 
+def test_gradients_set_to_none_before_a_forward_are_written_into_the_buffer_again():
+    """optimizer.zero_grad() sets every .grad to None; DistributedGradients' forward pre-hook points them back
+    into the zeroed buffer, so backward adds in place: the same gradients, no new tensors to copy back."""
+    torch.manual_seed(0)
+    model, reference = build_model("lenet", 10), build_model("lenet", 10)
+    reference.load_state_dict(model.state_dict())
+    buckets = GradientBuckets(model.parameters(), lambda a: None, 1, bucket_bytes=4096)
+    model.zero_grad(set_to_none=True)
+    assert buckets.attach_if_released() and buckets.flat.attached()
+    assert float(buckets.flat.buffer.abs().sum()) == 0.0
+    assert not buckets.attach_if_released()            # already attached: nothing to do
+    lenet_backward(model, 3)
+    lenet_backward(reference, 3)
+    assert buckets.flat.attached()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+    buckets.close()
+
+
 def test_a_second_backward_without_a_step_is_refused():
     model = build_model("lenet", 10)
     buckets = GradientBuckets(model.parameters(), lambda a: None, 2, bucket_bytes=4096)

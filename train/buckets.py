@@ -386,6 +386,15 @@ class GradientBuckets:
         self.flat.zero()
         self.flat.attach()
 
+    def attach_if_released(self) -> bool:
+        """Before a forward pass: where every ``.grad`` was set to None (``zero_grad(set_to_none=True)``, the
+        optimizer's default), zero the buffer in one pass and point them back into it, so that backward adds
+        into the buffer in place instead of into new tensors each hook would copy back. Whether it did."""
+        if any(p.grad is not None for p in self.parameters):
+            return False
+        self.zero()
+        return True
+
     def close(self) -> None:
         """Remove the hooks and wait for the buckets still being reduced."""
         for handle in self._hooks:

@@ -116,9 +116,15 @@ class DistributedGradients:
 
     def _before_forward(self, *_: Any) -> None:
         """A forward outside backward while a backward pass is still open: that pass raised (and the script
-        went on). Its step is dropped now, on every rank alike (:meth:`_drop_raised_pass`)."""
-        if self.buckets.pass_open and graph_task_id() == -1:
+        went on). Its step is dropped now, on every rank alike (:meth:`_drop_raised_pass`). Otherwise, where
+        ``optimizer.zero_grad()`` set every ``.grad`` to None, they point into the zeroed buffer again, so
+        backward writes the gradients where they are reduced (DDP copies each into its bucket)."""
+        if graph_task_id() != -1:
+            return   # a forward inside backward (activation checkpointing's recompute)
+        if self.buckets.pass_open:
             self._drop_raised_pass()
+        elif torch.is_grad_enabled():
+            self.buckets.attach_if_released()
 
     def _drop_raised_pass(self) -> None:
         """End a backward pass that raised: reduce every bucket, then zero the gradients.
