@@ -19,13 +19,13 @@ need nothing but the communicator (all but ``torch``, which runs on the
 from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, STANDALONE, SUPPORTED_DTYPES, Algorithm,
                                 AllreduceError, allreduce, get_algorithm)
 from dimd.allreduce.bench import choose_fastest
-from dimd.allreduce.group import (BACKENDS, TorchGroup, caller_group, device_group, nccl_problem, start_group,
-                                  started_group)
+from dimd.allreduce.group import (BACKENDS, TorchGroup, backend_problem, caller_group, device_group, nccl_problem,
+                                  start_group, started_group)
 from dimd.allreduce.buffers import release_scratch
 from dimd.allreduce.multicolor import ColorTree, color_trees, multicolor_split
 from dimd.allreduce.ring import ring_root_segment_bytes
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_COLORS", "STANDALONE", "SUPPORTED_DTYPES", "Algorithm",
-           "AllreduceError", "ColorTree", "TorchGroup", "allreduce", "caller_group", "choose_fastest", "color_trees",
-           "device_group", "get_algorithm", "multicolor_split", "nccl_problem", "release_scratch",
-           "ring_root_segment_bytes", "start_group", "started_group"]
+           "AllreduceError", "ColorTree", "TorchGroup", "allreduce", "backend_problem", "caller_group",
+           "choose_fastest", "color_trees", "device_group", "get_algorithm", "multicolor_split", "nccl_problem",
+           "release_scratch", "ring_root_segment_bytes", "start_group", "started_group"]

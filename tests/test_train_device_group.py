@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from conftest import invoke_dimd, mpi_run
 from mpi_case import case, say, world
@@ -66,3 +67,25 @@ def test_nccl_on_the_cpu_is_refused_naming_gloo():
     proc = invoke_dimd("train", "t", "--val", "v", "--allreduce", "nccl", "--device", "cpu")
     assert proc.returncode == 2
     assert "Invalid value for '--allreduce': nccl reduces on GPUs: with --device cpu name gloo" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: nccl would run")
+def test_nccl_where_a_rank_computes_on_the_cpu_is_one_line_before_the_data_loads(packed_sample):
+    proc = invoke_dimd("train", packed_sample, "--val", packed_sample, "--model", "lenet", "--image-size", "32",
+                       "--epochs", "1", "--allreduce", "nccl")   # --device auto finds no GPU: the CPU
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["dimd: error: nccl reduces tensors on GPUs and this rank computes on the CPU: use gloo (or a "
+                     "host algorithm) with --device cpu"], proc.stderr
+    assert "loaded" not in proc.stdout   # refused before the load
+
+
+def test_a_torch_build_without_nccl_is_named_in_one_line(monkeypatch):
+    import torch.distributed as dist
+
+    from dimd.allreduce import backend_problem
+
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    problem = backend_problem("nccl", torch.device("cuda", 0))
+    assert problem.startswith(f"this torch build ({torch.__version__}) has no NCCL") and "\n" not in problem
+    assert backend_problem("gloo", torch.device("cpu")) is None

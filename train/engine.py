@@ -124,6 +124,18 @@ def check_decode(config: TrainConfig, device: torch.device, comm: Any) -> None:
         agree_or_raise(comm, problem)   # MPI: every rank asks, as every rank has the same config
 
 
+def check_device_allreduce(config: TrainConfig, device: torch.device, comm: Any) -> None:
+    """Collective: ``allreduce`` nccl or gloo stops every rank with one line, before the data loads, where this
+    job cannot run it (a rank on the CPU or without NCCL, ranks sharing a GPU); the group starts after the load."""
+    from dimd.allreduce import backend_problem, get_algorithm, nccl_problem
+
+    backend = get_algorithm(config.allreduce).torch_group if config.allreduce else None
+    if backend == "nccl":
+        agree_or_raise(comm, nccl_problem(comm, device))   # MPI: every rank's GPU and torch build
+    elif backend == "gloo":
+        agree_or_raise(comm, backend_problem("gloo", device))
+
+
 def val_label_map(train_classes: list[str], val_classes: list[str], val: str,
                   train: str) -> torch.Tensor | None:
     """Val label -> train label, by class name (a val set packed from a list may order them otherwise)."""
@@ -367,6 +379,7 @@ class Trainer:
         check_decode(cfg, self.device, comm)
         if graph_backend is None:
             check_graphs_device(cfg, self.device, comm)
+        check_device_allreduce(cfg, self.device, comm)
         self.resume_path = check_inputs_before_loading(cfg, comm)
 
         # -- data: each rank's share in memory, and the loaders over it
