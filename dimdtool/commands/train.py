@@ -126,8 +126,10 @@ def print_models() -> None:
                help="Reshuffle the store across each group every N steps, every 'epoch' or 'never' "
                     "(it is shuffled once before the first step in any case).")
 @config_option(TrainConfig, "allreduce", type=RegistryChoice(allreduce_algorithms, "ALGORITHM"),
-               help="Allreduce algorithm (see `dimd bench-allreduce --help`) [default: the fastest "
-                    "measured at start-up for the model's gradient size].")
+               help="Allreduce algorithm (see `dimd bench-allreduce --help`); nccl (GPUs) and gloo (CPUs) reduce "
+                    "the gradients in place through torch.distributed, started from the MPI job [default: nccl "
+                    "where every rank has a GPU of its own and NCCL is there, else the fastest measured at "
+                    "start-up for the model's gradient size].")
 @config_option(TrainConfig, "bucket_mb",
                help="Allreduce the gradients in buckets of this size (0: one message) [default: 25 with "
                     "--overlap, else one message].")
