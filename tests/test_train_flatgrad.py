@@ -55,3 +55,11 @@ def test_bucket_bounds_cut_at_parameter_ends():
     assert bounds[0] == (0, 200) and bounds[-1][1] == 565
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
     assert {b for _, b in bounds[:-1]} <= set(ends.tolist())
+
+
+def test_a_small_first_bucket_is_cut_like_ddps_and_keeps_its_tail():
+    ends = [100, 150, 300, 500, 560]
+    assert bucket_bounds(ends, 565, 4000, 4) == [(0, 565)]                    # fits one bucket
+    assert bucket_bounds(ends, 565, 4000, 4, first_bytes=400) == [(0, 100), (100, 565)]   # 100 elements first
+    assert bucket_bounds(ends, 565, 800, 4, first_bytes=200) == [(0, 100), (100, 300), (300, 500), (500, 565)]
+    assert bucket_bounds(ends, 565, 4000, 4, first_bytes=4000) == [(0, 565)]  # no smaller than a bucket

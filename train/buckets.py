@@ -104,6 +104,10 @@ class DeviceReduce(Protocol):
 #: The bucket when overlapping and none is asked for: big enough that per-message costs stay small,
 #: small enough that the first bucket is ready early in backward (DDP's default is 25 MiB too).
 DEFAULT_BUCKET_MB = 25.0
+#: On the device path the first bucket (the last layers') is cut at about this size (DDP's rule), so its
+#: collective starts while most of backward is still to run; the host path keeps whole buckets, its
+#: thread's Python work would compete with backward for the interpreter (docs/library.md).
+FIRST_BUCKET_BYTES = 1 << 20
 
 
 def core_free_for_communication(device: torch.device, comm: Any) -> bool:
@@ -173,18 +177,22 @@ class GradientBuckets:
     ``reduce`` sums a contiguous float32 numpy array in place across the job
     (on a GPU, a pinned host copy of the bucket); ``device_reduce``, if given,
     reduces the buffer's slices where they are instead (no host copy, no
-    communication thread). ``extras`` scalars after the gradients ride in the
+    communication thread). ``first_bucket_bytes``: the first bucket's size
+    (None: :data:`FIRST_BUCKET_BYTES` with ``device_reduce``, else a whole
+    bucket; 0: a whole bucket). ``extras`` scalars after the gradients ride in the
     last bucket, which therefore starts only at :meth:`synchronize` (the
     caller fills them after backward); they are summed, never averaged.
     """
 
     def __init__(self, parameters: Iterable[torch.nn.Parameter], reduce: Reduce, world_size: int, *,
                  extras: int = 0, bucket_bytes: int = 0, overlap: bool = True, average: bool = True,
-                 device_reduce: DeviceReduce | None = None,
+                 device_reduce: DeviceReduce | None = None, first_bucket_bytes: int | None = None,
                  at_backward_end: Callable[[], None] | None = None) -> None:
         trainable = [p for p in parameters if p.requires_grad]
+        if first_bucket_bytes is None:
+            first_bucket_bytes = FIRST_BUCKET_BYTES if device_reduce is not None else 0
         self.flat = FlatGradients(reversed(trainable), extras=extras, bucket_bytes=bucket_bytes,
-                                  host_copy=device_reduce is None)
+                                  first_bucket_bytes=first_bucket_bytes, host_copy=device_reduce is None)
         self.parameters = self.flat.parameters   # in buffer order: last layer first
         self.reduce = reduce
         self.device_reduce = device_reduce

@@ -24,9 +24,11 @@ class FlatGradients:
     """One buffer: ``[grad_0 | grad_1 | ... | grad_n | extras]``, float32."""
 
     def __init__(self, parameters: Iterable[torch.nn.Parameter], *, extras: int = 0,
-                 bucket_bytes: int = 0, dtype: torch.dtype = torch.float32, host_copy: bool = True) -> None:
+                 bucket_bytes: int = 0, first_bucket_bytes: int = 0, dtype: torch.dtype = torch.float32,
+                 host_copy: bool = True) -> None:
         """``host_copy``: on a GPU, keep a pinned host copy for dimd's allreduces, which sum CPU buffers
-        (False: the buffer is reduced where it is, on the device)."""
+        (False: the buffer is reduced where it is, on the device). ``first_bucket_bytes``: see
+        :func:`bucket_bounds`."""
         self.parameters = [p for p in parameters if p.requires_grad]
         if not self.parameters:
             raise ValueError("the model has no trainable parameters")
@@ -46,7 +48,8 @@ class FlatGradients:
         self._host = (self.buffer if device.type == "cpu" or not host_copy else
                       torch.empty(self.buffer.shape, dtype=dtype, pin_memory=True))
         self.host_array: np.ndarray | None = self._host.numpy() if self._host.device.type == "cpu" else None
-        self.bucket_bounds = bucket_bounds(ends, self.numel + extras, bucket_bytes, self.buffer.element_size())
+        self.bucket_bounds = bucket_bounds(ends, self.numel + extras, bucket_bytes, self.buffer.element_size(),
+                                           first_bucket_bytes)
         self.attach()
 
     @property
@@ -95,23 +98,30 @@ def _dense(p: torch.Tensor) -> bool:
 
 
 def bucket_bounds(param_ends: Sequence[int] | np.ndarray, total: int, bucket_bytes: int,
-                  itemsize: int) -> list[tuple[int, int]]:
+                  itemsize: int, first_bytes: int = 0) -> list[tuple[int, int]]:
     """Split ``[0, total)`` into buckets of about ``bucket_bytes``, cut only at parameter ends.
 
-    ``bucket_bytes <= 0`` means one bucket. The tail beyond the last parameter
-    (the extras) joins the last bucket.
+    ``bucket_bytes <= 0`` means one bucket. ``first_bytes`` > 0 cuts the first
+    bucket at about that size instead (DDP's rule: the last layers' bucket is
+    ready early in backward, so its reduction starts while most of backward is
+    still to run). The tail beyond the last parameter (the extras) joins the last
+    bucket; a tail under a quarter of a bucket joins the one before it, unless
+    that is the small first one.
     """
-    if bucket_bytes <= 0 or total * itemsize <= bucket_bytes:
+    first = min(first_bytes, bucket_bytes) if first_bytes > 0 else bucket_bytes
+    if bucket_bytes <= 0 or total * itemsize <= first:
         return [(0, total)]
     limit = max(bucket_bytes // itemsize, 1)
+    first_limit = max(first // itemsize, 1)
     bounds: list[tuple[int, int]] = []
     start = 0
     for end in np.asarray(param_ends, np.int64):
-        if end - start >= limit:
+        if end - start >= (limit if bounds else first_limit):
             bounds.append((start, int(end)))
             start = int(end)
     if start < total:
-        if bounds and total - start < limit // 4:
+        regular = len(bounds) > (1 if first_limit < limit else 0)   # a bucket of the full size to join
+        if regular and total - start < limit // 4:
             bounds[-1] = (bounds[-1][0], total)   # no tiny trailing bucket
         else:
             bounds.append((start, total))
