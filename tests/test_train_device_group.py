@@ -89,3 +89,13 @@ def test_a_torch_build_without_nccl_is_named_in_one_line(monkeypatch):
     problem = backend_problem("nccl", torch.device("cuda", 0))
     assert problem.startswith(f"this torch build ({torch.__version__}) has no NCCL") and "\n" not in problem
     assert backend_problem("gloo", torch.device("cpu")) is None
+
+
+def test_torch_without_a_group_of_the_callers_is_one_line_before_the_data_loads(packed_sample):
+    proc = invoke_dimd("train", packed_sample, "--val", packed_sample, "--model", "lenet", "--image-size", "32",
+                       "--epochs", "1", "--allreduce", "torch", "--device", "cpu")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "dimd: error: allreduce algorithm 'torch' needs torch.distributed.init_process_group(...) first (gloo for "
+        "CPU tensors, nccl for CUDA ones)"], proc.stderr
+    assert "loaded" not in proc.stdout

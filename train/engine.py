@@ -128,12 +128,20 @@ def check_device_allreduce(config: TrainConfig, device: torch.device, comm: Any)
     """Collective: ``allreduce`` nccl or gloo stops every rank with one line, before the data loads, where this
     job cannot run it (a rank on the CPU or without NCCL, ranks sharing a GPU); the group starts after the load."""
     from dimd.allreduce import backend_problem, get_algorithm, nccl_problem
+    from dimd.allreduce.torchdist import process_group_ready
 
     backend = get_algorithm(config.allreduce).torch_group if config.allreduce else None
     if backend == "nccl":
         agree_or_raise(comm, nccl_problem(comm, device))   # MPI: every rank's GPU and torch build
     elif backend == "gloo":
         agree_or_raise(comm, backend_problem("gloo", device))
+    elif backend is not None:   # torch: the group a script of the caller's started
+        problem = None
+        try:
+            process_group_ready()
+        except DimdError as exc:
+            problem = str(exc)
+        agree_or_raise(comm, problem)
 
 
 def val_label_map(train_classes: list[str], val_classes: list[str], val: str,
@@ -423,10 +431,17 @@ class Trainer:
         self.algorithm_choice["overlap"] = self.overlap
         #: nccl, gloo: torch.distributed's group, started from MPI (the rendezvous within the stall timeout)
         self.group = device_group(self.algorithm, comm, self.device, stall_timeout=cfg.stall_timeout)
-        self.calibration = calibration_source(cfg, self.store, self.device, workers) if cfg.sync == "sma" else None
-        self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
-                                                self.normalize, self.batches_per_epoch, self.overlap,
-                                                self.calibration, self.precision, self.graphs, self.group)
+        try:
+            self.calibration = (calibration_source(cfg, self.store, self.device, workers) if cfg.sync == "sma"
+                                else None)
+            self.strategy: Strategy = make_strategy(cfg, self.model, make_reducer(self.algorithm, comm), self.world,
+                                                    self.normalize, self.batches_per_epoch, self.overlap,
+                                                    self.calibration, self.precision, self.graphs,
+                                                    self.group)
+        except BaseException:   # the group ends with the run; a set-up that fails ends it now
+            if self.group is not None:
+                self.group.close()
+            raise
         self.fit_prefetch()
 
         # -- schedule
