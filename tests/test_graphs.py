@@ -170,15 +170,20 @@ def test_a_checkpoint_moves_between_graphed_and_eager_steps():
 
 def test_graphs_are_on_by_default_only_on_a_gpu_for_small_batches():
     gpu = torch.device("cuda", 0)
-    assert graphs_rule(None, CPU, 16, 32) == (False, "off: the device is not a GPU")
-    assert graphs_rule(True, gpu, 256, 224) == (True, "on: --cuda-graphs")
-    assert graphs_rule(False, gpu, 16, 32) == (False, "off: --no-cuda-graphs")
-    on, why = graphs_rule(None, gpu, 16, 224)
+
+    def rule(choice, device, batch, size, learner_compute="loop", **options):
+        return graphs_rule(choice, device, batch, size, learner_compute=learner_compute, **options)
+
+    assert rule(None, CPU, 16, 32) == (False, "off: the device is not a GPU")
+    assert rule(True, gpu, 256, 224) == (True, "on: --cuda-graphs")
+    assert rule(False, gpu, 16, 32) == (False, "off: --no-cuda-graphs")
+    on, why = rule(None, gpu, 16, 224)
     assert on and why.startswith("on: 16 images of 224 px") and "launches" in why
-    on, why = graphs_rule(None, gpu, 128, 224)
+    assert rule(None, gpu, 16, 224, "branches")[0]
+    on, why = rule(None, gpu, 128, 224)
     assert not on and "the GPU, not the launches" in why and 128 * 224 ** 2 > GRAPHS_UP_TO_PIXELS
-    assert not graphs_rule(None, gpu, 16, 32, overlap=True)[0]
-    assert not graphs_rule(None, gpu, 16, 32, learner_compute="threads")[0]
+    assert not rule(None, gpu, 16, 32, overlap=True)[0]
+    assert not rule(None, gpu, 16, 32, "threads")[0]
 
 
 def test_a_model_a_graph_cannot_replay_is_named_in_one_line():

@@ -61,11 +61,12 @@ CAPTURE_MODE = "thread_local"
 
 
 def graphs_rule(choice: bool | None, device: torch.device, batch_size: int, image_size: int, *,
-                overlap: bool | None = None, learner_compute: str = "auto") -> tuple[bool, str]:
+                learner_compute: str, overlap: bool | None = None) -> tuple[bool, str]:
     """Whether a run's steps replay as CUDA graphs, and why, in one line (it goes into the JSON).
 
-    ``choice``: ``--cuda-graphs`` (True), ``--no-cuda-graphs`` (False) or the default (None). The
-    conflicts of an explicit ``--cuda-graphs`` are refused by the config; here they turn the default off.
+    ``choice``: ``--cuda-graphs`` (True), ``--no-cuda-graphs`` (False) or the default (None);
+    ``learner_compute``: SMA's (one of :data:`dimd.train.config.LEARNER_COMPUTES`). The conflicts
+    of an explicit ``--cuda-graphs`` are refused by the config; here they turn the default off.
     """
     if torch.device(device).type != "cuda":
         return False, "off: the device is not a GPU"
