@@ -122,10 +122,13 @@ def test_the_feed_copies_the_loaders_page_locked_slots_to_the_gpu_ahead_of_the_s
 
 def test_one_rank_trains_with_nccl_started_from_mpi(packed_sample, tmp_path):
     """--allreduce nccl on one GPU: the group started from the (one-rank) MPI job, NCCL's communicator on the
-    rank's GPU, the buckets given to it (one rank: nothing to sum), and the run's JSON says so."""
+    rank's GPU, the buckets given to it (one rank: nothing to sum, the graphed step one graph), and the run's
+    JSON says so."""
     result = train(packed_sample, tmp_path, "--epochs", "1", "--allreduce", "nccl")["result"]
     assert result["allreduce"] == "nccl" and result["allreduce_choice"]["how"] == "requested"
     assert result["device"].startswith("cuda") and np.isfinite(result["final"]["train_loss"])
+    graphs = result["cuda_graphs"]   # batch 8 at 32 px: graphed by the default rule
+    assert graphs["on"] and [c["graph"] for c in graphs["captures"]] == ["step"]
 
 
 def test_a_gradient_bucket_is_averaged_by_nccl_on_the_device(world):

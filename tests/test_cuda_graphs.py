@@ -133,6 +133,71 @@ def test_graphed_sma_learners_on_the_gpu_match_the_eager_learners(compute):
     assert parts == (["learners"] if compute == "branches" else [f"learner {j}" for j in range(4)]) + ["sync"]
 
 
+class HalfOfTwoRanks:
+    """A device reduce as NCCL's group behaves on a GPU, for one GPU: each bucket becomes the mean of this
+    rank's and a second rank's zeros (half of it), computed on ``stream`` after the work the caller's stream
+    queued before the call; ``wait()`` makes the caller's stream wait for it, not the host. ``stream`` None:
+    on the caller's stream (the reference)."""
+
+    def __init__(self, stream: torch.cuda.Stream | None = None) -> None:
+        self.stream = stream
+        self.started = 0
+
+    def start(self, tensor: torch.Tensor, average: bool = False) -> "HalfOfTwoRanks._Done":
+        assert average   # the strategies average the gradients; their extras ride scaled by the ranks
+        self.started += 1
+        current = torch.cuda.current_stream()
+        stream = self.stream or current
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            tensor.mul_(0.5)
+        done = torch.cuda.Event()
+        done.record(stream)
+        return HalfOfTwoRanks._Done(done)
+
+    class _Done:
+        def __init__(self, event: torch.cuda.Event) -> None:
+            self.event = event
+
+        def wait(self) -> None:
+            torch.cuda.current_stream().wait_event(self.event)
+
+
+def no_host_sum(array) -> None:
+    raise AssertionError("the device path summed a host buffer")
+
+
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+def test_a_graphed_step_on_several_ranks_reduces_between_its_graphs_on_the_device(precision):
+    """The graphed S-SGD step of a rank of two, its buckets reduced as NCCL reduces them (on a stream of its own,
+    between the forward and the update graph), against the eager step reducing on the compute stream."""
+    from dimd.shuffle.normalize import Normalize
+    from dimd.train.graphed_sgd import GraphedSSGD
+    from dimd.train.precision import Precision
+    from dimd.train.sgd import SSGD, make_optimizer, parameter_groups
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    normalize = Normalize(device, torch.channels_last)
+    reference, side = HalfOfTwoRanks(), HalfOfTwoRanks(torch.cuda.Stream())
+    with deterministic_cudnn():
+        eager_model, graph_model = resnet20(), resnet20()
+        eager = SSGD(eager_model, torch.optim.SGD(parameter_groups(eager_model, 1e-4), lr=0.1, momentum=0.9,
+                                                  fused=True),
+                     no_host_sum, 2, normalize=normalize, precision=Precision(precision, device),
+                     device_reduce=reference)
+        graph = GraphedSSGD(graph_model, make_optimizer(graph_model, lr=0.1, momentum=0.9, weight_decay=1e-4),
+                            no_host_sum, 2, normalize=normalize, precision=Precision(precision, device),
+                            device_reduce=side)
+        for step, batch in enumerate(gpu_batches([16] * 8)):
+            lr = 0.01 * (step + 1)
+            ours, theirs = graph.step([batch], StepPlace(lr=lr)), eager.step([batch], StepPlace(lr=lr))
+            assert ours.finite and ours.samples == theirs.samples == 16   # the other rank's extras are zeros
+            assert ours.loss_sum == pytest.approx(theirs.loss_sum, rel=1e-4)
+    assert_weights_close(graph.model, eager.model, STEP_TOLERANCE)
+    assert side.started == reference.started == 8 * len(graph.buckets.bounds)
+    assert [c["graph"] for c in graph.figures()["cuda_graphs"]["captures"]] == ["forward", "update"]
+
+
 # -- dimd train ------------------------------------------------------------------------------------
 
 

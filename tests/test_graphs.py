@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import mpi_run
-from mpi_case import case, say, world
+from mpi_case import case, reduction, say, world
 from torch import nn
 
 from dimd.train.graphed_sgd import GraphedSSGD
@@ -315,22 +315,39 @@ def test_a_graphed_sma_checkpoint_resumes_with_new_graphs():
 
 
 @case
-def graphed_steps_on_ranks(algorithm: str = "ring") -> None:
-    """Graphed S-SGD (two graphs around the host allreduce) and graphed SMA (the synchronisation's two graphs
-    around it) on P ranks, through the CPU stand-in, against the eager strategies fed the same batches; in
-    16-mixed, rank 1 overflows once and every rank skips in the graph.
+def graphed_steps_on_ranks(*algorithms: str) -> None:
+    """Graphed S-SGD (two graphs around the gradients' reduction) and graphed SMA (the synchronisation's two
+    graphs around Delta's) on P ranks, through the CPU stand-in, against the eager strategies fed the same
+    batches; in 16-mixed, rank 1 overflows once and every rank skips in the graph. Per algorithm: a host one
+    (ring: the sums go through host buffers), or gloo (torch.distributed's group, in place on the tensors'
+    device between the graphs: the path NCCL takes on a GPU).
 
-    Rank 0 prints one JSON line: whether each graphed run's weights equal the eager run's bit for bit, the
-    parts captured, and whether the replicas agree.
+    Rank 0 prints one JSON line per algorithm: whether each graphed run's weights equal the eager run's bit
+    for bit, the parts captured, and whether the replicas agree.
     """
-    from dimd.allreduce import allreduce
-
     comm = world()
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank = comm.Get_rank()
     torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(rank)
+    batches = [(torch.randint(0, 255, (4, 3, 16, 16), dtype=torch.uint8, generator=g).float(),
+                torch.randint(0, 5, (4,), generator=g)) for _ in range(12)]
+    batches[3][0][0, 0, 0, 0] = float("inf") if rank == 1 else 0.0   # S-SGD's fourth step (SMA steps on 4-11)
+    for algorithm in algorithms:
+        figures = graphed_against_eager(algorithm, comm, batches)
+        everyone = comm.gather(figures)
+        if rank == 0:
+            say(json.dumps({**figures, "ranks_agree": all(f == figures for f in everyone)}))
+
+
+def graphed_against_eager(algorithm: str, comm: Any, batches: list) -> dict[str, Any]:
+    """Collective: graphed and eager S-SGD, then SMA, fed ``batches`` and reducing with ``algorithm``."""
+    size = comm.Get_size()
+    host_reduce, group = reduction(algorithm, comm)
+    host_sums = []
 
     def reduce(array: Any) -> None:
-        allreduce(array, comm, algorithm)
+        host_sums.append(array.size)
+        host_reduce(array)
 
     def ssgd(graphed: bool) -> Any:
         torch.manual_seed(0)
@@ -338,22 +355,19 @@ def graphed_steps_on_ranks(algorithm: str = "ring") -> None:
         precision = Precision("16-mixed", torch.device("cpu"))
         if graphed:
             return GraphedSSGD(model, make_optimizer(model, lr=0.1, momentum=0.9, weight_decay=1e-3), reduce, size,
-                               precision=precision, backend=StandIn(), warmup=1)
+                               precision=precision, backend=StandIn(), warmup=1, device_reduce=group)
         optimizer = torch.optim.SGD(parameter_groups(model, 1e-3), lr=0.1, momentum=0.9, fused=True)
-        return SSGD(model, optimizer, reduce, size, precision=precision)
+        return SSGD(model, optimizer, reduce, size, precision=precision, device_reduce=group)
 
     def sma(graphed: bool) -> Any:
         torch.manual_seed(0)
-        options = dict(learners=2, alpha=None, momentum=0.9, central_momentum=0.5, weight_decay=1e-3)
+        options = dict(learners=2, alpha=None, momentum=0.9, central_momentum=0.5, weight_decay=1e-3,
+                       device_reduce=group)
         if graphed:
             return GraphedSMA(small_bn_model(), reduce, size, backend=StandIn(), warmup=1, **options)
         return SMA(small_bn_model(), reduce, size, **options)
 
-    g = torch.Generator().manual_seed(rank)
-    batches = [(torch.randint(0, 255, (4, 3, 16, 16), dtype=torch.uint8, generator=g).float(),
-                torch.randint(0, 5, (4,), generator=g)) for _ in range(12)]
-    batches[3][0][0, 0, 0, 0] = float("inf") if rank == 1 else 0.0   # S-SGD's fourth step (SMA steps on 4-11)
-    figures = {}
+    figures: dict[str, Any] = {"algorithm": algorithm}
     for name, make in (("ssgd", ssgd), ("sma", sma)):
         eager, graphed = make(False), make(True)
         for step in range(4):
@@ -370,19 +384,65 @@ def graphed_steps_on_ranks(algorithm: str = "ring") -> None:
         figures[name] = {"same": same, "parts": [c["graph"] for c in captures], "identical": graphed.identical(comm)}
         if name == "ssgd":
             figures[name]["skipped"] = graphed.precision.loss_scale.skipped
-    everyone = comm.gather(figures)
-    if rank == 0:
-        say(json.dumps({**figures, "ranks_agree": all(f == figures for f in everyone)}))
+        for strategy in (eager, graphed):
+            strategy.close()
+    if group is not None:
+        group.close()
+    figures["host_sums"] = bool(host_sums)
+    return figures
 
 
 @pytest.mark.mpi
 def test_graphed_steps_on_ranks_match_the_eager_ones():
-    """Two graphs around the host allreduce (S-SGD's forward and update, SMA's share and apply) on 3 ranks."""
-    proc = mpi_run(graphed_steps_on_ranks, 3, "ring", timeout=180, check=True)
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert figures["ranks_agree"]
-    assert figures["ssgd"] == {"same": True, "parts": ["forward", "update"], "identical": True, "skipped": 1}
-    assert figures["sma"] == {"same": True, "parts": ["learner 0", "learner 1", "share", "apply"], "identical": True}
+    """Two graphs around the reduction (S-SGD's forward and update, SMA's share and apply) on 3 ranks: over a
+    host algorithm, and on the device through torch.distributed's group (gloo here, NCCL on GPUs)."""
+    proc = mpi_run(graphed_steps_on_ranks, 3, "ring", "gloo", timeout=180, check=True)
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [report["algorithm"] for report in reports] == ["ring", "gloo"]
+    for report in reports:
+        assert report["ranks_agree"] and report["host_sums"] == (report["algorithm"] == "ring")
+        assert report["ssgd"] == {"same": True, "parts": ["forward", "update"], "identical": True, "skipped": 1}
+        assert report["sma"] == {"same": True, "parts": ["learner 0", "learner 1", "share", "apply"],
+                                 "identical": True}
+
+
+@case
+def graphed_training_on_the_device_group(data: str) -> None:
+    """``dimd train``'s loop on P ranks with ``allreduce`` gloo, eager and with graphed steps (the stand-in in
+    place of the GPU): the graphed step is two graphs with the buckets reduced between them on the device group
+    that the trainer started from MPI (NCCL's on GPUs). Rank 0 prints one JSON line: the largest weight
+    difference from the eager run (whose optimizer is torch.optim.SGD's per-tensor kernel, not the fused one),
+    the parts captured, the allreduce and overlap, and whether the replicas agree."""
+    from dimd.train.config import TrainConfig
+    from dimd.train.engine import Trainer
+
+    comm = world()
+    config = TrainConfig(train=data, val=data, model="lenet", image_size=16, epochs=2, batch_size=8, lr=0.05,
+                         lr_scaling=False, decode_workers=1, threads=1, allreduce="gloo", precision="16-mixed")
+    runs = []
+    for backend in (None, StandIn()):
+        trainer = Trainer(config, comm, graph_backend=backend)
+        runs.append((trainer.run().figures(), trainer.model))
+    (eager, eager_model), (graphed, graphed_model) = runs
+    difference = max(float((a - b).abs().max()) for a, b in
+                     zip(eager_model.state_dict().values(), graphed_model.state_dict().values()))
+    graphs = graphed["cuda_graphs"]
+    if comm.Get_rank() == 0:
+        say(json.dumps({"difference": difference, "parts": sorted({c["graph"] for c in graphs["captures"]}),
+                        "allreduce": [eager["allreduce"], graphed["allreduce"]],
+                        "overlap": [eager["allreduce_choice"]["overlap"], graphed["allreduce_choice"]["overlap"]],
+                        "identical": graphed["replicas_identical"], "steps": 2 * graphed["steps_per_epoch"],
+                        "runs": graphs["replays"] + graphs["eager_runs"]}))
+
+
+@pytest.mark.mpi
+def test_graphed_training_reduces_between_its_graphs_on_the_device_group(packed_sample):
+    proc = mpi_run(graphed_training_on_the_device_group, 2, packed_sample, timeout=240, check=True)
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["allreduce"] == ["gloo", "gloo"] and report["parts"] == ["forward", "update"]
+    assert report["overlap"][1] is False and report["identical"]
+    assert report["runs"] == 2 * report["steps"]   # each step: forward, then update
+    assert report["difference"] < 1e-4
 
 
 # -- the command line ---------------------------------------------------------------------------------

@@ -178,8 +178,8 @@ class GradientBuckets:
     (on a GPU, a pinned host copy of the bucket); ``device_reduce``, if given,
     reduces the buffer's slices where they are instead (no host copy, no
     communication thread). ``first_bucket_bytes``: the first bucket's size
-    (None: :data:`FIRST_BUCKET_BYTES` with ``device_reduce``, else a whole
-    bucket; 0: a whole bucket). ``extras`` scalars after the gradients ride in the
+    (None: :data:`FIRST_BUCKET_BYTES` with ``device_reduce`` and ``overlap``,
+    else a whole bucket; 0: a whole bucket). ``extras`` scalars after the gradients ride in the
     last bucket, which therefore starts only at :meth:`synchronize` (the
     caller fills them after backward); they are summed, never averaged.
     """
@@ -190,7 +190,7 @@ class GradientBuckets:
                  at_backward_end: Callable[[], None] | None = None) -> None:
         trainable = [p for p in parameters if p.requires_grad]
         if first_bucket_bytes is None:
-            first_bucket_bytes = FIRST_BUCKET_BYTES if device_reduce is not None else 0
+            first_bucket_bytes = FIRST_BUCKET_BYTES if device_reduce is not None and overlap else 0
         self.flat = FlatGradients(reversed(trainable), extras=extras, bucket_bytes=bucket_bytes,
                                   first_bucket_bytes=first_bucket_bytes, host_copy=device_reduce is None)
         self.parameters = self.flat.parameters   # in buffer order: last layer first

@@ -297,7 +297,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
     ``overlap``: S-SGD reduces gradient buckets during backward; ``calibration``: the training
     batches SMA recomputes z's batch-norm statistics on; ``graphs``: the steps replay as CUDA graphs;
     ``device_reduce``: the torch.distributed group that reduces the gradients (S-SGD) or Delta (SMA) in
-    place on the device, instead of ``reduce``."""
+    place on the device, instead of ``reduce`` (graphed: between the step's graphs)."""
     cfg = config
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -337,7 +337,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
         assert graphs is not None
         return GraphedSSGD(model, optimizer, reduce, world_size, backend=graphs.backend,
                            bucket_bytes=cfg.bucket_bytes(False), normalize=normalize, synchronize=sync, noise=noise,
-                           precision=precision, rule=graphs.rule)
+                           precision=precision, rule=graphs.rule, device_reduce=device_reduce)
     return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
                 normalize=normalize, synchronize=sync, noise=noise, overlap=overlap, precision=precision,
                 device_reduce=device_reduce)

@@ -1,9 +1,10 @@
 """S-SGD's step replayed as CUDA graphs: :class:`~dimd.train.sgd.SSGD`'s step, captured (:mod:`dimd.train.graphs`).
 
-Where nothing has to leave the device between backward and the update, the step is one graph:
-on one rank (nothing to reduce), or where a collective the graph can capture reduces the
-gradients on the device (``reduce_in_graph``). Otherwise (dimd's allreduce sums host buffers) it
-is two graphs with the allreduce between them, on the host, as in the eager step:
+On one rank (nothing to reduce) the step is one graph. On several it is two graphs with the
+gradients' reduction between them, as in the eager step: on the device where the strategy has a
+``device_reduce`` (NCCL's group, :mod:`dimd.allreduce.group`: the buckets' collectives are queued on
+NCCL's stream after the first graph's work and the second graph's replay waits for them, with
+no copy to the host and no wait on the host), else on the host (dimd's allreduce sums host buffers):
 
 * ``forward``: zero the flat gradient buffer, forward, loss, backward, the extras (loss, hits,
   samples, the stop flag), 16-mixed's unscale and overflow flag, the local |g|^2 for the noise scale;
@@ -32,6 +33,7 @@ from torch import nn
 
 from dimd.private_apis import unscale_and_find_non_finite_
 from dimd.shuffle.normalize import Normalize
+from dimd.train.buckets import DeviceReduce
 from dimd.train.flatgrad import Reduce
 from dimd.train.graphs import (WARMUP_STEPS, Backend, StaticBatch, StaticInputs, StepGraphs, backend_for,
                                capture_problem, write_scalar)
@@ -109,28 +111,26 @@ class GraphedSSGD(SSGD):
     """:class:`~dimd.train.sgd.SSGD` whose step replays as CUDA graphs; the same weights as the eager step.
 
     ``backend``: where graphs are captured (default: CUDA on a GPU, :class:`~dimd.train.graphs.StandIn`
-    elsewhere); ``reduce_in_graph``: the gradients are reduced by a collective a graph can capture
-    (one graph per step); ``rule``: why graphs are on, for the JSON. No overlap: a graph cannot
-    capture the communication thread.
+    elsewhere); ``device_reduce``: reduce the buckets in place on the device between the two graphs
+    (:class:`~dimd.train.buckets.DeviceReduce`); ``rule``: why graphs are on, for the JSON. No overlap:
+    a graph cannot capture the communication thread, nor a bucket's collective started from a hook.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduce: Reduce, world_size: int, *,
-                 backend: Backend | None = None, reduce_in_graph: bool = False, bucket_bytes: int = 0,
+                 backend: Backend | None = None, device_reduce: DeviceReduce | None = None, bucket_bytes: int = 0,
                  normalize: Normalize | None = None, synchronize: Any = None, noise: NoiseScale | None = None,
                  precision: Precision | None = None, warmup: int = WARMUP_STEPS, rule: str = "on") -> None:
         problem = capture_problem(model)
         if problem:
             raise ValueError(problem)
         super().__init__(model, optimizer, reduce, world_size, bucket_bytes=bucket_bytes, normalize=normalize,
-                         synchronize=synchronize, noise=noise, overlap=False, precision=precision)
-        if reduce_in_graph and world_size > 1 and self.buckets.device_reduce is None:
-            raise ValueError("reduce_in_graph needs the gradients reduced on the device (a device_reduce of the "
-                             "buckets that a graph can capture, such as NCCL's); dimd's allreduce sums host buffers")
+                         synchronize=synchronize, noise=noise, overlap=False, precision=precision,
+                         device_reduce=device_reduce)
         device = self.flat.buffer.device
         self.rule = rule
         self.graphs = StepGraphs(backend or backend_for(device), warmup=warmup)
         self.inputs = StaticInputs(device)
-        self.whole = world_size == 1 or reduce_in_graph
+        self.whole = world_size == 1
         # What the host writes before a replay, and what it reads after.
         self.lr = torch.zeros((), device=device)
         self.stop_flag = torch.zeros((), device=device)
@@ -167,7 +167,8 @@ class GraphedSSGD(SSGD):
             graphs.run("forward", key, partial(self._forward, static))
             self._sync()
             t1 = time.perf_counter()
-            self.buckets.synchronize()   # MPI: the gradients (and extras) summed over ranks, through host memory
+            self.buckets.synchronize()   # MPI: the gradients (and extras) summed over ranks, on the device or the host
+            self._sync()                 # (timing) the device's collectives are queued, not yet done
             t2 = time.perf_counter()
             graphs.run("update", key, self._update)
         figures = self.readout.tolist()   # waits for the step: the one read of a step
@@ -224,9 +225,7 @@ class GraphedSSGD(SSGD):
         readout[GRAD_SUM].copy_(grads.sum())
 
     def _whole_step(self, static: StaticBatch) -> None:
-        self._forward(static)
-        if self.world_size > 1:
-            self.buckets.synchronize()   # MPI: a collective on the device, captured with the step
+        self._forward(static)            # one rank: nothing to reduce
         self._update()
 
     # -- the strategy's state -------------------------------------------------------------------

@@ -12,8 +12,9 @@ is captured once, over static inputs of its own. Two ways to run K of them (``co
 The synchronisation with z is captured too, once for all learners (a handful of kernels over the
 K x N buffers, not one graph per learner): ``share`` (the corrections ``d_j = w~_j - z``,
 ``w_j -= alpha d_j``, this rank's ``Delta = alpha sum d_j``, and whether some learner diverged) and
-``apply`` (central momentum, ``z += Delta``, whether Delta is finite), with the allreduce between them
-on the host as in the eager strategy; on one rank there is nothing to sum, and both are one graph.
+``apply`` (central momentum, ``z += Delta``, whether Delta is finite), with Delta's allreduce between them
+as in the eager strategy (on the device through a ``device_reduce``, NCCL's group; else through a host
+copy); on one rank there is nothing to sum, and both are one graph.
 The rate, alpha and its negation are device tensors written before a replay; learner momentum,
 weight decay and central momentum are the run's constants.
 

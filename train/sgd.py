@@ -117,6 +117,7 @@ class SSGD:
         self._sync()
         t1 = time.perf_counter()
         self.buckets.synchronize()   # MPI: the gradients (and extras) summed over ranks; with overlap, the rest
+        self._sync()                 # (timing) on the device path the collectives are queued, not yet done
         if self.noise is not None:   # before the optimizer, which may change .grad in place (Nesterov)
             with torch.no_grad():
                 # a second full pass, and on a GPU a device-to-host sync point (float waits for the allreduce's copy)
