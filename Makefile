@@ -129,7 +129,8 @@ gpu-feed:
 	$(PY) bench/gpu_feed.py
 
 # ---- one GPU: every CUDA path and the headline ratios in one command (bench/gpu_check.py) ---------------
-# `pytest -m cuda`, the CUDA-graphs grid, two ranks sharing the GPU, a short gpu_feed grid: one JSON
+# `pytest -m cuda`, the CUDA-graphs grid, two ranks sharing the GPU, one rank's --allreduce nccl against the
+# default with bench-allreduce --device cuda, a short gpu_feed grid: one JSON
 # (gpu_check.json in the results folder of bench/) and one table, within 8 minutes on one H100, set-up
 # included. Without CUDA it says so in one line and exits 2. On a machine whose own Python holds a CUDA torch and no package index
 # is reachable, `make gpu-wheels` (where one is) puts the wheels dimd still needs into .whl/, and gpu-check
@@ -149,8 +150,8 @@ gpu-wheels:
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	  --platform manylinux1_x86_64 -d .whl mpi4py mpich lmdb
 
-# One GPU: bench-allreduce --device cuda (the host path's copies per size, nccl) and dimd train's one-rank run
-# with --allreduce nccl against the default (bench/gpu_allreduce.py; about 10 min; QUICK=1: about 3). Then the
-# tests that need a GPU: pytest -m cuda tests/test_cuda.py. Without CUDA it says so and exits 2.
+# One GPU, for the gallery: bench-allreduce --device cuda (the host path's copies per size, nccl) up to 256 MiB and
+# dimd train's one-rank run of resnet50 with --allreduce nccl against the default (bench/gpu_allreduce.py; about
+# 10 min; QUICK=1: about 3; make gpu-check runs a short version). Without CUDA it says so and exits 2.
 gpu-allreduce:
 	$(PY) bench/gpu_allreduce.py $(if $(QUICK),--quick)

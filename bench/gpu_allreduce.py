@@ -24,25 +24,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from typing import Any
+import time
+from pathlib import Path
+from typing import Any, Callable
 
-from _common import RESULTS, Context, JobError, Reproduction, dimd_job, sample_set, spread
+from _common import JOB_TIMEOUT_S, Context, JobError, Reproduction, dimd_job, no_cuda_line, sample_set, spread
 
 FULL = {"model": "resnet50", "precision": "bf16-mixed", "image_size": 224, "batch_size": 128, "epochs": 3,
         "runs": 3, "classes": 10, "per_class": 300, "val_per_class": 10, "min_bytes": 1 << 20,
         "max_bytes": 256 << 20, "factor": 4, "algorithms": "mpi,ring,multicolor"}
 QUICK = {"model": "resnet18", "per_class": 40, "epochs": 2, "runs": 1, "max_bytes": 16 << 20}
-SETUPS = ("default (one rank skips the reduction)", "--allreduce nccl")
-
-
-def no_cuda_line() -> str | None:
-    """Why this benchmark cannot run here (one line), or None on a CUDA machine."""
-    import torch
-
-    if torch.cuda.is_available():
-        return None
-    return (f"bench/gpu_allreduce.py measures on a GPU: this machine has no CUDA device (torch {torch.__version__}, "
-            f"CUDA {torch.version.cuda or 'not built in'})")
+SCRIPT = "bench/gpu_allreduce.py"
+#: The one-rank run as it was (one rank skips the reduction), and the one that starts the device group.
+DEFAULT = "default (one rank skips the reduction)"
 
 
 def device_versions() -> dict[str, Any]:
@@ -58,8 +52,43 @@ def steady(history: list[dict[str, Any]]) -> float:
     return statistics.median(e["images_per_s"] for e in epochs)
 
 
+def device_table(p: dict[str, Any], folder: Path, *, timeout: float = JOB_TIMEOUT_S) -> dict[str, Any]:
+    """``dimd bench-allreduce --device cuda`` on one rank over ``p``'s sizes and algorithms (and resnet50's
+    gradient size), checked: NCCL in device memory, the copies alone, each host algorithm with them."""
+    return dimd_job(["bench-allreduce", "--device", "cuda", "-a", p["algorithms"], "-b", p["min_bytes"],
+                     "-e", p["max_bytes"], "-f", p["factor"], "--model", "resnet50", "--check"],
+                    folder / "bench_allreduce_cuda.json", ranks=1, timeout=timeout)["result"]
+
+
+def one_rank_runs(p: dict[str, Any], data: Any, folder: Path, log: Callable[[str], None], *,
+                  device: str = "cuda", backend: str = "nccl", deadline: float | None = None) -> dict[str, Any]:
+    """``dimd train`` on one rank, the default against ``--allreduce BACKEND``, ``p["runs"]`` times interleaved
+    (the machine's drift hits both alike): each run's steady images/s, their spreads, the ratio's spread, and
+    what each run's JSON says it chose. ``deadline`` (time.monotonic()): no run goes past it."""
+    setups = {DEFAULT: [], f"--allreduce {backend}": ["--allreduce", backend]}
+    runs: dict[str, list[float]] = {setup: [] for setup in setups}
+    choices: dict[str, Any] = {}
+    for run in range(p["runs"]):
+        for setup, extra in setups.items():
+            log(f"run {run + 1}/{p['runs']}: {setup}")
+            limit = JOB_TIMEOUT_S if deadline is None else max(1.0, deadline - time.monotonic())
+            doc = dimd_job(["train", data.train, "--val", data.val, "--model", p["model"], "--precision",
+                            p["precision"], "--device", device, "--decode-workers", p["workers"],
+                            "--image-size", p["image_size"], "--batch-size", p["batch_size"], "--epochs",
+                            p["epochs"], "--lr", 0.1, "--schedule", "constant", *extra],
+                           folder / f"train_{backend if extra else 'default'}_run{run}.json", ranks=1,
+                           timeout=limit)
+            result = doc["result"]
+            runs[setup].append(steady(result["history"]))
+            choices[setup] = {"allreduce": result["allreduce"], "how": result["allreduce_choice"]["how"],
+                              "cuda_graphs": result["cuda_graphs"]["rule"]}
+    default, named = runs.values()
+    return {"train": {setup: spread(rates) for setup, rates in runs.items()}, "choices": choices,
+            "over_default": spread(n / d for n, d in zip(named, default))}
+
+
 def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
-    problem = no_cuda_line()
+    problem = no_cuda_line(SCRIPT)
     if problem:
         raise JobError(problem)
     from dimd.host import available_cores
@@ -67,27 +96,11 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
     p = ctx.size(FULL, QUICK)
     p["workers"] = max(1, available_cores() - 2)    # decoding processes: the cores but two
     ctx.log("bench-allreduce --device cuda, one rank")
-    table = dimd_job(["bench-allreduce", "--device", "cuda", "-a", p["algorithms"], "-b", p["min_bytes"],
-                      "-e", p["max_bytes"], "-f", p["factor"], "--model", "resnet50", "--check"],
-                     ctx.folder() / "bench_allreduce_cuda.json", ranks=1)["result"]
+    table = device_table(p, ctx.folder())
     data = sample_set(p["classes"], p["per_class"], p["val_per_class"], log=ctx.log)
-    runs: dict[str, list[float]] = {setup: [] for setup in SETUPS}
-    choices: dict[str, Any] = {}
-    for run in range(p["runs"]):           # interleaved: the machine's drift hits both alike
-        for setup in SETUPS:
-            ctx.log(f"run {run + 1}/{p['runs']}: {setup}")
-            extra = ["--allreduce", "nccl"] if "nccl" in setup else []
-            doc = dimd_job(["train", data.train, "--val", data.val, "--model", p["model"], "--precision",
-                            p["precision"], "--device", "cuda", "--decode-workers", p["workers"],
-                            "--image-size", p["image_size"], "--batch-size", p["batch_size"], "--epochs",
-                            p["epochs"], "--lr", 0.1, "--schedule", "constant", *extra],
-                           ctx.folder() / f"train_{'nccl' if extra else 'default'}_run{run}.json", ranks=1)
-            runs[setup].append(steady(doc["result"]["history"]))
-            choices[setup] = {"allreduce": doc["result"]["allreduce"],
-                              "how": doc["result"]["allreduce_choice"]["how"]}
-    ratio = spread(n / d for n, d in zip(runs[SETUPS[1]], runs[SETUPS[0]]))
-    figures = {"table": table, "train": {s: spread(v) for s, v in runs.items()}, "choices": choices,
-               "nccl_over_default": ratio, "records": data.records, **device_versions()}
+    runs = one_rank_runs(p, data, ctx.folder(), ctx.log)
+    figures = {"table": table, "train": runs["train"], "choices": runs["choices"],
+               "nccl_over_default": runs["over_default"], "records": data.records, **device_versions()}
     return p, figures
 
 
@@ -156,22 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     FULL.update({name: getattr(args, name) for name in ("runs", "epochs", "per_class", "model")
                  if getattr(args, name)})
-    problem = no_cuda_line()
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
     import reproduce
 
-    reproduce.measure_one(REPRODUCTION, args.quick, RESULTS)
-    try:
-        png = reproduce.draw_one(REPRODUCTION, RESULTS)
-        reproduce.write_readme(reproduce.registry(), RESULTS)
-        print(f"{png} and bench/README.md written", file=sys.stderr)
-    except (ImportError, SystemExit) as exc:   # no matplotlib / pillow-simd on this machine
-        print(f"{RESULTS / 'gpu_allreduce.json'} written; the figure needs the plotting extras ({exc}): run "
-              f"`.venv/bin/python bench/reproduce.py --plot-only gpu_allreduce` where `make plots-setup` ran",
-              file=sys.stderr)
-    return 0
+    return reproduce.measure_on_gpu(REPRODUCTION, args.quick, no_cuda_line(SCRIPT))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,11 @@ under a time limit, and one that fails or runs out of time is reported while the
    K = 1 and 4, against batch 128 eager), medians of 3 interleaved runs; then ``dimd train`` on a 32-px set
    (S-SGD at batch 16 eager and graphed, 4 graphed learners of 16, S-SGD at batch 256 eager), 3 epochs each;
 3. ``ranks``: two ranks sharing the GPU for one S-SGD epoch (graphed: two graphs around the host allreduce);
-4. ``feed``: a short bench/gpu_feed.py grid: resnet50 in 32-true and bf16-mixed and resnet18 in bf16-mixed at
+4. ``nccl``: ``dimd bench-allreduce --device cuda`` on one rank (NCCL in device memory, the copies to the host
+   and back alone, the host algorithms with them; 1 to 64 MiB and resnet50's gradients), then ``dimd train`` on
+   one rank with ``--allreduce nccl`` against the default one-rank run (which skips the reduction): resnet20
+   at 32 px, batch 16 (graphed), 4 epochs, 3 interleaved runs each (bench/gpu_allreduce.py's jobs, short);
+5. ``feed``: a short bench/gpu_feed.py grid: resnet50 in 32-true and bf16-mixed and resnet18 in bf16-mixed at
    224 px, batch 128: the ceiling, ``dimd train`` and the DataLoader script, one run each on a small set.
 
 It writes gpu_check.json in the results folder (again after every part: a check stopped midway keeps what it measured)
@@ -37,13 +41,13 @@ from typing import Any, Callable
 from _common import BENCH, BIN, RESULTS, WORK, JobError, dimd_job, machine, no_cuda_line, run, sample_set
 
 ROOT = BENCH.parent
-PARTS = ("tests", "graphs", "ranks", "feed")
+PARTS = ("tests", "graphs", "ranks", "nccl", "feed")
 #: Seconds after which no part starts (the 8 minutes of the check, less the set-up before it).
 BUDGET_S = 420.0
 #: The least time worth starting a part with.
-MINIMUM_S = {"tests": 60.0, "graphs": 60.0, "ranks": 30.0, "feed": 45.0}
+MINIMUM_S = {"tests": 60.0, "graphs": 60.0, "ranks": 30.0, "nccl": 60.0, "feed": 45.0}
 #: Each part's own limit (a part that hangs must not eat the rest).
-LIMIT_S = {"tests": 200.0, "graphs": 160.0, "ranks": 60.0, "feed": 150.0}
+LIMIT_S = {"tests": 200.0, "graphs": 160.0, "ranks": 60.0, "nccl": 120.0, "feed": 150.0}
 
 #: The 32-px set of the graphs and ranks parts: 5,000 generated images packed at a short side of 36 px.
 SMALL_SET = {"classes": 10, "per_class": 500, "val_per_class": 20, "short_side": 36}
@@ -139,6 +143,26 @@ def part_ranks(deadline: float, folder: Path) -> dict[str, Any]:
             "capture_seconds": graphs.get("capture_seconds"), "val_top1": result["val_top1"]}
 
 
+#: The nccl part: bench/gpu_allreduce.py's jobs, short (the table's sizes, the one-rank runs' model and set).
+NCCL_CHECK = {"algorithms": "mpi,ring", "min_bytes": 1 << 20, "max_bytes": 64 << 20, "factor": 4,
+              "model": "resnet20", "precision": "32-true", "image_size": 32, "batch_size": 16, "epochs": 4,
+              "runs": 3}
+
+
+def part_nccl(deadline: float, folder: Path) -> dict[str, Any]:
+    """The copies' and NCCL's cost per size on one GPU, and one rank's ``--allreduce nccl`` against the default."""
+    import gpu_allreduce
+
+    p = {**NCCL_CHECK, "workers": workers()}
+    table = gpu_allreduce.device_table(p, folder, timeout=max(1.0, deadline - time.monotonic()))
+    data = sample_set(SMALL_SET["classes"], SMALL_SET["per_class"], SMALL_SET["val_per_class"], log=say,
+                      short_side=SMALL_SET["short_side"])
+    runs = gpu_allreduce.one_rank_runs(p, data, folder, say, deadline=deadline)
+    rows = [{k: row[k] for k in ("bytes", "algorithm", "time_us", "busbw_gbs", "wrong")} for row in table["rows"]]
+    passed = table["wrong_total"] == 0 and runs["choices"]["--allreduce nccl"]["allreduce"] == "nccl"
+    return {"passed": passed, "parameters": p, "rows": rows, "gradient_bytes": table.get("gradient_bytes"), **runs}
+
+
 def part_feed(deadline: float, folder: Path) -> dict[str, Any]:
     import gpu_feed
 
@@ -151,7 +175,7 @@ def part_feed(deadline: float, folder: Path) -> dict[str, Any]:
 
 
 PART_FUNCTIONS: dict[str, Callable[[float, Path], dict[str, Any]]] = {
-    "tests": part_tests, "graphs": part_graphs, "ranks": part_ranks, "feed": part_feed}
+    "tests": part_tests, "graphs": part_graphs, "ranks": part_ranks, "nccl": part_nccl, "feed": part_feed}
 
 
 # ----------------------------------------------------------------------------- targets and table
@@ -176,6 +200,9 @@ def targets(parts: dict[str, Any], wall_s: float) -> list[dict[str, Any]]:
              best_sma("resnet20", "S-SGD b256 eager")),
             ("resnet18 224 px: 4 graphed learners of 16 / S-SGD b128 eager", 0.95,
              best_sma("resnet18", "S-SGD b128 eager"))]
+    nccl = parts.get("nccl", {}).get("over_default")
+    rows.append(("one rank, resnet20 32 px b16: --allreduce nccl / default (dimd train)", 0.98,
+                 nccl["median"] if nccl else None))
     out = [{"target": name, "at_least": bound, "measured": value, "met": None if value is None else value >= bound}
            for name, bound, value in rows]
     out.append({"target": "captures' share of a 3-epoch dimd train run (S-SGD b16)", "at_most": 0.05,
@@ -205,6 +232,14 @@ def table(document: dict[str, Any]) -> str:
         if name == "ranks" and "images_per_s" in part:
             lines.append(f"| ranks | 2 ranks, 1 GPU, S-SGD b16 ({', '.join(part['graphs']) or 'eager'}) | "
                          f"{part['images_per_s']:,.0f} img/s, replicas identical {part['replicas_identical']} |")
+        if name == "nccl" and "rows" in part:
+            for algorithm in ("nccl", "d2h+h2d"):
+                times = ", ".join(f"{row['bytes'] / 2**20:.4g} MiB {row['time_us']:,.0f} us" for row in part["rows"]
+                                  if row["algorithm"] == algorithm and row["bytes"])
+                lines.append(f"| nccl | bench-allreduce --device cuda, 1 rank: {algorithm} | {times} |")
+            rates = ", ".join(f"{setup} {rate['median']:,.0f}" for setup, rate in part["train"].items())
+            lines.append(f"| nccl | dimd train, 1 rank: {rates} img/s | {part['over_default']['median']:.3f}x "
+                         f"({part['over_default']['min']:.3f}-{part['over_default']['max']:.3f}) |")
         if name == "feed" and "setups" in part:
             for key, setup in part["setups"].items():
                 rates = ", ".join(f"{s} {v['median']:,.0f}" for s, v in setup["images_per_s"].items())

@@ -35,7 +35,8 @@ def test_a_failing_part_is_reported_and_the_next_still_runs(bench, monkeypatch, 
     monkeypatch.setattr(check, "no_cuda_line", lambda *line: None)
     monkeypatch.setattr(check, "device_versions", lambda: {"gpu": "a stand-in", "torch": torch.__version__,
                                                            "cuda": None, "cudnn": None})
-    monkeypatch.setattr(check, "PART_FUNCTIONS", {"tests": failing, "graphs": slow, "ranks": ranks, "feed": ranks})
+    monkeypatch.setattr(check, "PART_FUNCTIONS", {"tests": failing, "graphs": slow, "ranks": ranks, "nccl": ranks,
+                                                  "feed": ranks})
     out = tmp_path / "gpu_check.json"
     assert check.main(["--json", str(out), "--parts", "tests,graphs,ranks"]) == 1
     result = json.loads(out.read_text())["result"]
@@ -81,3 +82,19 @@ def test_the_graphs_step_grid_runs_its_set_ups_on_the_cpu_stand_in(tmp_path):
     assert set(result["ratios"]) == {"S-SGD b2 graphed / S-SGD b2 eager",
                                      "SMA 2x2 graphed (branches) / SMA 2x2 eager"}
     assert result["captures"]["SMA 2x2 graphed (branches)"]["captures"] == 2
+
+
+def test_the_nccl_parts_one_rank_runs_work_end_to_end_on_the_cpu_through_gloo(bench, packed_sample, tmp_path):
+    """bench/gpu_allreduce.py's one-rank runs, which the nccl part of the check takes on a GPU, here on the CPU
+    with gloo in NCCL's place: the jobs run, their JSON is read, the ratio is taken (its figures mean nothing)."""
+    from types import SimpleNamespace
+
+    gpu_allreduce = bench("gpu_allreduce")
+    p = {"model": "lenet", "precision": "32-true", "image_size": 16, "batch_size": 8, "epochs": 2, "runs": 1,
+         "workers": 1}
+    runs = gpu_allreduce.one_rank_runs(p, SimpleNamespace(train=packed_sample, val=packed_sample), tmp_path,
+                                       lambda line: None, device="cpu", backend="gloo")
+    assert list(runs["train"]) == ["default (one rank skips the reduction)", "--allreduce gloo"]
+    assert all(rate["median"] > 0 for rate in runs["train"].values()) and runs["over_default"]["median"] > 0
+    assert runs["choices"]["--allreduce gloo"]["allreduce"] == "gloo"
+    assert runs["choices"]["default (one rank skips the reduction)"]["how"] == "single rank"
