@@ -9,11 +9,13 @@ from mpi_case import case, say, world
 
 
 @case
-def noise_scale_matches_offline_estimator(data: str) -> None:
-    """The engine's B_simple equals :class:`NoiseScale` fed offline with the same gradients::
+def noise_scale_matches_offline_estimator(data: str, algorithm: str = "default") -> None:
+    """The engine's B_simple equals :class:`NoiseScale` fed offline with the same gradients, with ``algorithm``
+    (default: the engine's choice; gloo: the squared norms ride torch.distributed's allreduce of the buckets,
+    the path NCCL takes on GPUs)::
 
-        mpiexec -n 2 python -m mpi4py tests/mpi_case.py noise_scale_matches_offline_estimator PACKED_SET
-        -> ok 8 steps; B_simple per epoch ...
+        mpiexec -n 2 python -m mpi4py tests/mpi_case.py noise_scale_matches_offline_estimator PACKED_SET gloo
+        -> ok 8 steps with gloo; B_simple per epoch ...
 
     Every rank trains lenet with ``noise_scale`` on and keeps a float64 copy of
     its gradient just before each allreduce (the buckets' ``synchronize`` is
@@ -39,7 +41,8 @@ def noise_scale_matches_offline_estimator(data: str) -> None:
     GradientBuckets.synchronize = synchronize  # type: ignore[method-assign]
     batch = 6
     config = TrainConfig(train=data, val=data, model="lenet", image_size=16, epochs=2, batch_size=batch, lr=0.1,
-                         lr_scaling=False, schedule="constant", decode_workers=1, threads=1, noise_scale=True)
+                         lr_scaling=False, schedule="constant", decode_workers=1, threads=1, noise_scale=True,
+                         allreduce=None if algorithm == "default" else algorithm)
     result = train(config, comm)
     everyone = comm.gather(seen, root=0)
     if comm.Get_rank() != 0:
@@ -65,14 +68,17 @@ def noise_scale_matches_offline_estimator(data: str) -> None:
             if want is not None:
                 assert np.isclose(got, want, rtol=1e-3, atol=1e-7), (key, got, want)
     assert result.epochs[-1].noise_scale is not None   # |G|^2's average has turned positive by then
-    say(f"ok {len(seen)} steps; B_simple per epoch " + ", ".join(f"{e.noise_scale}" for e in result.epochs))
+    say(f"ok {len(seen)} steps with {result.allreduce}; B_simple per epoch "
+        + ", ".join(f"{e.noise_scale}" for e in result.epochs))
 
 
 @pytest.mark.mpi
-def test_the_engines_estimate_equals_the_estimator_fed_offline_with_the_same_gradients(colour_set):
-    proc = mpi_run(noise_scale_matches_offline_estimator, 2, colour_set, timeout=240)
+@pytest.mark.parametrize("algorithm", ["default", "gloo"])
+def test_the_engines_estimate_equals_the_estimator_fed_offline_with_the_same_gradients(colour_set, algorithm):
+    proc = mpi_run(noise_scale_matches_offline_estimator, 2, colour_set, algorithm, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok 8 steps" in proc.stdout     # 48 images / (2 ranks x 6) = 4 steps an epoch, 2 epochs
+    assert ("with gloo" in proc.stdout) == (algorithm == "gloo")
 
 
 def train_args(data, *extra):
