@@ -53,8 +53,9 @@ BACKENDS = ("nccl", "gloo")
 #: A backend's collectives time out after this when the job's stall timeout is 0 ("wait forever"):
 #: torch always has a timeout, and NCCL's watchdog ends the process at it.
 _NO_TIMEOUT = timedelta(days=7)
-#: How much longer than rank 0 the other ranks wait out a stalled rendezvous.
-_SPEAKS_FIRST_S = 2.0
+#: How much longer than rank 0 the other ranks wait out a stalled rendezvous: rank 0's line, its grace and its
+#: MPI_Abort reaching them through the launcher (2 s once let a second line through on a loaded machine).
+_SPEAKS_FIRST_S = 5.0
 
 
 def backend_problem(backend: str, device: Any) -> str | None:
