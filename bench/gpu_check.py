@@ -6,7 +6,8 @@
     python bench/gpu_check.py --budget 300          # stop starting work after 300 s
 
 Whoever has a GPU machine at hand runs this first. The parts, in this order; each runs in processes of its own
-under a time limit, and one that fails or runs out of time is reported while the next still runs:
+under a time limit, and one that fails or runs out of time is reported (with the results of the jobs it
+finished) while the next still runs:
 
 1. ``tests``: ``pytest -m cuda`` over the test files that hold CUDA tests;
 2. ``graphs``: CUDA graphs (bench/cuda_graphs.py, short): the step grid of resnet20 at 32 px (batch 16, K = 1, 2
@@ -252,6 +253,22 @@ def table(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def finished_jobs(folder: Path, since: float) -> dict[str, Any]:
+    """The results of the jobs a part finished before it failed or ran out of time (each job's JSON in
+    ``folder``, written after ``since``, time.monotonic()): a GPU session is short, and what it measured stays."""
+    import json
+
+    after = time.time() - (time.monotonic() - since)
+    found: dict[str, Any] = {}
+    for path in sorted(folder.glob("*.json")):
+        try:
+            if path.stat().st_mtime >= after:
+                found[path.stem] = json.loads(path.read_text(encoding="utf-8")).get("result")
+        except (OSError, ValueError):   # a job cut off while it wrote: nothing to keep
+            continue
+    return found
+
+
 # ----------------------------------------------------------------------------- the check
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -297,11 +314,13 @@ def main(argv: list[str] | None = None) -> int:
             status = "passed" if figures.pop("passed", True) else "failed"
             part = {"status": status, **figures}
         except subprocess.TimeoutExpired:
-            part = {"status": "timed out", "error": f"past its {deadline - t0:.0f} s"}
+            part = {"status": "timed out", "error": f"past its {deadline - t0:.0f} s",
+                    "finished_jobs": finished_jobs(folder, since=t0)}
         except Exception as exc:   # reported, and the next part still runs
             lines = str(exc).strip().splitlines() or [type(exc).__name__]
             part = {"status": "failed", "error": lines[-1][:300], "detail": "\n".join(lines[-12:]),
-                    "traceback": traceback.format_exc(limit=4)[-2000:]}
+                    "traceback": traceback.format_exc(limit=4)[-2000:],
+                    "finished_jobs": finished_jobs(folder, since=t0)}
         part["seconds"] = time.monotonic() - t0
         result["parts"][name] = part
         write()

@@ -26,13 +26,15 @@ def test_a_failing_part_is_reported_and_the_next_still_runs(bench, monkeypatch, 
     def failing(deadline, folder):
         raise common.JobError("exit 1: dimd train ...\nRuntimeError: CUDA error: an illegal memory access")
 
-    def slow(deadline, folder):
+    def slow(deadline, folder):   # one job finished, the next ran out of time
+        (folder / "train_eager.json").write_text(json.dumps({"result": {"images_per_s": 987.0}}))
         raise subprocess.TimeoutExpired("dimd train", 160)
 
     def ranks(deadline, folder):
         return {"passed": True, "images_per_s": 1234.0, "replicas_identical": True, "graphs": ["forward", "update"]}
 
     monkeypatch.setattr(check, "no_cuda_line", lambda *line: None)
+    monkeypatch.setattr(check, "WORK", tmp_path / "work")
     monkeypatch.setattr(check, "device_versions", lambda: {"gpu": "a stand-in", "torch": torch.__version__,
                                                            "cuda": None, "cudnn": None})
     monkeypatch.setattr(check, "PART_FUNCTIONS", {"tests": failing, "graphs": slow, "ranks": ranks, "nccl": ranks,
@@ -44,6 +46,7 @@ def test_a_failing_part_is_reported_and_the_next_still_runs(bench, monkeypatch, 
     assert [(name, part["status"]) for name, part in parts.items()] == \
         [("tests", "failed"), ("graphs", "timed out"), ("ranks", "passed")]
     assert parts["tests"]["error"] == "RuntimeError: CUDA error: an illegal memory access"
+    assert parts["graphs"]["finished_jobs"] == {"train_eager": {"images_per_s": 987.0}}   # kept, not lost
     assert parts["ranks"]["images_per_s"] == 1234.0
     assert {t["met"] for t in result["targets"][:-1]} == {None}        # nothing measured: nothing claimed
     table = capsys.readouterr().out
