@@ -54,8 +54,8 @@ BACKENDS = ("nccl", "gloo")
 #: torch always has a timeout, and NCCL's watchdog ends the process at it.
 _NO_TIMEOUT = timedelta(days=7)
 #: How much longer than rank 0 the other ranks wait out a stalled rendezvous: rank 0's line, its grace and its
-#: MPI_Abort reaching them through the launcher (2 s once let a second line through on a loaded machine).
-_SPEAKS_FIRST_S = 5.0
+#: MPI_Abort reaching them through the launcher.
+_SPEAKS_FIRST_S = 5.0   # a loaded machine delays the abort; only a job whose rank 0 cannot speak waits it out
 
 
 def backend_problem(backend: str, device: Any) -> str | None:
@@ -258,7 +258,7 @@ def _rendezvous(comm: Any, group: TorchGroup, timeout: timedelta, collectives: t
                        f"{RENDEZVOUS_TIMEOUT.total_seconds():g} s")
 
     def stalled(message: str) -> None:
-        quiet.restore()
+        quiet.speak()   # torch's C++ would log a connection's next retry after dimd's line: it stays silenced
         end_job(comm, f"{backend}'s rendezvous did not complete: {message} ({hint})")
 
     # the other ranks give rank 0 a moment to speak first: its line ends the job, one line, not one per rank
@@ -282,10 +282,12 @@ def _rendezvous(comm: Any, group: TorchGroup, timeout: timedelta, collectives: t
 
 
 class SilencedStderr:
-    """File descriptor 2 to /dev/null for a while (torch's C++ logging); :meth:`restore` may come from any thread."""
+    """File descriptor 2 to /dev/null for a while (torch's C++ logging), with Python's ``sys.stderr`` able to
+    speak through it (:meth:`speak`, from any thread) while torch's C++ stays silenced."""
 
     def __init__(self) -> None:
         self._saved: int | None = None
+        self._python: Any = None   # sys.stderr as it was before speak()
         self._lock = threading.Lock()
 
     def __enter__(self) -> "SilencedStderr":
@@ -296,8 +298,21 @@ class SilencedStderr:
         os.close(null)
         return self
 
+    def speak(self) -> None:
+        """Python's writes to the real stderr again, file descriptor 2 still silenced: a job that ends from the
+        watchdog says its one line while torch's C++ goes on logging its retries until the process ends."""
+        with self._lock:
+            if self._saved is not None and self._python is None:
+                self._python = sys.stderr
+                sys.stderr.flush()
+                sys.stderr = os.fdopen(os.dup(self._saved), "w", buffering=1)
+
     def restore(self) -> None:
         with self._lock:
+            if self._python is not None:
+                sys.stderr.flush()
+                sys.stderr.close()
+                sys.stderr, self._python = self._python, None
             if self._saved is not None:
                 os.dup2(self._saved, 2)
                 os.close(self._saved)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from conftest import invoke_dimd, mpi_run, run_mpi_dimd
+from conftest import invoke_dimd, mpi_run, run_mpi_dimd, run_python
 from hostile import one_error_line
 from mpi_case import case, say, world
 
@@ -195,6 +195,21 @@ def test_device_cuda_without_cuda_is_one_line_and_exit_2():
     message = one_error_line(proc, code=2)
     assert message.startswith("--device cuda: no CUDA device on ") and "without --device cuda" in message
     assert proc.stdout == ""
+
+
+def test_a_stalled_rendezvous_speaks_its_line_while_torchs_cpp_logging_stays_silenced(tmp_path):
+    """The watchdog's line reaches stderr; a C++ retry log written after it (file descriptor 2) does not."""
+    script = tmp_path / "speak.py"
+    script.write_text("import os, sys\n"
+                      "from dimd.allreduce.group import SilencedStderr\n"
+                      "with SilencedStderr() as quiet:\n"
+                      "    os.write(2, b'[W] TCPStore.cpp: retrying\\n')\n"
+                      "    quiet.speak()\n"
+                      "    sys.stderr.write('dimd: error: the one line\\n')\n"
+                      "    os.write(2, b'[W] TCPStore.cpp: retrying again\\n')\n"
+                      "os.write(2, b'stderr is back\\n')\n")
+    proc = run_python(script, check=True, timeout=60)
+    assert proc.stderr == "dimd: error: the one line\nstderr is back\n"
 
 
 @pytest.mark.mpi
