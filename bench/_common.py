@@ -130,6 +130,12 @@ def python_job(script: Path, args: Sequence[Any], json_path: Path, command: str,
 
 
 # ---------------------------------------------------------------------------- the machine
+def gpu_decode_workers() -> int:
+    """The decoding processes of a GPU benchmark's runs: the cores but two (the training process and the feed's
+    thread keep theirs)."""
+    return max(1, available_cores() - 2)
+
+
 def no_cuda_line(script: str, does: str = "measures on a GPU") -> str | None:
     """Why ``script`` cannot run here (one line), or None on a CUDA machine."""
     import torch

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import (JOB_TIMEOUT_S, Context, JobError, Reproduction, dimd_job, no_cuda_line, python_job,
-                     sample_set, spread)
+from _common import (JOB_TIMEOUT_S, Context, JobError, Reproduction, dimd_job, gpu_decode_workers, no_cuda_line,
+                     python_job, sample_set, spread)
 
 SCRIPT = "bench/cuda_graphs.py"
 
@@ -273,12 +273,9 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
     problem = no_cuda_line(SCRIPT)
     if problem:
         raise JobError(problem)
-    from dimd.host import available_cores
-
     p = ctx.size(FULL, QUICK)
-    workers = max(1, available_cores() - 2)   # decoding processes: the cores but two
     return p, {"step_grid": step_grids(p, ctx.folder(), ctx.log),
-               "train": train_runs(p, ctx.folder(), ctx.log, ctx.work, workers), **device_versions()}
+               "train": train_runs(p, ctx.folder(), ctx.log, ctx.work, gpu_decode_workers()), **device_versions()}
 
 
 def table(figures: dict[str, Any]) -> list[str]:

@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import JOB_TIMEOUT_S, Context, JobError, Reproduction, dimd_job, no_cuda_line, sample_set, spread
+from _common import (JOB_TIMEOUT_S, Context, JobError, Reproduction, dimd_job, gpu_decode_workers, no_cuda_line,
+                     sample_set, spread)
 
 FULL = {"model": "resnet50", "precision": "bf16-mixed", "image_size": 224, "batch_size": 128, "epochs": 3,
         "runs": 3, "classes": 10, "per_class": 300, "val_per_class": 10, "min_bytes": 1 << 20,
@@ -91,10 +92,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
     problem = no_cuda_line(SCRIPT)
     if problem:
         raise JobError(problem)
-    from dimd.host import available_cores
-
-    p = ctx.size(FULL, QUICK)
-    p["workers"] = max(1, available_cores() - 2)    # decoding processes: the cores but two
+    p = {**ctx.size(FULL, QUICK), "workers": gpu_decode_workers()}
     ctx.log("bench-allreduce --device cuda, one rank")
     table = device_table(p, ctx.folder())
     data = sample_set(p["classes"], p["per_class"], p["val_per_class"], log=ctx.log)

@@ -39,7 +39,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import BENCH, BIN, RESULTS, WORK, JobError, dimd_job, machine, no_cuda_line, run, sample_set
+from _common import (BENCH, BIN, RESULTS, WORK, JobError, dimd_job, gpu_decode_workers, machine, no_cuda_line, run,
+                     sample_set)
 
 ROOT = BENCH.parent
 PARTS = ("tests", "graphs", "ranks", "nccl", "feed")
@@ -63,12 +64,6 @@ def device_versions() -> dict[str, Any]:
 
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def workers() -> int:
-    from dimd.host import available_cores
-
-    return max(1, available_cores() - 2)
 
 
 # ----------------------------------------------------------------------------- the parts
@@ -122,7 +117,7 @@ def part_graphs(deadline: float, folder: Path) -> dict[str, Any]:
     p = short_graphs_parameters()
     figures: dict[str, Any] = {"parameters": {k: v for k, v in p.items() if k != "models"}}
     figures["step_grid"] = cuda_graphs.step_grids(p, folder, say, deadline=deadline)
-    figures["train"] = cuda_graphs.train_runs(p, folder, say, WORK, workers(), deadline=deadline)
+    figures["train"] = cuda_graphs.train_runs(p, folder, say, WORK, gpu_decode_workers(), deadline=deadline)
     figures["passed"] = True
     return figures
 
@@ -133,7 +128,7 @@ def part_ranks(deadline: float, folder: Path) -> dict[str, Any]:
                       short_side=SMALL_SET["short_side"])
     result = dimd_job(["train", data.train, "--val", data.val, "--model", "resnet20", "--image-size", 32,
                        "--batch-size", 16, "--epochs", 1, "--device", "cuda", "--decode-workers",
-                       max(1, workers() // 2), "--lr", 0.1, "--crop-scale", 0.35], folder / "two_ranks.json",
+                       max(1, gpu_decode_workers() // 2), "--lr", 0.1, "--crop-scale", 0.35], folder / "two_ranks.json",
                       ranks=2, timeout=max(1.0, deadline - time.monotonic()))["result"]
     graphs = result["cuda_graphs"]
     passed = bool(result["replicas_identical"]) and result["epochs_run"] == 1
@@ -154,7 +149,7 @@ def part_nccl(deadline: float, folder: Path) -> dict[str, Any]:
     """The copies' and NCCL's cost per size on one GPU, and one rank's ``--allreduce nccl`` against the default."""
     import gpu_allreduce
 
-    p = {**NCCL_CHECK, "workers": workers()}
+    p = {**NCCL_CHECK, "workers": gpu_decode_workers()}
     table = gpu_allreduce.device_table(p, folder, timeout=max(1.0, deadline - time.monotonic()))
     data = sample_set(SMALL_SET["classes"], SMALL_SET["per_class"], SMALL_SET["val_per_class"], log=say,
                       short_side=SMALL_SET["short_side"])
@@ -168,8 +163,8 @@ def part_feed(deadline: float, folder: Path) -> dict[str, Any]:
     import gpu_feed
 
     p = {**gpu_feed.FULL, "setups": [("resnet50", "32-true"), ("resnet50", "bf16-mixed"), ("resnet18", "bf16-mixed")],
-         "runs": 1, "epochs": 2, "per_class": 200, "ceiling_steps": 20, "workers": workers(), "decodes": ["cpu"],
-         "dataloader": gpu_feed.has_torchvision(), "loaders_alone": False}
+         "runs": 1, "epochs": 2, "per_class": 200, "ceiling_steps": 20, "workers": gpu_decode_workers(),
+         "decodes": ["cpu"], "dataloader": gpu_feed.has_torchvision(), "loaders_alone": False}
     figures = gpu_feed.measure_grid(p, folder, say, WORK, deadline=deadline)
     return {**figures, "parameters": {k: v for k, v in p.items() if k not in ("models", "precisions")},
             "passed": True}

@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import (JOB_TIMEOUT_S, Context, JobError, Reproduction, dimd_job, no_cuda_line, python_job,
-                     sample_set, spread)
+from _common import (JOB_TIMEOUT_S, Context, JobError, Reproduction, dimd_job, gpu_decode_workers, no_cuda_line,
+                     python_job, sample_set, spread)
 
 SCRIPT = "bench/gpu_feed.py"
 
@@ -223,10 +223,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
     problem = no_cuda_line(SCRIPT)
     if problem:
         raise JobError(problem)
-    from dimd.host import available_cores
-
-    p = ctx.size(FULL, QUICK)
-    p["workers"] = max(1, available_cores() - 2)    # decoding processes: the cores but two
+    p = {**ctx.size(FULL, QUICK), "workers": gpu_decode_workers()}
     p["decodes"] = ["cpu", "gpu"] if has_torchvision() else ["cpu"]
     return p, measure_grid(p, ctx.folder(), ctx.log, ctx.work)
 

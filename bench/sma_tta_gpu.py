@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import Context, JobError, Reproduction, dimd_job, no_cuda_line, sample_set
+from _common import Context, JobError, Reproduction, dimd_job, gpu_decode_workers, no_cuda_line, sample_set
 from sma_tta import draw, findings, rank_key, summarise, to_target
 
 FULL = {"per_class": 5000, "val_per_class": 100, "short_side": 36, "batch": 16, "ssgd_batches": [16, 64, 256],
@@ -57,9 +57,7 @@ def train(data: Any, setup: dict[str, Any], seed: int, p: dict[str, Any], work: 
 
 def compare(p: dict[str, Any], ctx: Context) -> dict[str, Any]:
     """Every set-up's runs (their JSONs in the reproduction's folder), summarised as bench/sma_tta.py does."""
-    from dimd.host import available_cores
-
-    workers, work, log = max(1, available_cores() - 2), ctx.folder(), ctx.log
+    workers, work, log = gpu_decode_workers(), ctx.folder(), ctx.log
     data = sample_set(10, p["per_class"], p["val_per_class"], work=ctx.work, log=log, short_side=p["short_side"])
     setups: dict[str, dict[str, Any]] = {}
     chosen: dict[str, Any] = {}

@@ -103,15 +103,14 @@ def main(argv: list[str] | None = None) -> int:
               f"(torch {torch.__version__})", file=sys.stderr)
         return 2
     sys.path.insert(1, str(BENCH))
-    from _common import sample_set, spread
+    from _common import gpu_decode_workers, sample_set, spread
     from gpu_feed import device_versions, model_and_step
 
-    from dimd.host import available_cores
     from dimd.mpi import init_mpi
     from dimd.report import result_document, write_json
     from dimd.shuffle import DistributedStore
 
-    args.workers = args.workers or max(1, available_cores() - 2)
+    args.workers = args.workers or gpu_decode_workers()
     packed = args.packed or str(sample_set(10, args.per_class, 20, log=print).train)
     init_mpi("funneled")
     from mpi4py import MPI
