@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 from conftest import invoke_dimd, mpi_run, run_mpi_dimd, run_python
-from hostile import one_error_line
+from hostile import mpi_error, one_error_line
 from mpi_case import case, say, world
 
 from dimd.allreduce import STANDALONE
@@ -192,7 +192,8 @@ def test_device_buffers_time_the_collective_the_copies_and_each_algorithm_with_t
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
 def test_device_cuda_without_cuda_is_one_line_and_exit_2():
     proc = run_mpi_dimd(2, "bench-allreduce", "--device", "cuda", "-b", "8", "-e", "8", timeout=120)
-    message = one_error_line(proc, code=2)
+    message = mpi_error(proc)   # whatever the launcher adds around it (Open MPI's box about the exit)
+    assert proc.returncode == 2 and proc.stderr.count("dimd: error:") == 1, proc.stderr
     assert message.startswith("--device cuda: no CUDA device on ") and "without --device cuda" in message
     assert proc.stdout == ""
 
@@ -220,7 +221,8 @@ def test_a_rendezvous_that_cannot_complete_ends_the_job_in_one_line_within_the_t
     proc = run_mpi_dimd(2, "bench-allreduce", "--peer", "gloo", "-a", "mpi", "-b", "8", "-e", "8",
                         "--stall-timeout", "3", env={"MASTER_ADDR": "192.0.2.1"},
                         timeout=120)
-    message = one_error_line(proc)
+    message = mpi_error(proc)   # whatever the launcher adds around it (MPICH's abort notice, Open MPI's boxes)
+    assert proc.returncode == 1 and proc.stderr.count("dimd: error:") == 1, proc.stderr
     assert message.startswith("rank 0 on ") and "gloo's rendezvous did not complete: no progress for 3 s" in message
     assert "MASTER_ADDR" in message and "--stall-timeout bounds this wait" in message
     assert "c10d" not in proc.stderr and time.monotonic() - start < 60
