@@ -14,6 +14,13 @@ from dimd.errors import ConfigError
 
 #: libjpeg's JPEG_MAX_DIMENSION: no side of a stored JPEG may be longer.
 JPEG_MAX_SIDE = 65500
+#: A file or archive member larger than this is not read as an image (it would be read whole into memory).
+MAX_IMAGE_BYTES = 1 << 30
+
+
+def too_large(size: int) -> str:
+    """Why an image of ``size`` bytes is skipped."""
+    return f"{size:,} bytes, more than an image file may have ({MAX_IMAGE_BYTES:,})"
 
 
 @dataclass(frozen=True)

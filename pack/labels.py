@@ -35,14 +35,16 @@ _DIGITS = re.compile(r"[0-9]+")
 
 @dataclass(frozen=True)
 class LabelBound:
-    """The labels a source may use: ``0..limit-1``; ``named`` when a classes file sets the limit."""
+    """The labels a source may use: ``0..limit-1``; ``named`` when class names set the limit, and
+    ``named_by`` says where those names came from."""
 
     limit: int
     named: bool
+    named_by: str = "the classes file"
 
     @classmethod
-    def for_classes(cls, classes: list[str] | None) -> "LabelBound":
-        return cls(len(classes), True) if classes is not None else cls(MAX_LABEL + 1, False)
+    def for_classes(cls, classes: list[str] | None, named_by: str = "the classes file") -> "LabelBound":
+        return cls(len(classes), True, named_by) if classes is not None else cls(MAX_LABEL + 1, False)
 
     def problem(self, label: int, shown: str | None = None) -> str | None:
         """Why ``label`` is refused, or None; ``shown`` is the label as the input wrote it."""
@@ -52,7 +54,7 @@ class LabelBound:
         if label < self.limit:
             return None
         if self.named:
-            return f"label {shown} but the classes file names only {self.limit} classes"
+            return f"label {shown} but {self.named_by} names only {self.limit} classes"
         return (f"label {shown} is above {MAX_LABEL:,}, the largest dimd accepts without "
                 f"`classes_file`")
 

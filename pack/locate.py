@@ -25,7 +25,7 @@ from typing import Iterator
 
 from dimd.errors import DimdError
 from dimd.pack.config import PackConfig
-from dimd.pack.sources import LMDB_DATA_FILE, Source, open_source, read_classes_file, read_list
+from dimd.pack.sources import LMDB_DATA_FILE, Source, open_source, read_classes_file, read_lines, read_list
 from dimd.pack.streamed import StreamedSource
 from dimd.pack.tar_stream import (ArchiveProblem, compression, is_hidden, member_path, members, open_tar)
 
@@ -124,8 +124,7 @@ def _is_pattern(text: str) -> bool:
 
 def _listed(list_path: Path) -> Iterator[Path]:
     """The files a list names, one per line (blank lines and ``#`` comments aside), relative to its folder."""
-    text = list_path.read_text(encoding="utf-8-sig", errors="surrogateescape")
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(read_lines(list_path, "list of files"), 1):
         entry = line.strip()
         if not entry or entry.startswith("#"):
             continue

@@ -19,7 +19,7 @@ from typing import Callable, Generator
 
 from dimd.errors import DimdError
 from dimd.format import PackedRecord, PackWriter, dataset_paths, escape_name
-from dimd.pack.config import PackConfig
+from dimd.pack.config import MAX_IMAGE_BYTES, PackConfig, too_large
 from dimd.pack.labels import LabelBound, numbered_classes
 from dimd.pack.locate import open_pack_source
 from dimd.pack.process_pool import imap_watched, pool_size, worker_pool
@@ -27,7 +27,6 @@ from dimd.pack.sources import Source, Task
 from dimd.pack.streamed import StreamedSource
 
 #: A file larger than this is not read as an image (a 1 GiB JPEG would be ~ 10^9 pixels).
-MAX_IMAGE_BYTES = 1 << 30
 
 #: Tasks that carry bytes (archive members) go to a worker in chunks of about this many bytes.
 CHUNK_BYTES = 1 << 19
@@ -291,8 +290,7 @@ def read_image_file(path: str) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise ImageSkipped("not a regular file")
         if st.st_size > MAX_IMAGE_BYTES:
-            raise ImageSkipped(f"{st.st_size:,} bytes, more than an image file may have "
-                               f"({MAX_IMAGE_BYTES:,})")
+            raise ImageSkipped(too_large(st.st_size))
         try:
             return f.read()  # sized from fstat; read(MAX + 1) would allocate 1 GiB per image first
         except OSError as exc:

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from dimd.errors import DimdError
 from dimd.pack.streamed import SourceFile, StreamedSource, Task, archive_task, bytes_task, skip_task
-from dimd.pack.tar_source import MAX_IMAGE_BYTES, too_large
+from dimd.pack.config import MAX_IMAGE_BYTES, too_large
 
 #: Rows per batch read: a few MB of images, so the bytes in flight stay bounded.
 BATCH_ROWS = 64

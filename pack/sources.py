@@ -307,7 +307,7 @@ def read_list(list_file: Path, classes: list[str] | None) -> list[ListEntry]:
     """The ``relative/path label`` lines of ``list_file``, labels bounded; an error names the first bad line."""
     bound = LabelBound.for_classes(classes)
     entries: list[ListEntry] = []
-    for number, line in enumerate(_read_lines(list_file, "list file"), 1):
+    for number, line in enumerate(read_lines(list_file, "list file"), 1):
         if not line.strip():
             continue
         parts = line.strip().rsplit(None, 1)  # like convert_imageset: the label is the last field
@@ -350,7 +350,7 @@ def _list_source(root: Path, list_file: Path, classes: list[str] | None) -> Sour
 
 def read_classes_file(path: str | os.PathLike) -> list[str]:
     """One class name per line; line ``i`` names label ``i``; every name once."""
-    names = [line.strip() for line in _read_lines(Path(path), "classes file")]
+    names = [line.strip() for line in read_lines(Path(path), "classes file")]
     while names and not names[-1]:
         names.pop()
     if not names or not all(names):
@@ -364,7 +364,7 @@ def read_classes_file(path: str | os.PathLike) -> list[str]:
     return names
 
 
-def _read_lines(path: Path, what: str) -> list[str]:
+def read_lines(path: Path, what: str) -> list[str]:
     """A text file's lines, without a leading byte order mark; undecodable bytes kept as surrogate
     escapes (they may be file names)."""
     try:

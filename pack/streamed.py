@@ -85,21 +85,15 @@ class StreamedSource(ABC):
         self.rejected: list[tuple[str, str]] = []
         self.reordered = False
 
-    @property
-    def root(self) -> str:
-        return self.shown
-
     #: Where ``classes`` came from, as a label out of range names it.
     classes_from = "the classes file"
 
     @property
     def label_bound(self) -> LabelBound:
-        return LabelBound.for_classes(self.classes)
+        return LabelBound.for_classes(self.classes, self.classes_from)
 
     def label_problem(self, label: int) -> str | None:
         """Why a label read from the archive is refused (negative, or not a class), or None."""
-        if self.classes is not None and label >= len(self.classes):
-            return f"label {label} but {self.classes_from} names only {len(self.classes)} classes"
         return self.label_bound.problem(label)
 
     @abstractmethod

@@ -24,19 +24,14 @@ import numpy as np
 
 from dimd.errors import DimdError
 from dimd.format import PackWriter
+from dimd.pack.config import MAX_IMAGE_BYTES, too_large
 from dimd.pack.sources import ListEntry, is_image_file, list_classes
 from dimd.pack.streamed import (SourceFile, StreamedSource, Task, archive_task, bytes_task, put_in_order,
                                 range_task, skip_task)
 from dimd.pack.tar_stream import (ArchiveProblem, is_hidden, member_file, member_kind, member_location, member_path,
                                   members, on_local_disk, open_tar, read_member, tree_key)
 
-#: A member larger than this is not read as an image (as for files: dimd.pack.packer.MAX_IMAGE_BYTES).
-MAX_IMAGE_BYTES = 1 << 30
 INNER_SUFFIX = ".tar"
-
-
-def too_large(size: int) -> str:
-    return f"{size:,} bytes, more than an image file may have ({MAX_IMAGE_BYTES:,})"
 
 
 def image_task(tar, member, name: str, label: int, shown: str, in_place: Path | None) -> Task:

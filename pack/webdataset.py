@@ -19,7 +19,8 @@ from typing import Iterator
 
 from dimd.pack.labels import parse_label
 from dimd.pack.streamed import SourceFile, StreamedSource, Task, archive_task, skip_task
-from dimd.pack.tar_source import MAX_IMAGE_BYTES, image_task, too_large
+from dimd.pack.config import MAX_IMAGE_BYTES, too_large
+from dimd.pack.tar_source import image_task
 from dimd.pack.tar_stream import (ArchiveProblem, is_hidden, member_kind, member_path, members, on_local_disk,
                                   open_tar, read_member)
 
