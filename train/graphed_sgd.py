@@ -177,22 +177,10 @@ class GraphedSSGD(SSGD):
             spent.compute = t3 - t0       # one graph: the step is one launch
         else:
             spent.compute, spent.allreduce, spent.optimizer = t1 - t0, t2 - t1, t3 - t2
-        return self._result(figures, spent)
-
-    def _result(self, figures: list[float], spent: StepTimes) -> StepResult:
-        loss_sum, correct, samples, stops = figures[EXTRA_LOSS], figures[EXTRA_CORRECT], figures[EXTRA_SAMPLES], \
-            figures[EXTRA_STOP]
         skipped = self.precision.skip(figures[EXTRA_OVERFLOW])   # the same on every rank, as the graph decided
         self.device_precision.refresh()
-        if self.noise is not None and not skipped:
-            self.noise.update(figures[EXTRA_SQNORM] / self.world_size, figures[AVERAGED_SQNORM],
-                              local_batch=round(samples / self.world_size), ranks=self.world_size)
-        finite = ((skipped or math.isfinite(loss_sum) and math.isfinite(figures[GRAD_SUM]))
-                  and not self.precision.diverged)
-        result = StepResult(loss_sum, correct, samples, stops > 0, spent, finite=finite)
-        if skipped:
-            result.events.append(f"16-mixed: the gradients overflowed on some rank, the step is skipped on every "
-                                 f"rank; {self.precision.figures()}")
+        result = self._result(figures, skipped, figures[AVERAGED_SQNORM], lambda: math.isfinite(figures[GRAD_SUM]),
+                              spent)
         result.events.extend(self.graphs.events())
         return result
 

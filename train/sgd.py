@@ -118,6 +118,7 @@ class SSGD:
         t1 = time.perf_counter()
         self.buckets.synchronize()   # MPI: the gradients (and extras) summed over ranks; with overlap, the rest
         self._sync()                 # (timing) on the device path the collectives are queued, not yet done
+        averaged = None
         if self.noise is not None:   # before the optimizer, which may change .grad in place (Nesterov)
             with torch.no_grad():
                 # a second full pass, and on a GPU a device-to-host sync point (float waits for the allreduce's copy)
@@ -130,16 +131,24 @@ class SSGD:
         t3 = time.perf_counter()
         spent.compute, spent.allreduce, spent.optimizer = t1 - t0, t2 - t1, t3 - t2
         # On a GPU, reading the extras is a device-to-host sync point (the timing's _sync above already waited).
-        loss_sum, correct, samples, stops, local_sqnorms, _ = self.flat.extras.tolist()
+        # The finite check is a full pass over the averaged gradients every step (4 bytes read per parameter)
+        # and, on a GPU, a device-to-host sync point: float() waits for every kernel queued, so nothing of the
+        # next step is queued ahead of it (here the timing's _sync has already waited; without it this would).
+        return self._result(self.flat.extras.tolist(), skipped, averaged,
+                            lambda: math.isfinite(float(self.flat.grads.sum())), spent)
+
+    def _result(self, figures: list[float], skipped: bool, averaged: float | None,
+                grads_finite: Callable[[], bool], spent: StepTimes) -> StepResult:
+        """A step's summed extras (``figures``, indexed by the ``EXTRA_*`` numbers) as its result: the noise
+        scale fed, a divergence found at the step it happens (the same step on every rank: the summed gradients
+        are alike; ``grads_finite`` is asked only when the loss is finite), a skipped step said."""
+        loss_sum, correct, samples, stops = (figures[EXTRA_LOSS], figures[EXTRA_CORRECT], figures[EXTRA_SAMPLES],
+                                             figures[EXTRA_STOP])
         if self.noise is not None and not skipped:
-            self.noise.update(local_sqnorms / self.world_size, averaged, local_batch=round(samples / self.world_size),
-                              ranks=self.world_size)
-        # A full pass over the averaged gradients every step (4 bytes read per parameter) and, on a GPU, a
-        # device-to-host sync point: float() waits for every kernel queued, so nothing of the next step is
-        # queued ahead of it (here the timing's _sync has already waited; without it this would). It finds a
-        # divergence at the step it happens, the same step on every rank (the summed gradients are alike).
-        finite = ((skipped or math.isfinite(loss_sum) and math.isfinite(float(self.flat.grads.sum())))
-                  and not self.precision.diverged)
+            assert averaged is not None   # measured whenever the noise scale is
+            self.noise.update(figures[EXTRA_SQNORM] / self.world_size, averaged,
+                              local_batch=round(samples / self.world_size), ranks=self.world_size)
+        finite = (skipped or math.isfinite(loss_sum) and grads_finite()) and not self.precision.diverged
         result = StepResult(loss_sum, correct, samples, stops > 0, spent, finite=finite)
         if skipped:
             result.events.append(f"16-mixed: the gradients overflowed on some rank, the step is skipped on every "
