@@ -19,7 +19,7 @@ need nothing but the communicator (all but ``torch``, which runs on the
 from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, STANDALONE, SUPPORTED_DTYPES, Algorithm,
                                 AllreduceError, allreduce, get_algorithm)
 from dimd.allreduce.bench import choose_fastest
-from dimd.allreduce.group import (BACKENDS, TorchGroup, backend_problem, caller_group, device_group, nccl_problem,
+from dimd.allreduce.group import (BACKENDS, TorchGroup, backend_problem, caller_group, device_group, group_problem,
                                   start_group, started_group)
 from dimd.allreduce.buffers import release_scratch
 from dimd.allreduce.multicolor import ColorTree, color_trees, multicolor_split
@@ -27,5 +27,5 @@ from dimd.allreduce.ring import ring_root_segment_bytes
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_COLORS", "STANDALONE", "SUPPORTED_DTYPES", "Algorithm",
            "AllreduceError", "ColorTree", "TorchGroup", "allreduce", "backend_problem", "caller_group",
-           "choose_fastest", "color_trees", "device_group", "get_algorithm", "multicolor_split", "nccl_problem",
+           "choose_fastest", "color_trees", "device_group", "get_algorithm", "group_problem", "multicolor_split",
            "release_scratch", "ring_root_segment_bytes", "start_group", "started_group"]

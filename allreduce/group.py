@@ -104,11 +104,13 @@ def shared_gpu_problem(comm: Any, device: Any) -> str | None:
     return next((p for p in comm.allgather(problem) if p), None)   # MPI: every node's answer
 
 
-def nccl_problem(comm: Any, device: Any) -> str | None:
-    """Collective over ``comm``: why nccl cannot run here (a rank without a GPU or NCCL, ranks sharing a GPU),
-    or None; the same answer on every rank."""
-    problem = next((p for p in comm.allgather(backend_problem("nccl", device)) if p), None)   # MPI: every rank's
-    return problem if problem is not None else shared_gpu_problem(comm, device)
+def group_problem(comm: Any, backend: str, device: Any) -> str | None:
+    """Collective over ``comm``: why ``backend`` cannot run here (a rank without a GPU or NCCL, ranks sharing a
+    GPU, a torch build without gloo), or None; the same answer on every rank."""
+    problem = next((p for p in comm.allgather(backend_problem(backend, device)) if p), None)   # MPI: every rank's
+    if problem is None and backend == "nccl":
+        problem = shared_gpu_problem(comm, device)
+    return problem
 
 
 class Pending:
@@ -224,9 +226,7 @@ def start_group(comm: Any, backend: str, device: Any = None, *, stall_timeout: f
     if mine is not None:
         mine._users += 1
         return mine
-    agree_or_raise(comm, backend_problem(backend, device))   # MPI: a rank without a GPU or NCCL stops every rank
-    if backend == "nccl":
-        agree_or_raise(comm, shared_gpu_problem(comm, device))
+    agree_or_raise(comm, group_problem(comm, backend, device))   # MPI: a rank without a GPU or NCCL stops every rank
     group = TorchGroup(backend, comm.Get_size(), device, owned=True)
     group.address = _rendezvous(comm, group, rendezvous_timeout(stall_timeout), backend_timeout(stall_timeout))
     _started[backend] = group

@@ -127,14 +127,12 @@ def check_decode(config: TrainConfig, device: torch.device, comm: Any) -> None:
 def check_device_allreduce(config: TrainConfig, device: torch.device, comm: Any) -> None:
     """Collective: ``allreduce`` nccl or gloo stops every rank with one line, before the data loads, where this
     job cannot run it (a rank on the CPU or without NCCL, ranks sharing a GPU); the group starts after the load."""
-    from dimd.allreduce import backend_problem, get_algorithm, nccl_problem
+    from dimd.allreduce import BACKENDS, get_algorithm, group_problem
     from dimd.allreduce.torchdist import process_group_ready
 
     backend = get_algorithm(config.allreduce).torch_group if config.allreduce else None
-    if backend == "nccl":
-        agree_or_raise(comm, nccl_problem(comm, device))   # MPI: every rank's GPU and torch build
-    elif backend == "gloo":
-        agree_or_raise(comm, backend_problem("gloo", device))
+    if backend in BACKENDS:
+        agree_or_raise(comm, group_problem(comm, backend, device))   # MPI: every rank's GPU and torch build
     elif backend is not None:   # torch: the group a script of the caller's started
         problem = None
         try:
@@ -214,9 +212,9 @@ def choose_allreduce(config: TrainConfig, nbytes: int, comm, device: torch.devic
         return "mpi", {"how": "single rank"}
     choice: dict[str, Any] = {}
     if device.type == "cuda":
-        from dimd.allreduce import nccl_problem
+        from dimd.allreduce import group_problem
 
-        choice["not_nccl"] = nccl_problem(comm, device)   # MPI: every rank's GPU and torch build
+        choice["not_nccl"] = group_problem(comm, "nccl", device)   # MPI: every rank's GPU and torch build
         if choice["not_nccl"] is None:
             return "nccl", {"how": "the default on GPUs: every rank has a GPU of its own and NCCL is available"}
     from dimd.allreduce import choose_fastest
@@ -251,20 +249,20 @@ def graphs_choice(config: TrainConfig, device: torch.device, model: torch.nn.Mod
 
     Every rank has the same config, model and kind of device, so every rank decides alike; an explicit
     ``cuda_graphs`` the run cannot honour stops every rank with one line. ``backend``: a stand-in
-    for the GPU (tests run the graphed steps on the CPU with :class:`~dimd.train.graphs.StandIn`).
+    for the GPU (tests run the graphed steps on the CPU with :class:`~dimd.train.graphs.StandIn`). The
+    device was checked before the load (:func:`check_graphs_device`).
     """
     from dimd.train.graphs import capture_problem, graphs_rule
 
     if backend is not None:
         return GraphChoice(True, f"on: {backend.name} backend given to the trainer", backend)
-    check_graphs_device(config, device, comm)
-    problem = capture_problem(model) if config.cuda_graphs else None
-    agree_or_raise(comm, problem and f"{problem}: give it a momentum, or leave out `cuda_graphs`")   # MPI: one model
+    problem = capture_problem(model)
+    if config.cuda_graphs:
+        agree_or_raise(comm, problem and f"{problem}: give it a momentum, or leave out `cuda_graphs`")  # MPI: one model
     on, rule = graphs_rule(config.cuda_graphs, device, config.batch_size, config.image_size,
                            overlap=config.overlap, learner_compute=config.sma.learner_compute)
-    unfit = capture_problem(model) if on else None
-    if unfit:
-        on, rule = False, f"off: {unfit}"
+    if on and problem:
+        on, rule = False, f"off: {problem}"
     if config.sync == "sma" and config.sma.learner_compute == "branches" and not on:
         agree_or_raise(comm, f"`learner_compute` branches is one CUDA graph with a branch per learner, but graphs "
                              f"are {rule}")
