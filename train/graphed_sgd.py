@@ -35,8 +35,8 @@ from dimd.private_apis import unscale_and_find_non_finite_
 from dimd.shuffle.normalize import Normalize
 from dimd.train.buckets import DeviceReduce
 from dimd.train.flatgrad import Reduce
-from dimd.train.graphs import (WARMUP_STEPS, Backend, StaticBatch, StaticInputs, StepGraphs, backend_for,
-                               capture_problem, write_scalar)
+from dimd.train.graphs import (WARMUP_STEPS, Backend, ScalarWrites, StaticBatch, StaticInputs, StepGraphs, backend_for,
+                               capture_problem)
 from dimd.train.noise import NoiseScale
 from dimd.train.precision import Precision
 from dimd.train.sgd import (EXTRA_CORRECT, EXTRA_LOSS, EXTRA_OVERFLOW, EXTRA_SAMPLES, EXTRA_SQNORM, EXTRA_STOP,
@@ -60,7 +60,7 @@ class DeviceLossScale:
     def __init__(self, precision: Precision, device: torch.device) -> None:
         self.precision = precision
         self.scale = torch.ones((), device=device)
-        self._written: float | None = None
+        self._writes = ScalarWrites()
         self.refresh()
 
     def autocast(self) -> ContextManager[Any]:
@@ -83,9 +83,8 @@ class DeviceLossScale:
     def refresh(self) -> None:
         """Write the host's current scale into the tensor, if it changed."""
         loss_scale = self.precision.loss_scale
-        if loss_scale is not None and loss_scale.scale != self._written:
-            write_scalar(self.scale, loss_scale.scale)
-            self._written = loss_scale.scale
+        if loss_scale is not None:
+            self._writes.set(self.scale, loss_scale.scale)
 
 
 def capturable_sgd(optimizer: torch.optim.Optimizer, lr: torch.Tensor, found_inf: torch.Tensor | None) -> None:
@@ -137,17 +136,12 @@ class GraphedSSGD(SSGD):
         self.found_inf = torch.zeros((), device=device)
         self.readout = torch.zeros(READOUT, device=device)
         self.device_precision = DeviceLossScale(self.precision, device)
-        self._written: dict[str, float] = {}
+        self._writes = ScalarWrites()
         self._eager_flags = [(group.get("fused"), group.get("foreach")) for group in optimizer.param_groups]
         self._make_capturable()
 
     def _make_capturable(self) -> None:
         capturable_sgd(self.optimizer, self.lr, self.found_inf if self.precision.loss_scale is not None else None)
-
-    def _write(self, name: str, tensor: torch.Tensor, value: float) -> None:
-        if self._written.get(name) != value:
-            write_scalar(tensor, value)
-            self._written[name] = value
 
     def step(self, batches: Batches, place: StepPlace, *, stop: bool = False,
              times: StepTimes | None = None) -> StepResult:
@@ -158,8 +152,8 @@ class GraphedSSGD(SSGD):
         graphs = self.graphs
         graphs.begin_step()
         key, (static,) = self.inputs.load(batches)
-        self._write("lr", self.lr, place.lr)
-        self._write("stop", self.stop_flag, 1.0 if stop else 0.0)
+        self._writes.set(self.lr, place.lr)
+        self._writes.set(self.stop_flag, 1.0 if stop else 0.0)
         if self.whole:
             graphs.run("step", key, partial(self._whole_step, static))
             t1 = t2 = None
@@ -228,7 +222,7 @@ class GraphedSSGD(SSGD):
     def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
         notes = super().load_state(shared, local)
         self._make_capturable()            # the loaded groups hold a number for the rate
-        self._written.clear()
+        self._writes.forget()
         self.device_precision.refresh()
         self.graphs.reset("a checkpoint was loaded")   # the momentum buffers are new tensors
         return notes

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from dimd.train.graphs import (WARMUP_STEPS, Backend, StaticBatch, StaticInputs, StepGraphs, backend_for,
-                               capture_problem, write_scalar)
+from dimd.train.graphs import (WARMUP_STEPS, Backend, ScalarWrites, StaticBatch, StaticInputs, StepGraphs, backend_for,
+                               capture_problem)
 from dimd.train.learners import Learners
 from dimd.train.sma import SMA
 from dimd.train.steps import Batches, StepResult, StepTimes, forward_backward
@@ -68,7 +68,7 @@ class GraphedLearners(Learners):
         device = next(template.parameters()).device
         self.inputs = StaticInputs(device)
         self.neg_lr = torch.zeros((), device=device)
-        self._written_lr: float | None = None
+        self._writes = ScalarWrites()
         super().__init__(template, k, compute=compute, normalize=normalize, threads=threads)
 
     def _allocate(self, W: torch.Tensor, V: torch.Tensor, float_rows: torch.Tensor,
@@ -103,9 +103,7 @@ class GraphedLearners(Learners):
         if len(images) != self.k:
             raise ValueError(f"{self.k} learners need {self.k} batches, got {len(images)}")
         key, statics = self.inputs.load(list(zip(images, labels)))
-        if lr != self._written_lr:
-            write_scalar(self.neg_lr, -lr)
-            self._written_lr = lr
+        self._writes.set(self.neg_lr, -lr)
         bodies = [partial(self._learner_step, j, static, momentum, decay) for j, static in enumerate(statics)]
         if self.compute == "branches":
             self.graphs.run("learners", key, partial(self._branches, bodies), self.branch_backend)
@@ -168,7 +166,7 @@ class GraphedSMA(SMA):
         self.alpha_t = torch.zeros((), device=device)
         self.neg_alpha_t = torch.zeros((), device=device)
         self.sync_readout = torch.zeros(2, device=device)
-        self._written_alpha: float | None = None
+        self._writes = ScalarWrites()
         self._key: Hashable = None
         super().__init__(model, reduce, world_size, **options)
 
@@ -196,10 +194,8 @@ class GraphedSMA(SMA):
     def synchronize(self, stop: bool, times: StepTimes | None = None, batches: Batches = ()) -> StepResult:
         times = times or StepTimes()
         t0 = time.perf_counter()
-        if self.alpha != self._written_alpha:   # 1/L changes with the learners
-            write_scalar(self.alpha_t, self.alpha)
-            write_scalar(self.neg_alpha_t, -self.alpha)
-            self._written_alpha = self.alpha
+        self._writes.set(self.alpha_t, self.alpha)        # 1/L changes with the learners
+        self._writes.set(self.neg_alpha_t, -self.alpha)
         key = self._key if self._key is not None else "no step yet"
         if self.world_size == 1:                # nothing to sum: the extras stay on the host
             self.graphs.run("sync", key, self._share_and_apply)

@@ -9,7 +9,7 @@ them with one launch. What that takes, and how dimd keeps a replayed step the sa
   replay (the device feed still stages batches ahead on its own stream); weights, gradients (flat
   buffers), momentum and batch-norm statistics live for the whole run and change in place.
 * **Nothing that changes is baked in.** The learning rate, the stop flag and 16-mixed's loss
-  scale are device tensors the host writes before a replay (:func:`write_scalar`: a kernel with
+  scale are device tensors the host writes before a replay (:class:`ScalarWrites`: a kernel with
   the value as its argument, no copy from host memory to race with); the overflow check and the
   skip of an overflowed step run on the device; the figures the host needs come back in one
   small read per step.
@@ -100,10 +100,24 @@ def capture_problem(model: nn.Module) -> str | None:
     return None
 
 
-def write_scalar(tensor: torch.Tensor, value: float) -> None:
-    """Set a 0-d device tensor a graph reads (a fill kernel with ``value`` as its argument: nothing in host
-    memory for a later step to overwrite before the copy ran)."""
-    tensor.fill_(value)
+class ScalarWrites:
+    """The host's writes into the 0-d device tensors a graph reads, each made only when its value changed.
+
+    A write is a fill kernel with the value as its argument: nothing in host memory for a later step to
+    overwrite before a copy ran. :meth:`forget` makes the next write of every tensor happen (its tensor
+    may have been replaced, or changed by a loaded checkpoint).
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[int, float] = {}   # id(tensor) -> the value last written into it
+
+    def set(self, tensor: torch.Tensor, value: float) -> None:
+        if self._last.get(id(tensor)) != value:
+            tensor.fill_(value)
+            self._last[id(tensor)] = value
+
+    def forget(self) -> None:
+        self._last.clear()
 
 
 class StaticBatch:
