@@ -18,8 +18,10 @@ from __future__ import annotations
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -130,6 +132,16 @@ def python_job(script: Path, args: Sequence[Any], json_path: Path, command: str,
 
 
 # ---------------------------------------------------------------------------- the machine
+def steady(per_epoch: list[float]) -> float:
+    """A run's figure: the median of its epochs after the first (start-up and warm-up)."""
+    return statistics.median(per_epoch[1:] if len(per_epoch) > 1 else per_epoch)
+
+
+def time_left(deadline: float | None) -> float:
+    """A job's time limit: what is left before ``deadline`` (time.monotonic()), or the bench's default."""
+    return JOB_TIMEOUT_S if deadline is None else max(1.0, deadline - time.monotonic())
+
+
 def gpu_decode_workers() -> int:
     """The decoding processes of a GPU benchmark's runs: the cores but two (the training process and the feed's
     thread keep theirs)."""

@@ -28,15 +28,14 @@ The JSON (cuda_graphs.json in the results folder) names the GPU and the versions
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import (JOB_TIMEOUT_S, Context, JobError, Reproduction, dimd_job, gpu_decode_workers, no_cuda_line,
-                     python_job, sample_set, spread)
+from _common import (Context, JobError, Reproduction, dimd_job, gpu_decode_workers, no_cuda_line,
+                     python_job, sample_set, spread, steady, time_left)
 
 SCRIPT = "bench/cuda_graphs.py"
 
@@ -218,16 +217,6 @@ def job_main(argv: list[str]) -> int:
 
 
 # ----------------------------------------------------------------------------- the measurement
-def steady(per_epoch: list[float]) -> float:
-    """A run's figure: the median of its epochs after the first."""
-    return statistics.median(per_epoch[1:] if len(per_epoch) > 1 else per_epoch)
-
-
-def time_left(deadline: float | None) -> float:
-    """A job's time limit: what is left before ``deadline`` (time.monotonic()), or the bench's default."""
-    return JOB_TIMEOUT_S if deadline is None else max(1.0, deadline - time.monotonic())
-
-
 def step_grids(p: dict[str, Any], folder: Path, log: Callable[[str], None], *,
                deadline: float | None = None) -> dict[str, Any]:
     """Every model's step grid, each in a process of its own."""

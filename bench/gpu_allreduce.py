@@ -22,14 +22,12 @@ joins the gallery (bench/reproduce.py, opt-in). The tests that need a GPU are
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from _common import (JOB_TIMEOUT_S, Context, JobError, Reproduction, dimd_job, gpu_decode_workers, no_cuda_line,
-                     sample_set, spread)
+                     sample_set, spread, steady, time_left)
 
 FULL = {"model": "resnet50", "precision": "bf16-mixed", "image_size": 224, "batch_size": 128, "epochs": 3,
         "runs": 3, "classes": 10, "per_class": 300, "val_per_class": 10, "min_bytes": 1 << 20,
@@ -45,12 +43,6 @@ def device_versions() -> dict[str, Any]:
 
     return {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
             "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
-
-
-def steady(history: list[dict[str, Any]]) -> float:
-    """A run's images/s: the median of its epochs after the first (start-up and warm-up)."""
-    epochs = history[1:] or history
-    return statistics.median(e["images_per_s"] for e in epochs)
 
 
 def device_table(p: dict[str, Any], folder: Path, *, timeout: float = JOB_TIMEOUT_S) -> dict[str, Any]:
@@ -72,15 +64,14 @@ def one_rank_runs(p: dict[str, Any], data: Any, folder: Path, log: Callable[[str
     for run in range(p["runs"]):
         for setup, extra in setups.items():
             log(f"run {run + 1}/{p['runs']}: {setup}")
-            limit = JOB_TIMEOUT_S if deadline is None else max(1.0, deadline - time.monotonic())
             doc = dimd_job(["train", data.train, "--val", data.val, "--model", p["model"], "--precision",
                             p["precision"], "--device", device, "--decode-workers", p["workers"],
                             "--image-size", p["image_size"], "--batch-size", p["batch_size"], "--epochs",
                             p["epochs"], "--lr", 0.1, "--schedule", "constant", *extra],
                            folder / f"train_{backend if extra else 'default'}_run{run}.json", ranks=1,
-                           timeout=limit)
+                           timeout=time_left(deadline))
             result = doc["result"]
-            runs[setup].append(steady(result["history"]))
+            runs[setup].append(steady([e["images_per_s"] for e in result["history"]]))
             choices[setup] = {"allreduce": result["allreduce"], "how": result["allreduce_choice"]["how"],
                               "cuda_graphs": result["cuda_graphs"]["rule"]}
     default, named = runs.values()

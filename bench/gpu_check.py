@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from _common import (BENCH, BIN, RESULTS, WORK, JobError, dimd_job, gpu_decode_workers, machine, no_cuda_line, run,
-                     sample_set)
+                     sample_set, time_left)
 
 ROOT = BENCH.parent
 PARTS = ("tests", "graphs", "ranks", "nccl", "feed")
@@ -83,7 +83,7 @@ def part_tests(deadline: float, folder: Path) -> dict[str, Any]:
                f"--junitxml={report}", *map(str, files)]
     output, error = "", None
     try:
-        output = run(command, timeout=max(1.0, deadline - time.monotonic()), log=folder / "pytest.log")
+        output = run(command, timeout=time_left(deadline), log=folder / "pytest.log")
     except JobError as exc:                     # failures: the report says which
         error = str(exc)
     except subprocess.TimeoutExpired:
@@ -129,7 +129,7 @@ def part_ranks(deadline: float, folder: Path) -> dict[str, Any]:
     result = dimd_job(["train", data.train, "--val", data.val, "--model", "resnet20", "--image-size", 32,
                        "--batch-size", 16, "--epochs", 1, "--device", "cuda", "--decode-workers",
                        max(1, gpu_decode_workers() // 2), "--lr", 0.1, "--crop-scale", 0.35], folder / "two_ranks.json",
-                      ranks=2, timeout=max(1.0, deadline - time.monotonic()))["result"]
+                      ranks=2, timeout=time_left(deadline))["result"]
     graphs = result["cuda_graphs"]
     passed = bool(result["replicas_identical"]) and result["epochs_run"] == 1
     return {"passed": passed, "images_per_s": result["images_per_s"],
@@ -150,7 +150,7 @@ def part_nccl(deadline: float, folder: Path) -> dict[str, Any]:
     import gpu_allreduce
 
     p = {**NCCL_CHECK, "workers": gpu_decode_workers()}
-    table = gpu_allreduce.device_table(p, folder, timeout=max(1.0, deadline - time.monotonic()))
+    table = gpu_allreduce.device_table(p, folder, timeout=time_left(deadline))
     data = sample_set(SMALL_SET["classes"], SMALL_SET["per_class"], SMALL_SET["val_per_class"], log=say,
                       short_side=SMALL_SET["short_side"])
     runs = gpu_allreduce.one_rank_runs(p, data, folder, say, deadline=deadline)

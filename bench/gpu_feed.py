@@ -26,14 +26,13 @@ One measurement alone: ``python bench/gpu_feed.py --job ceiling|dataloader|loade
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import (JOB_TIMEOUT_S, Context, JobError, Reproduction, dimd_job, gpu_decode_workers, no_cuda_line,
-                     python_job, sample_set, spread)
+from _common import (Context, JobError, Reproduction, dimd_job, gpu_decode_workers, no_cuda_line,
+                     python_job, sample_set, spread, steady, time_left)
 
 SCRIPT = "bench/gpu_feed.py"
 
@@ -63,11 +62,6 @@ def device_versions() -> dict[str, Any]:
 
         versions["torchvision"] = torchvision.__version__
     return versions
-
-
-def steady(per_epoch: list[float]) -> float:
-    """The figure of a run: the median of its epochs after the first."""
-    return statistics.median(per_epoch[1:] if len(per_epoch) > 1 else per_epoch)
 
 
 # ----------------------------------------------------------------------------- the single jobs
@@ -239,13 +233,10 @@ def measure_grid(p: dict[str, Any], folder: Path, log: Any, work: Path, *,
     trained: dict[str, list[float]] = {}
     alone: dict[str, list[float]] = {}
 
-    def limit() -> float:
-        return JOB_TIMEOUT_S if deadline is None else max(1.0, deadline - time.monotonic())
-
     def job(kind: str, name: str, *args: Any) -> list[float]:
         path = folder / f"{name.replace(' ', '_').replace(',', '')}_run{run}.json"
         return python_job(Path(__file__), ["--job", kind, *common, *args], path, "bench/gpu_feed.py",
-                          timeout=limit())["result"]["images_per_s"]
+                          timeout=time_left(deadline))["result"]["images_per_s"]
 
     for run in range(p["runs"]):           # interleaved: the machine's drift hits every set-up alike
         for model, precision in pairs:
@@ -259,7 +250,7 @@ def measure_grid(p: dict[str, Any], folder: Path, log: Any, work: Path, *,
                 doc = dimd_job(["train", data.train, "--val", data.val, "--model", model, "--precision",
                                 precision, "--decode", decode, "--device", "cuda", "--decode-workers",
                                 p["workers"], "--lr", 0.1, "--schedule", "constant", *common], path,
-                               timeout=limit())
+                               timeout=time_left(deadline))
                 history = doc["result"]["history"]
                 trained.setdefault(f"{key}|dimd, decode {decode}", []).append(
                     steady([e["images_per_s"] for e in history]))

@@ -77,7 +77,7 @@ def one_run(way: str, store: Any, args: argparse.Namespace, step: Any) -> dict[s
             cpu.append(main_cpu / batches)
     finally:
         feed.close()
-    from gpu_feed import steady
+    from _common import steady
 
     return {"images_per_s": steady(rates), "main_cpu_ms_per_batch": 1e3 * steady(cpu)}
 
