@@ -129,6 +129,9 @@ class HostBuffers:
     def zeros(self, count: int, dtype: np.dtype) -> Any:
         return np.zeros(count, dtype=dtype)
 
+    def clear(self, buf: Any) -> None:
+        buf.fill(0)
+
     def known(self, count: int, dtype: np.dtype, rank: int) -> Any:
         return known_values(count, dtype, rank)
 
@@ -149,6 +152,9 @@ class TensorBuffers(HostBuffers):
         import torch
 
         return torch.from_numpy(np.zeros(count, dtype=dtype)).to(self.device)
+
+    def clear(self, buf: Any) -> None:
+        buf.zero_()
 
     def known(self, count: int, dtype: np.dtype, rank: int) -> Any:
         import torch
@@ -250,10 +256,11 @@ def sweep(comm: Any, reducers: dict[str, Reducer], sizes: Iterable[int], dtype: 
         n_iters = iters if iters is not None else auto_iters(count * dtype.itemsize)
         n_warmup = warmup if warmup is not None else auto_warmup(n_iters)
         baseline = None
+        buf = buffers.zeros(count, dtype)   # one per size, cleared for each algorithm
         for name, run in reducers.items():
             with waiting(f"{name}'s allreduce of {count * dtype.itemsize} bytes"):
                 wrong = count_wrong(run, count, dtype, comm, buffers) if check and name != COPY_ROW else None
-                buf = buffers.zeros(count, dtype)
+                buffers.clear(buf)
                 avg, low, high = time_reducer(run, buf, comm, n_iters, n_warmup, buffers.settle)
             if name == "mpi":
                 baseline = avg
