@@ -285,7 +285,7 @@ def _layout_line(trainer) -> str:
 
 def _graphs_note(trainer) -> str:
     """`` (CUDA graphs on)`` or off, on a GPU; the reason is in the JSON."""
-    return f" (CUDA graphs {trainer.graphs.rule.split(':')[0]})" if trainer.device.type == "cuda" else ""
+    return f" (CUDA graphs {'on' if trainer.graphs.on else 'off'})" if trainer.device.type == "cuda" else ""
 
 
 def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | None,
