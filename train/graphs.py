@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Hashable, Protocol, Sequence
+from typing import Any, Callable, Hashable, Iterator, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -281,8 +281,7 @@ class StepGraphs:
         self.replays = 0
         self.eager_runs = 0
         self.steps = 0
-        self._entries: dict[tuple[str, Hashable], _Entry] = {}
-        self._shapes: dict[str, list[Hashable]] = {}   # each part's input keys with a graph (or warming up)
+        self._entries: dict[str, dict[Hashable, _Entry]] = {}   # part -> input key -> its graph (or warm-up)
         self._captured_parts: set[str] = set()   # since the last reset
         self._reset_reason: str | None = None
         self._events: list[str] = []
@@ -298,9 +297,10 @@ class StepGraphs:
         Returns what happened: "eager", "captured" (and replayed) or "replayed".
         """
         backend = backend or self.backend
-        shapes = self._shapes.setdefault(part, [])
-        if key not in shapes:
-            if len(shapes) >= self.max_shapes:
+        entries = self._entries.setdefault(part, {})
+        entry = entries.get(key)
+        if entry is None:
+            if len(entries) >= self.max_shapes:
                 if not self._said_too_many:
                     self._said_too_many = True
                     self._events.append(f"CUDA graphs: batch shape {describe(key)} runs eagerly, as will any further "
@@ -308,8 +308,7 @@ class StepGraphs:
                 self.eager_runs += 1
                 backend.eager(body)
                 return "eager"
-            shapes.append(key)
-        entry = self._entries.setdefault((part, key), _Entry())
+            entry = entries[key] = _Entry()
         if entry.graph is not None:
             entry.graph.replay()
             self.replays += 1
@@ -336,15 +335,15 @@ class StepGraphs:
 
     def warming_up(self) -> bool:
         """Whether a graph of the shapes seen still runs eagerly (a throughput measured now is not the graphs')."""
-        return not self._entries or any(entry.graph is None for entry in self._entries.values())
+        entries = list(self._all_entries())
+        return not entries or any(entry.graph is None for entry in entries)
 
     def reset(self, reason: str) -> None:
         """Drop every graph (what they read was reallocated or replaced); the next captures give ``reason``."""
-        if any(entry.graph is not None for entry in self._entries.values()):
+        if any(entry.graph is not None for entry in self._all_entries()):
             self._reset_reason = reason
             self._captured_parts.clear()
         self._entries.clear()
-        self._shapes.clear()
         self._said_too_many = False
 
     def events(self) -> list[str]:
@@ -355,7 +354,10 @@ class StepGraphs:
     @property
     def pool_bytes(self) -> int:
         """Device memory the live graphs' pools hold."""
-        return sum(entry.pool_bytes for entry in self._entries.values())
+        return sum(entry.pool_bytes for entry in self._all_entries())
+
+    def _all_entries(self) -> Iterator[_Entry]:
+        return (entry for entries in self._entries.values() for entry in entries.values())
 
     def figures(self) -> dict[str, Any]:
         return {"backend": self.backend.name, "warmup_steps": self.warmup, "max_shapes": self.max_shapes,
