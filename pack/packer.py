@@ -212,20 +212,7 @@ def process_task(task: Task) -> tuple:
     if kind == "archive":
         return name, label, None, 0, 0, 0, None
     try:
-        if kind == "file":
-            data = read_image_file(payload)
-            size_in = len(data)
-            image = resize_encoded(data, short_side, quality)
-        elif kind == "bytes":
-            data, shown = payload
-            size_in = len(data)
-            image = resize_encoded(data, short_side, quality)
-        elif kind == "range":
-            path, offset, size, shown = payload
-            data = read_in_place(path, offset, size)
-            size_in = len(data)
-            image = resize_encoded(data, short_side, quality)
-        else:
+        if kind == "datum":   # a Caffe Datum: its label and its pixels or encoded image
             from dimd.pack.lmdb_source import datum_image
 
             size_in = len(payload)
@@ -233,6 +220,16 @@ def process_task(task: Task) -> tuple:
             problem = bound.problem(label)
             if problem:
                 raise ImageSkipped(problem)
+        else:
+            if kind == "file":
+                data = read_image_file(payload)
+            elif kind == "bytes":
+                data, shown = payload
+            else:   # "range": the member's bytes, read in place
+                path, offset, size, shown = payload
+                data = read_in_place(path, offset, size)
+            size_in = len(data)
+            image = resize_encoded(data, short_side, quality)
     except ImageSkipped as exc:
         return shown, label, None, 0, 0, size_in, str(exc)
     except Exception as exc:  # one record's failure, named; the pack goes on
