@@ -60,11 +60,13 @@ class ParquetSource(StreamedSource):
         pq = import_parquet(shown)
         self.paths, self.image_column, self.label_column = files, image_column, label_column
         rows, metadata_names, named_by = 0, None, None
+        self._footers: dict[Path, Any] = {}   # each readable file's metadata, read once
         for path in files:
             try:
                 parquet = pq.ParquetFile(path)
             except Exception:   # named where it is read, as a skip
                 continue
+            self._footers[path] = parquet.metadata
             rows += parquet.metadata.num_rows
             names = class_label_names(parquet.schema_arrow, label_column)
             if names is None:
@@ -88,7 +90,7 @@ class ParquetSource(StreamedSource):
         for path in self.paths:
             yield archive_task(str(path))
             try:
-                parquet = pq.ParquetFile(path)
+                parquet = pq.ParquetFile(path, metadata=self._footers.get(path))
             except Exception as exc:
                 yield skip_task(str(path), f"not a Parquet file pyarrow can read ({_describe(exc)})")
                 continue
