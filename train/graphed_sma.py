@@ -112,23 +112,9 @@ class GraphedLearners(Learners):
                               for j, body in enumerate(bodies)])
         return key, self.stats
 
-    def _branches(self, bodies: Sequence[Callable[[], Any]]) -> None:
+    def _branches(self, bodies: Sequence[Callable[[], None]]) -> None:
         """The K learners forked to their streams from the current one (the capturing one) and joined again."""
         self._on_streams(bodies)
-
-    def _on_streams(self, works: Sequence[Callable[[], Any]]) -> None:
-        """Learner j's work on stream j, all of them at once after the current stream's earlier work."""
-        if self.streams is None:
-            for work in works:
-                work()
-            return
-        current = torch.cuda.current_stream(self.device)
-        for stream, work in zip(self.streams, works):
-            stream.wait_stream(current)
-            with torch.cuda.stream(stream):
-                work()
-        for stream in self.streams:
-            current.wait_stream(stream)
 
     def _learner_step(self, j: int, static: StaticBatch, momentum: float, decay: torch.Tensor | None) -> None:
         """Learner j's step, as :meth:`Learners.forward_backward` and :meth:`Learners.sgd_step` compute it."""

@@ -27,13 +27,16 @@ from __future__ import annotations
 import copy
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from functools import partial
+from typing import Callable, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from dimd.train.config import LEARNER_COMPUTES
 from dimd.train.steps import forward_backward
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -203,21 +206,27 @@ class Learners:
         return forward_backward(self.replicas[j], images, labels, self.normalize)
 
     def _stream_step(self, images: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> torch.Tensor:
-        """CUDA: learner j's forward and backward on stream j, so the GPU runs them concurrently.
+        """CUDA: learner j's forward and backward on stream j, so the GPU runs them concurrently."""
+        return torch.stack(self._on_streams([partial(self._one, j, images[j], labels[j]) for j in range(self.k)]))
+
+    def _on_streams(self, works: Sequence[Callable[[], T]]) -> list[T]:
+        """Learner j's work on stream j, all at once (in turn where there are no streams), and what each returned.
 
         Each stream first waits for the current stream (the previous step's
         update and synchronisation wrote W); the current stream then waits for
         every learner stream before the vectorised update reads G.
         """
-        main = torch.cuda.current_stream(self.device)
+        if self.streams is None:
+            return [work() for work in works]
+        current = torch.cuda.current_stream(self.device)
         out = []
-        for j, stream in enumerate(self.streams or []):
-            stream.wait_stream(main)
+        for stream, work in zip(self.streams, works):
+            stream.wait_stream(current)
             with torch.cuda.stream(stream):
-                out.append(self._one(j, images[j], labels[j]))
-        for stream in self.streams or []:
-            main.wait_stream(stream)
-        return torch.stack(out)
+                out.append(work())
+        for stream in self.streams:
+            current.wait_stream(stream)
+        return out
 
     # -- SMA's learner step ------------------------------------------------------------------
 
