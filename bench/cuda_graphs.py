@@ -109,15 +109,14 @@ def build_setup(setup: Setup, model_name: str, image_size: int, device: Any) -> 
 
     torch.manual_seed(0)
     model = build_model(model_name, 10)
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else None   # as the engine passes it
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else None   # SMA's, as the engine passes it
     strategy: Any
     if setup.sync == "ssgd":
         layout = memory_format(None, device, model)                           # channels-last on CUDA, as dimd train
         model.to(device, memory_format=layout)
         optimizer = make_optimizer(model, lr=0.1, momentum=0.9, weight_decay=1e-4)
         kind = GraphedSSGD if setup.graphed else SSGD
-        strategy = kind(model, optimizer, lambda array: None, 1, normalize=Normalize(device, layout),
-                        synchronize=synchronize)
+        strategy = kind(model, optimizer, lambda array: None, 1, normalize=Normalize(device, layout))
     else:
         model.to(device)
         options = dict(learners=setup.learners, alpha=None, momentum=0.9, central_momentum=None, weight_decay=1e-4,

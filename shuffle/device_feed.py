@@ -27,6 +27,12 @@ loader may reuse a batch's slot as soon as it is asked for the next batch.
 
 On the CPU there is nothing to move: the batches pass through unchanged in
 the caller's thread (``ahead=0``), and only the bookkeeping runs.
+
+While the step's thread captures a CUDA graph, nothing else may issue device work that allocates or
+synchronises (PyTorch's notes on CUDA graphs), and nvJPEG does both. So every batch's device work
+(the copy or the decode, and the wait for it) holds :data:`DEVICE_WORK`, which a capture holds for
+its whole length (:class:`dimd.train.graphs.StepGraphs`): the feed pauses during every capture, the
+first and each one after the auto-tuner or a checkpoint reallocated what the graphs read.
 """
 
 from __future__ import annotations
@@ -38,10 +44,15 @@ from typing import Any, Callable, Generator
 
 import torch
 
+#: One batch: its images and their labels (on the device once the feed hands it over).
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 #: Batches a GPU's feeding thread stages in front of the step (each holds its device memory meanwhile).
 AHEAD_ON_GPU = 2
+
+#: Held by one batch's device work in the feed, and by a CUDA graph's capture for its whole length: the
+#: two never overlap (a capture waits for the batch being staged; the feed waits for the capture).
+DEVICE_WORK = threading.Lock()
 
 
 @dataclass
@@ -160,9 +171,10 @@ class DeviceFeed:
         inner = self.source(epoch)
         try:
             for host in inner:
-                item = self._stage(host, self.loader.position)
-                del host
-                item.wait_copied()          # before the loader is asked again (it may reuse the memory)
+                with DEVICE_WORK:           # never during a CUDA graph's capture
+                    item = self._stage(host, self.loader.position)
+                    del host
+                    item.wait_copied()      # before the loader is asked again (it may reuse the memory)
                 yield item
         finally:
             inner.close()

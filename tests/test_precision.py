@@ -46,7 +46,9 @@ def test_bf16_mixed_computes_in_bfloat16_and_keeps_weights_and_gradients_float32
     precision.backward(loss)
     assert flat.attached() and flat.grads.dtype == torch.float32 and bool(flat.grads.abs().sum() > 0)
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert precision.unscale(flat.grads) == 0.0 and not precision.skip(0.0)
+    flag = torch.zeros(())
+    precision.unscale(flat.grads, flag)
+    assert float(flag) == 0.0 and not precision.skip(0.0)
     assert precision.figures() == {"precision": "bf16-mixed"}
 
 
@@ -60,15 +62,18 @@ def test_16_mixed_scales_the_loss_and_undoes_it_before_the_allreduce():
         loss = F.cross_entropy(model(x), y)
     precision.backward(loss)
     assert float(flat.grads.abs().max()) > 100    # scaled by 2**16
-    assert float(precision.unscale(flat.grads)) == 0.0
+    flag = torch.ones(())
+    precision.unscale(flat.grads, flag)
+    assert float(flag) == 0.0
     expected = torch.cat([p.grad.flatten() for p in reference.parameters()])
     assert torch.allclose(flat.grads, expected, rtol=0.05, atol=1e-3)   # float16's forward, float32 gradients
 
 
 def test_16_mixed_skips_a_step_when_any_rank_overflowed_and_counts_it():
     precision = Precision("16-mixed", CPU)
-    grads = torch.tensor([1.0, float("inf"), 3.0])
-    assert float(precision.unscale(grads)) == 1.0          # this rank's flag
+    grads, flag = torch.tensor([1.0, float("inf"), 3.0]), torch.zeros(())
+    precision.unscale(grads, flag)
+    assert float(flag) == 1.0                              # this rank's flag
     assert precision.skip(overflowed_ranks=1.0)            # the flags' sum over the ranks
     assert not precision.skip(overflowed_ranks=0.0)
     assert precision.figures() == {"precision": "16-mixed", "loss_scale": 2.0 ** 15, "skipped_steps": 1}

@@ -58,7 +58,7 @@ def test_one_synchronisation_equals_the_update_computed_by_hand():
     for _ in range(2):
         g = rng.normal(0, 1, (k, n))
         group.G.copy_(torch.from_numpy(g.astype(np.float32)))
-        group.sgd_step(lr, mu, sma.decay, keep_pre=True)
+        group.update(None, lr, mu, sma.decay)
         result = sma.synchronize(stop=False)
         # by hand
         g = g + decay * w
@@ -86,7 +86,7 @@ def test_with_alpha_one_over_l_and_no_momentum_z_becomes_the_mean_of_the_pre_ste
         group.W.detach().add_(torch.randn_like(group.W))
     pre = group.W.detach().clone()
     group.G.normal_()
-    group.sgd_step(0.5, 0.0, None, keep_pre=True)
+    group.update(None, 0.5, 0.0, None)
     sma.synchronize(stop=False)
     torch.testing.assert_close(sma.z, pre.mean(dim=0), rtol=1e-6, atol=1e-6)
 
@@ -96,7 +96,7 @@ def test_a_restart_sets_every_learner_to_z_and_keeps_the_momentum():
     group = sma.learner_group
     for _ in range(3):
         group.G.normal_()
-        group.sgd_step(0.1, 0.9, None, keep_pre=True)
+        group.update(None, 0.1, 0.9, None)
         sma.synchronize(stop=False)
     assert not torch.equal(group.W.detach()[0], sma.z)
     momentum = group.V.clone()
@@ -134,9 +134,9 @@ def test_the_central_model_is_the_modules_own_weights():
     """z is the model that is evaluated: its parameters are views of the flat z."""
     sma = tiny_sma(2, alpha=0.5, momentum=0.0, central_momentum=0.0, weight_decay=0.0)
     sma.learner_group.G.normal_()
-    sma.learner_group.sgd_step(1.0, 0.0, None, keep_pre=False)
+    sma.learner_group.update(None, 1.0, 0.0, None)
     sma.learner_group.G.normal_()
-    sma.learner_group.sgd_step(1.0, 0.0, None, keep_pre=True)
+    sma.learner_group.update(None, 1.0, 0.0, None)
     sma.synchronize(stop=False)
     weights = torch.cat([p.detach().reshape(-1) for p in sma.eval_model().parameters()])
     assert torch.equal(weights, sma.z)
@@ -145,7 +145,7 @@ def test_the_central_model_is_the_modules_own_weights():
 def test_a_non_finite_update_is_reported_on_the_synchronisation():
     sma = tiny_sma(2, alpha=0.5, momentum=0.0, central_momentum=0.0, weight_decay=0.0)
     sma.learner_group.G.fill_(float("inf"))
-    sma.learner_group.sgd_step(1.0, 0.0, None, keep_pre=True)
+    sma.learner_group.update(None, 1.0, 0.0, None)
     assert not sma.synchronize(stop=False).finite
 
 
@@ -162,7 +162,7 @@ def test_every_compute_gives_each_learner_the_gradient_of_its_own_batch(model, c
         group.W.detach().add_(0.01 * torch.randn_like(group.W))
     images = [torch.randint(0, 255, (b, 3, 32, 32), dtype=torch.uint8) for _ in range(k)]
     labels = [torch.randint(0, 5, (b,)) for _ in range(k)]
-    stats = group.forward_backward(images, labels)
+    _, stats = group.gradients(images, labels)
     for j in range(k):
         plain = make(model).train()
         group.layout.bind(plain, group.W.detach()[j].clone(), group.layout.flat_floats(template).clone(),

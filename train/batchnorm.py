@@ -21,9 +21,8 @@ from typing import Any, Callable, Generator, Iterable
 import torch
 from torch import nn
 
+from dimd.shuffle.device_feed import Batch
 from dimd.train.flatgrad import Reduce
-
-Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class CalibrationBatches:

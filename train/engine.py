@@ -310,7 +310,8 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
             from dimd.train.graphed_sma import GraphedSMA
 
             assert graphs is not None
-            sma_class, extra = GraphedSMA, {"backend": graphs.backend, "rule": graphs.rule}
+            sma_class, extra = GraphedSMA, {"backend": graphs.backend, "rule": graphs.rule,
+                                            "fallback": cfg.cuda_graphs is None}
         return sma_class(model, reduce, world_size, learners=None if sma.autotune else sma.fixed_learners,
                          alpha=sma.alpha, momentum=cfg.momentum, central_momentum=sma.sma_momentum,
                          weight_decay=cfg.weight_decay, decay_bn_and_bias=cfg.decay_bn_and_bias,
@@ -334,10 +335,11 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
 
         assert graphs is not None
         return GraphedSSGD(model, optimizer, reduce, world_size, backend=graphs.backend,
-                           bucket_bytes=cfg.bucket_bytes(False), normalize=normalize, synchronize=sync, noise=noise,
-                           precision=precision, rule=graphs.rule, device_reduce=device_reduce)
+                           bucket_bytes=cfg.bucket_bytes(False), normalize=normalize, noise=noise,
+                           precision=precision, rule=graphs.rule, device_reduce=device_reduce,
+                           fallback=cfg.cuda_graphs is None)
     return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
-                normalize=normalize, synchronize=sync, noise=noise, overlap=overlap, precision=precision,
+                normalize=normalize, noise=noise, overlap=overlap, precision=precision,
                 device_reduce=device_reduce)
 
 

@@ -22,12 +22,22 @@ them with one launch. What that takes, and how dimd keeps a replayed step the sa
   recorded (:class:`CaptureRecord`: which graph, why, at which step, its seconds and the memory
   its pool holds) and lands in the run's JSON; nothing is re-captured silently, and a step
   never re-captures a shape it already holds.
-* **Capture mode** ``thread_local``: the device feed's thread keeps copying batches while the step's
-  thread captures; "global" mode would fail its copies.
+* **Nothing else on the device during a capture.** The device feed (and nvJPEG under ``--decode gpu``)
+  pauses while any graph is captured: the capture holds :data:`dimd.shuffle.device_feed.DEVICE_WORK`,
+  which the feed holds around each batch's device work. Capture mode ``thread_local``.
+* **A capture that fails** (a model that reads a device value on the host: ``.item()``, ``nonzero``, a
+  boolean mask) ends cleanly. With graphs on by default (``fallback``) that step and the rest of the
+  run run eagerly, the reason is said in one line and recorded in the JSON; with ``--cuda-graphs``
+  asked for, it is an error naming the operation (:class:`CaptureFailed`), raised before the step
+  changed anything, so a resume continues from the last checkpoint.
+* **Each graph's own memory pool and random numbers.** A reset takes a new pool handle (the old pool is
+  still held by tensors of the old captures); a graph that runs beside others (SMA's learners on
+  their streams) reads its own generator state, registered with it (:class:`RandomStream`).
 
-Off a GPU, :class:`StandIn` plays the graph: its "capture" keeps the step function and its
-"replay" calls it, so the bookkeeping above runs through the same code on the CPU and is tested
-there against the plain eager step (``tests/test_graphs.py``).
+Off a GPU, :class:`StandIn` plays the graph: its "capture" runs the step function once, refusing what
+a CUDA capture refuses (an operation that reads a device value on the host), and its "replay" calls
+it again, so the bookkeeping above runs through the same code on the CPU and is tested there against
+the plain eager step (``tests/test_graphs.py``).
 
 When graphs are on by default (:func:`graphs_rule`): on CUDA when a learner's batch is small
 (:data:`GRAPHS_UP_TO_PIXELS`), where the launches dominate; docs/gpu.md has the measurements.
@@ -35,13 +45,19 @@ When graphs are on by default (:func:`graphs_rule`): on CUDA when a learner's ba
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Hashable, Iterator, Protocol, Sequence
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from dimd.errors import DimdError
+from dimd.shuffle.device_feed import DEVICE_WORK
 from dimd.train.batchnorm import BATCH_NORMS
 
 #: Eager steps of a new graph before it is captured (PyTorch's own examples warm up for 3).
@@ -100,26 +116,6 @@ def capture_problem(model: nn.Module) -> str | None:
     return None
 
 
-class ScalarWrites:
-    """The host's writes into the 0-d device tensors a graph reads, each made only when its value changed.
-
-    A write is a fill kernel with the value as its argument: nothing in host memory for a later step to
-    overwrite before a copy ran. :meth:`forget` makes the next write of every tensor happen (its tensor
-    may have been replaced, or changed by a loaded checkpoint).
-    """
-
-    def __init__(self) -> None:
-        self._last: dict[int, float] = {}   # id(tensor) -> the value last written into it
-
-    def set(self, tensor: torch.Tensor, value: float) -> None:
-        if self._last.get(id(tensor)) != value:
-            tensor.fill_(value)
-            self._last[id(tensor)] = value
-
-    def forget(self) -> None:
-        self._last.clear()
-
-
 class StaticBatch:
     """A graph's input tensors for one batch shape; each batch is copied into them on the compute stream."""
 
@@ -160,6 +156,83 @@ class StaticInputs:
         self._by_key.clear()
 
 
+class RandomStream:
+    """One learner's own random numbers (its dropout masks): apart from the other learners', the same again
+    for the same seed, eager or replayed.
+
+    Learners replayed at once on several streams must not share the default generator: each replay
+    refreshes the generator's seed and offset on its own stream, so concurrent replays race on them.
+    On a GPU the stream is a clone of the device's generator state, made the default while the
+    learner's body runs (``graphsafe_set_state``) and registered with each graph that captures it; on
+    the CPU it is a state of the default generator, swapped in around the body.
+    """
+
+    def __init__(self, device: torch.device, seed: int) -> None:
+        self.device = torch.device(device)
+        self.cuda_state: Any = None    # on a GPU: a clone of the device generator's state
+        self.cpu_state: torch.Tensor | None = None   # on the CPU: the default generator's state, as bytes
+        if self.device.type == "cuda":
+            generator = torch.cuda.default_generators[self.device.index or torch.cuda.current_device()]
+            self.cuda_state = generator.clone_state()
+            self.cuda_state.manual_seed(seed)
+            self._default = generator
+        else:
+            self.cpu_state = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """The default generator draws from this stream inside."""
+        if self.device.type == "cuda":
+            previous = self._default.graphsafe_get_state()
+            self._default.graphsafe_set_state(self.cuda_state)
+            try:
+                yield
+            finally:
+                self._default.graphsafe_set_state(previous)
+            return
+        assert self.cpu_state is not None
+        saved = torch.get_rng_state()
+        torch.set_rng_state(self.cpu_state)
+        try:
+            yield
+        finally:
+            self.cpu_state = torch.get_rng_state()
+            torch.set_rng_state(saved)
+
+    def register(self, graph: Any) -> None:
+        """Have ``graph`` refresh this state's seed and offset at each replay (CUDA)."""
+        graph.register_generator_state(self.cuda_state)
+
+
+class CaptureFailed(DimdError):
+    """A step's capture failed where graphs were asked for (``--cuda-graphs``): the step did not run."""
+
+
+def refused_by_capture(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it arose from) is CUDA's or PyTorch's refusal of an operation in a capture."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if "captur" in str(seen).lower():
+            return True
+        seen = seen.__context__
+    return False
+
+
+def capture_failure(exc: BaseException) -> str:
+    """Why a capture failed, in one line: CUDA's words and, where the traceback has it, the line of the
+    model (or other code outside torch and dimd) that read a device value on the host."""
+    original = exc
+    while original.__context__ is not None and CAPTURE_REFUSAL not in str(original):
+        original = original.__context__   # capture_end's own error hides the operation's
+    message = str(original).strip().splitlines()[0] if str(original).strip() else type(original).__name__
+    inside = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+    frames = [f for f in traceback.extract_tb(original.__traceback__) if not f.filename.startswith(inside)]
+    if frames:
+        where = frames[-1]
+        message += f", at {where.filename}:{where.lineno} ({(where.line or '').strip()})"
+    return message
+
+
 # -- capturing and replaying --------------------------------------------------------------------
 
 
@@ -175,8 +248,13 @@ class Backend(Protocol):
     def eager(self, body: Callable[[], None]) -> None:
         """Run ``body`` as a warm-up step."""
 
-    def capture(self, body: Callable[[], None]) -> tuple[Replayable, int]:
-        """Capture ``body`` (without running it); the graph and the device memory its capture took."""
+    def capture(self, body: Callable[[], None],
+                randoms: Sequence[RandomStream] = ()) -> tuple[Replayable, int]:
+        """Capture ``body`` (which reads the generator states of ``randoms``); the graph and the device
+        memory its capture took."""
+
+    def new_pool(self) -> None:
+        """Capture into a fresh memory pool from now on (the old one may still be held by old graphs' tensors)."""
 
 
 class CudaBackend:
@@ -190,6 +268,7 @@ class CudaBackend:
         self.stream = stream if stream is not None else torch.cuda.Stream(self.device)
         # Graphs of one step (its shapes, its parts) run one after another on one stream: one pool serves
         # them all (PyTorch's "sharing memory across captures").
+        self.share_pool = share_pool
         self.pool = torch.cuda.graph_pool_handle() if share_pool else None
 
     def eager(self, body: Callable[[], None]) -> None:
@@ -199,8 +278,11 @@ class CudaBackend:
             body()
         current.wait_stream(self.stream)
 
-    def capture(self, body: Callable[[], None]) -> tuple[Replayable, int]:
+    def capture(self, body: Callable[[], None],
+                randoms: Sequence[RandomStream] = ()) -> tuple[Replayable, int]:
         graph = torch.cuda.CUDAGraph()
+        for random in randoms:
+            random.register(graph)
         current = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(current)
         # What torch.cuda.graph does first (wait, release the cache): the allocator's growth across the
@@ -213,32 +295,73 @@ class CudaBackend:
         current.wait_stream(self.stream)
         return graph, max(0, torch.cuda.memory_reserved(self.device) - before)
 
+    def new_pool(self) -> None:
+        if self.share_pool:
+            self.pool = torch.cuda.graph_pool_handle()
+
 
 class _Kept:
-    """The stand-in's "graph": the step function, called at every replay."""
+    """The stand-in's "graph": the step function, called at every replay but the first (its capture ran it)."""
 
     def __init__(self, body: Callable[[], None]) -> None:
         self.body = body
+        self.captured_run = True
 
     def replay(self) -> None:
+        if self.captured_run:
+            self.captured_run = False
+            return
         self.body()
 
 
+#: What a CUDA capture refuses, as CUDA says it (the stand-in says it too).
+CAPTURE_REFUSAL = "CUDA error: operation not permitted when stream is capturing"
+
+#: Operations that read a device value on the host (a device-to-host copy and a wait), which no capture can record.
+_HOST_READS = frozenset({"aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.nonzero.default",
+                         "aten.masked_select.default", "aten.equal.default", "aten._unique2.default",
+                         "aten.unique_consecutive.default"})
+
+
+class _RefuseHostReads(TorchDispatchMode):
+    """The stand-in's capture: each operation that would read a device value on the host raises as CUDA's would."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func)
+        boolean_index = name.startswith("aten.index.") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else ()) or ())
+        if name in _HOST_READS or boolean_index:
+            raise RuntimeError(f"{CAPTURE_REFUSAL} ({name} reads a device value on the host)")
+        return func(*args, **(kwargs or {}))
+
+
 class StandIn:
-    """Graphs off a GPU: "capture" keeps the step function and "replay" calls it, eagerly.
+    """Graphs off a GPU: "capture" runs the step function once, refusing what a CUDA capture refuses, and
+    "replay" calls it again, eagerly.
 
     The bookkeeping around a graph (static inputs, the scalars written before a replay, warm-up,
-    shapes, records) then runs through the same code on the CPU, where tests compare it with the
-    plain eager step. It measures nothing: its records hold no seconds or bytes worth reading.
+    shapes, records, a capture that fails) then runs through the same code on the CPU, where tests
+    compare it with the plain eager step. A CUDA capture records without running, so a capture that
+    fails has changed nothing; the stand-in ran what came before the refused operation. It measures
+    nothing: its records hold no seconds or bytes worth reading.
     """
 
     name = "stand-in"
 
+    def __init__(self) -> None:
+        self.pools = 1       # memory pools it was given (a CUDA backend takes a new one at every reset)
+
     def eager(self, body: Callable[[], None]) -> None:
         body()
 
-    def capture(self, body: Callable[[], None]) -> tuple[Replayable, int]:
+    def capture(self, body: Callable[[], None],
+                randoms: Sequence[RandomStream] = ()) -> tuple[Replayable, int]:
+        with _RefuseHostReads():
+            body()
         return _Kept(body), 0
+
+    def new_pool(self) -> None:
+        self.pools += 1
 
 
 def backend_for(device: torch.device, stream: Any = None, *, share_pool: bool = True) -> Backend:
@@ -264,6 +387,16 @@ class CaptureRecord:
 
 
 @dataclass
+class CaptureFailure:
+    """The capture that failed, where graphs fell back to eager steps (the run's JSON)."""
+
+    graph: str            # which part of the step
+    shape: str            # the input shape it was captured for
+    step: int             # the strategy's step count (1-based): this step ran eagerly, and every later one
+    reason: str           # CUDA's words, and the line that read a device value on the host
+
+
+@dataclass
 class _Entry:
     warmups: int = 0
     graph: Replayable | None = None
@@ -273,10 +406,13 @@ class _Entry:
 class StepGraphs:
     """The graphs of one strategy's step, by part and input shape: warm-up, capture, replay, records."""
 
-    def __init__(self, backend: Backend, *, warmup: int = WARMUP_STEPS, max_shapes: int = MAX_SHAPES) -> None:
+    def __init__(self, backend: Backend, *, warmup: int = WARMUP_STEPS, max_shapes: int = MAX_SHAPES,
+                 fallback: bool = False) -> None:
         self.backend = backend
         self.warmup = warmup
         self.max_shapes = max_shapes
+        self.fallback = fallback      # a failed capture runs eagerly from then on (graphs on by default)
+        self.failed: CaptureFailure | None = None
         self.captures: list[CaptureRecord] = []
         self.replays = 0
         self.eager_runs = 0
@@ -291,12 +427,18 @@ class StepGraphs:
         """A new step of the strategy (the records count steps)."""
         self.steps += 1
 
-    def run(self, part: str, key: Hashable, body: Callable[[], None], backend: Backend | None = None) -> str:
-        """This step's ``part`` for inputs ``key``: eager while it warms up, then captured once and replayed.
+    def run(self, part: str, key: Hashable, body: Callable[[], None], backend: Backend | None = None,
+            randoms: Sequence[RandomStream] = ()) -> str:
+        """This step's ``part`` for inputs ``key``: eager while it warms up, then captured once and replayed
+        (``randoms``: the generator states ``body`` draws from, registered with its graph).
 
         Returns what happened: "eager", "captured" (and replayed) or "replayed".
         """
         backend = backend or self.backend
+        if self.failed is not None:   # a capture failed: the rest of the run is eager, on the current stream
+            self.eager_runs += 1
+            body()
+            return "eager"
         entries = self._entries.setdefault(part, {})
         entry = entries.get(key)
         if entry is None:
@@ -319,13 +461,36 @@ class StepGraphs:
             backend.eager(body)
             return "eager"
         t0 = time.perf_counter()
-        entry.graph, entry.pool_bytes = backend.capture(body)
+        try:
+            with DEVICE_WORK:   # the device feed pauses while the graph is captured
+                entry.graph, entry.pool_bytes = backend.capture(body, randoms)
+        except Exception as exc:
+            if not refused_by_capture(exc):
+                raise   # an error of the step itself, not of its capture
+            return self._capture_failed(part, key, body, exc)
         seconds = time.perf_counter() - t0
         self.captures.append(CaptureRecord(part, describe(key), self._reason(part), self.steps, seconds,
                                            entry.pool_bytes))
         entry.graph.replay()
         self.replays += 1
         return "captured"
+
+    def _capture_failed(self, part: str, key: Hashable, body: Callable[[], None], exc: Exception) -> str:
+        """A capture failed: with ``fallback``, this step and the rest run eagerly (said once, recorded); else
+        :class:`CaptureFailed`, naming the operation, before the step changed anything."""
+        reason = capture_failure(exc)
+        if not self.fallback:
+            raise CaptureFailed(f"CUDA graphs: the capture of the step's {part} graph failed at step {self.steps}: "
+                                f"{reason}; the step did not run (a resume continues from the last checkpoint). "
+                                f"Make the model's forward read no device value on the host, or leave out "
+                                f"`cuda_graphs`") from exc
+        self.failed = CaptureFailure(part, describe(key), self.steps, reason)
+        self._entries.clear()
+        self._events.append(f"CUDA graphs: the capture of the step's {part} graph failed at step {self.steps} "
+                            f"({reason}); this step and the rest of the run run eagerly")
+        self.eager_runs += 1
+        body()
+        return "eager"
 
     def _reason(self, part: str) -> str:
         if part in self._captured_parts:
@@ -339,10 +504,12 @@ class StepGraphs:
         return not entries or any(entry.graph is None for entry in entries)
 
     def reset(self, reason: str) -> None:
-        """Drop every graph (what they read was reallocated or replaced); the next captures give ``reason``."""
+        """Drop every graph (what they read was reallocated or replaced); the next captures give ``reason``
+        and go into a new memory pool (tensors of the old captures may still hold the old one)."""
         if any(entry.graph is not None for entry in self._all_entries()):
             self._reset_reason = reason
             self._captured_parts.clear()
+            self.backend.new_pool()
         self._entries.clear()
         self._said_too_many = False
 
@@ -361,6 +528,7 @@ class StepGraphs:
 
     def figures(self) -> dict[str, Any]:
         return {"backend": self.backend.name, "warmup_steps": self.warmup, "max_shapes": self.max_shapes,
+                "fallback": self.fallback, "failed": asdict(self.failed) if self.failed is not None else None,
                 "captures": [asdict(c) for c in self.captures],
                 "recaptures": sum(1 for c in self.captures if c.reason != "first capture"),
                 "capture_seconds": sum(c.seconds for c in self.captures), "pool_bytes": self.pool_bytes,

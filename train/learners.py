@@ -20,21 +20,31 @@ Two ways to compute the K gradients (``compute``), each learner with
 ``bench/probes/sma_learners.py`` measures them; see docs/sma.md for the choice (a
 third, one ``vmap`` pass over the stacked replicas, was the slowest at every
 point measured and is gone).
+
+A step is two kinds of body, written once and run through ``parts``
+(:mod:`dimd.train.steps`: as called, or replayed as CUDA graphs by
+:class:`~dimd.train.graphed_sma.GraphedLearners`): learner j's gradient, and
+the local update of all K learners at once, which reads the rate from a 0-d
+tensor. Each learner draws its random numbers (dropout) from a stream of its
+own (:class:`~dimd.train.graphs.RandomStream`; under ``threads`` the learners
+share the default generator, which no thread can swap for itself).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, ContextManager, Hashable, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from dimd.train.config import LEARNER_COMPUTES
-from dimd.train.steps import forward_backward
+from dimd.train.graphs import RandomStream
+from dimd.train.steps import Batch, EagerParts, ScalarWrites, StepParts, forward_backward
 
 T = TypeVar("T")
 
@@ -103,7 +113,9 @@ class Learners:
 
     def __init__(self, template: nn.Module, k: int, *, compute: str = "loop",
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 threads: int = 1) -> None:
+                 threads: int = 1, parts: StepParts | None = None, seed: int | None = None) -> None:
+        """``parts``: how the bodies run (default: as called); ``seed``: learner j's random numbers start
+        from ``seed + j`` (default: the default generator's initial seed)."""
         if compute not in self.computes:
             raise ValueError(f"unknown learner compute {compute!r}; choose from {', '.join(self.computes)}")
         if k < 1:
@@ -114,6 +126,11 @@ class Learners:
         self.normalize = normalize or (lambda x: x.float())
         self.threads = threads
         self.device = next(template.parameters()).device
+        self.parts: StepParts = parts or EagerParts()
+        self.seed = torch.initial_seed() if seed is None else seed
+        self.randoms: list[RandomStream] = []
+        self.neg_lr = torch.zeros((), device=self.device)   # minus the rate, as the update reads it
+        self._writes = ScalarWrites()
         params = self.layout.flat_params(template)
         floats = self.layout.flat_floats(template)
         counts = self.layout.flat_counts(template)
@@ -136,6 +153,10 @@ class Learners:
         self.W_pre = torch.zeros_like(self.W)          # w~: the weights before the last learner step
         self.B = float_rows.detach().clone().contiguous()
         self.C = count_rows.detach().clone().contiguous()
+        self.stats = torch.zeros(k, 2, device=self.device)   # each learner's (loss sum, hits), per step
+        if self.compute != "threads":   # a learner keeps its stream when others are added or dropped
+            self.randoms = self.randoms[:k] + [RandomStream(self.device, self.seed + j)
+                                               for j in range(len(self.randoms), k)]
         self.replicas: list[nn.Module] = []
         self.streams: list | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -166,48 +187,64 @@ class Learners:
         self.close()
         self._allocate(state["weights"].to(device), state["momentum"].to(device),
                        state["buffers"].to(device), state["counts"].to(device))
+        self.parts.reset("a checkpoint was loaded")   # graphs read the old buffers
 
     def resize(self, k: int) -> None:
         """Add learners (copies of learner 0: weights, momentum, buffers) or drop the last ones."""
         if k < 1:
             raise ValueError(f"need at least one learner (got {k})")
-        index = torch.tensor([j if j < self.k else 0 for j in range(k)], device=self.device)
+        before = self.k
+        index = torch.tensor([j if j < before else 0 for j in range(k)], device=self.device)
         with torch.no_grad():
             state = (self.W.detach()[index], self.V[index], self.float_rows()[index], self.count_rows()[index])
         self.close()
         self._allocate(*state)
+        self.parts.reset(f"learners per rank {before} -> {k}")   # graphs read the old buffers
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    # -- the gradients --------------------------------------------------------------------
+    # -- the step: each learner's gradient, then the local update of all -------------------------
 
-    def forward_backward(self, images: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Each learner's gradient on its own batch into ``G``; returns K x 2 (loss sum, correct)."""
+    def gradients(self, images: Sequence[torch.Tensor],
+                  labels: Sequence[torch.Tensor]) -> tuple[Hashable, torch.Tensor]:
+        """Each learner's gradient on its own batch into ``G``; returns the inputs' key (the update's
+        graphs are kept by it) and K x 2 (loss sum, correct) on the device."""
         if len(images) != self.k:
             raise ValueError(f"{self.k} learners need {self.k} batches, got {len(images)}")
-        self.G.zero_()
-        if self.streams is not None:
-            return self._stream_step(images, labels)
-        if self._pool is not None:
-            per_learner = max(1, self.threads // self.k)
-            before = torch.get_num_threads()
-            torch.set_num_threads(per_learner)
-            try:
-                futures = [self._pool.submit(self._one, j, images[j], labels[j]) for j in range(self.k)]
-                return torch.stack([f.result() for f in futures])
-            finally:
-                torch.set_num_threads(before)
-        return torch.stack([self._one(j, images[j], labels[j]) for j in range(self.k)])
+        key, batches = self._inputs(list(zip(images, labels)))
+        self._run_gradients(key, [partial(self._gradient, j, batch) for j, batch in enumerate(batches)])
+        return key, self.stats
 
-    def _one(self, j: int, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return forward_backward(self.replicas[j], images, labels, self.normalize)
+    def _inputs(self, batches: list[Batch]) -> tuple[Hashable, list[Batch]]:
+        """The batches the bodies read, and the key of their shapes (graphed: copies in static inputs)."""
+        return None, batches
 
-    def _stream_step(self, images: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> torch.Tensor:
-        """CUDA: learner j's forward and backward on stream j, so the GPU runs them concurrently."""
-        return torch.stack(self._on_streams([partial(self._one, j, images[j], labels[j]) for j in range(self.k)]))
+    def _run_gradients(self, key: Hashable, bodies: Sequence[Callable[[], None]]) -> None:
+        """Learner j's body on stream j (CUDA), on a thread each (``threads``), or in turn."""
+        if self._pool is None:
+            self._on_streams(bodies)
+            return
+        per_learner = max(1, self.threads // self.k)
+        before = torch.get_num_threads()
+        torch.set_num_threads(per_learner)
+        try:
+            for future in [self._pool.submit(body) for body in bodies]:
+                future.result()
+        finally:
+            torch.set_num_threads(before)
+
+    def _gradient(self, j: int, batch: Batch) -> None:
+        """Learner j's body: its gradient row zeroed, forward, backward, its figures."""
+        images, labels = batch
+        self.G[j].zero_()
+        with self._random(j):
+            self.stats[j].copy_(forward_backward(self.replicas[j], images, labels, self.normalize))
+
+    def _random(self, j: int) -> ContextManager[None]:
+        return self.randoms[j].active() if self.randoms else contextlib.nullcontext()
 
     def _on_streams(self, works: Sequence[Callable[[], T]]) -> list[T]:
         """Learner j's work on stream j, all at once (in turn where there are no streams), and what each returned.
@@ -228,23 +265,25 @@ class Learners:
             current.wait_stream(stream)
         return out
 
-    # -- SMA's learner step ------------------------------------------------------------------
+    def update(self, key: Hashable, lr: float, momentum: float, decay: torch.Tensor | None) -> None:
+        """Crossbow's learner step for all K learners at once, after :meth:`gradients` (``key``: its inputs').
+
+        ``decay`` is a length-N vector of weight-decay factors (0 where a parameter is exempt) or None;
+        ``momentum`` and ``decay`` are the run's constants (a graph captures them), the rate is written
+        into a tensor the body reads.
+        """
+        self._writes.set(self.neg_lr, -lr)
+        self.parts.run("update", key, partial(self._update, momentum, decay))
 
     @torch.no_grad()
-    def sgd_step(self, lr: float, momentum: float, decay: torch.Tensor | None, *, keep_pre: bool) -> None:
-        """Crossbow's learner step: ``g += wd*w``; ``v = mu*v - lr*g``; ``w~ = w``; ``w += v``.
-
-        ``decay`` is a length-N vector of weight-decay factors (0 where a
-        parameter is exempt) or None; ``keep_pre`` keeps the pre-step weights
-        for the next synchronisation.
-        """
+    def _update(self, momentum: float, decay: torch.Tensor | None) -> None:
+        """``g += wd*w``; ``v = mu*v - lr*g``; ``w~ = w`` (the next synchronisation reads it); ``w += v``."""
         W = self.W.detach()
         if decay is not None:
             self.G.addcmul_(W, decay)
         if momentum > 0:
-            self.V.mul_(momentum).add_(self.G, alpha=-lr)
+            self.V.mul_(momentum).addcmul_(self.G, self.neg_lr)
         else:
-            torch.mul(self.G, -lr, out=self.V)
-        if keep_pre:
-            self.W_pre.copy_(W)
+            torch.mul(self.G, self.neg_lr, out=self.V)
+        self.W_pre.copy_(W)   # every step, as a graph cannot choose: a pass over W (4 bytes per weight)
         W.add_(self.V)

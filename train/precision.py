@@ -9,6 +9,11 @@ skipped and the scale halved (torch.amp.GradScaler's rule). In every mode the
 parameters, the optimizer state and the gradients the allreduce sums stay
 float32: autocast only changes the dtype of the operations it covers.
 
+The scale is a 0-d tensor on the device that the step reads (:attr:`Precision.scale`), so a step
+captured as a CUDA graph reads each new scale without a new capture; the host keeps the rule
+(:class:`LossScale`) and writes the tensor after each step (:meth:`Precision.refresh`). Autocast runs
+without its cast cache, as PyTorch asks of captured autocast regions, in both forms of the step.
+
 Skipping must be agreed by every rank, or the replicas drift apart. Each rank
 puts its own "my gradients overflowed" flag into the tail of the flat gradient
 buffer, so the allreduce that sums the gradients also sums the flags, and
@@ -31,6 +36,7 @@ from torch import nn
 
 from dimd.private_apis import unscale_and_find_non_finite_
 from dimd.train.config import PRECISIONS
+from dimd.train.steps import ScalarWrites
 
 _AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -81,10 +87,10 @@ class Precision:
         with precision.autocast():
             loss = F.cross_entropy(model(x), y)
         precision.backward(loss)
-        extras[OVERFLOW] = precision.unscale(flat.grads)   # this rank's flag, before the allreduce
+        precision.unscale(flat.grads, extras[OVERFLOW])    # this rank's flag, before the allreduce
         flat.allreduce(...)                                 # sums the flags too
         if not precision.skip(float(extras[OVERFLOW])):     # the same answer on every rank
-            optimizer.step()
+            optimizer.step()                                # (skip also writes the next step's scale)
     """
 
     def __init__(self, name: str, device: torch.device) -> None:
@@ -95,33 +101,37 @@ class Precision:
         self.dtype = _AUTOCAST_DTYPES.get(name)
         self.loss_scale = LossScale() if name == "16-mixed" else None
         self.last_skipped = False
+        #: The loss scale as the step reads it (16-mixed; 1 otherwise, and never read).
+        self.scale = torch.ones((), device=device)
+        self._writes = ScalarWrites()
+        self.refresh()
 
     def autocast(self) -> ContextManager[Any]:
-        """Autocast for the forward pass and the loss (nothing for 32-true)."""
+        """Autocast for the forward pass and the loss (nothing for 32-true), without the cast cache."""
         if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        return torch.autocast(self.device_type, dtype=self.dtype, cache_enabled=False)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward from ``loss``, scaled first under 16-mixed (small float16 gradients stay non-zero)."""
         if self.loss_scale is None:
             loss.backward()
         else:
-            (loss * self.loss_scale.scale).backward()
+            (loss * self.scale).backward()
 
-    def unscale(self, grads: torch.Tensor) -> float | torch.Tensor:
-        """Divide this rank's gradients by the loss scale in place; 1 if any is not finite, else 0.
+    def unscale(self, grads: torch.Tensor, flag: torch.Tensor) -> None:
+        """Divide this rank's gradients by the loss scale in place; ``flag`` (a 0-d tensor) set to 1 if any
+        is not finite, else 0.
 
-        32-true and bf16-mixed: nothing to undo, and 0 (no step is ever skipped
-        for them; a non-finite loss is a divergence).
+        32-true and bf16-mixed: nothing to undo, and the flag is left as it is (the step zeroed it: no step
+        is ever skipped for them; a non-finite loss is a divergence).
         """
         if self.loss_scale is None:
-            return 0.0
+            return
         found = torch.zeros((), dtype=torch.float32, device=grads.device)
-        inverse = torch.full((), 1.0 / self.loss_scale.scale, dtype=torch.float32, device=grads.device)
         # One fused pass: multiply by 1/scale and note any inf/nan (what GradScaler.unscale_ runs).
-        unscale_and_find_non_finite_(grads, found, inverse)
-        return found
+        unscale_and_find_non_finite_(grads, found, self.scale.reciprocal())
+        flag.copy_(found)
 
     def skip(self, overflowed_ranks: float | torch.Tensor) -> bool:
         """After the allreduce: whether to skip this step (some rank's gradients overflowed).
@@ -134,7 +144,13 @@ class Precision:
             return False
         self.last_skipped = float(overflowed_ranks) > 0   # read only here: 32-true never waits for it
         self.loss_scale.update(self.last_skipped)
+        self.refresh()
         return self.last_skipped
+
+    def refresh(self) -> None:
+        """Write the host's current loss scale into :attr:`scale`, if it changed."""
+        if self.loss_scale is not None:
+            self._writes.set(self.scale, self.loss_scale.scale)
 
     @property
     def diverged(self) -> bool:
@@ -161,6 +177,7 @@ class Precision:
             return [f"the checkpoint was written in {state['precision']}: the 16-mixed "
                     f"loss scale starts afresh at {self.loss_scale.scale:g}"]
         self.loss_scale.load_state_dict(saved)
+        self.refresh()
         return []
 
 

@@ -9,9 +9,9 @@ without batch norm; batch-norm statistics stay local, as in the DIMD paper).
 
 from __future__ import annotations
 
-import time
 import math
-from typing import Any, Callable
+from functools import partial
+from typing import Any, Hashable
 
 import torch
 from torch import nn
@@ -21,13 +21,19 @@ from dimd.train.buckets import DeviceReduce, GradientBuckets
 from dimd.train.flatgrad import Reduce
 from dimd.train.noise import NoiseScale
 from dimd.train.precision import Precision
-from dimd.train.steps import Batches, StepPlace, StepResult, StepTimes, forward_backward
+from dimd.train.steps import (Batch, Batches, EagerParts, PhaseClock, ScalarWrites, StepParts, StepPlace, StepResult,
+                              StepTimes, forward_backward)
 
 #: The tail of the flat buffer: summed across ranks with the gradients, in the same message.
 #: EXTRA_SQNORM: this rank's |g|^2 before the allreduce, for the gradient noise scale (0 when off).
 #: EXTRA_OVERFLOW: 16-mixed: 1 if this rank's gradients are not finite; summed, every rank skips alike.
 EXTRA_LOSS, EXTRA_CORRECT, EXTRA_SAMPLES, EXTRA_STOP, EXTRA_SQNORM, EXTRA_OVERFLOW = range(6)
 EXTRAS = 6
+
+#: The figures a step leaves for the host, read in one go after it: the summed extras, then these.
+GRAD_SUM, AVERAGED_SQNORM = EXTRAS, EXTRAS + 1
+READOUT = EXTRAS + 2
+
 
 def decays(p: torch.Tensor, decay_bn_and_bias: bool = False) -> bool:
     """Whether ``p`` gets weight decay: weights do; batch-norm scales/shifts and biases (1-d) are exempt."""
@@ -55,9 +61,42 @@ def make_optimizer(model: nn.Module, *, lr: float, momentum: float, weight_decay
                            lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
 
 
+def rate_from_tensor(optimizer: torch.optim.Optimizer, lr: torch.Tensor, found_inf: torch.Tensor | None) -> None:
+    """Make ``optimizer`` (``torch.optim.SGD``) read its rate from ``lr``, a 0-d tensor on the parameters'
+    device, so a step replayed as a CUDA graph reads each new rate: fused (the fused kernel reads the
+    tensor; the foreach and per-tensor paths turn it into a host number first, which a capture cannot),
+    its momentum buffers made (zeros: the first step's ``buf = grad`` is ``0 * mu + grad``), and
+    ``found_inf`` its skip flag (16-mixed: 1 when some rank overflowed, and the kernel leaves weights and
+    momentum alone). Checkpoints hold the rate as a number (:meth:`SSGD.global_state`)."""
+    if type(optimizer) is not torch.optim.SGD:
+        raise ValueError(f"an S-SGD step needs torch.optim.SGD (fused, its rate read from a tensor); "
+                         f"got {type(optimizer).__name__}")
+    for group in optimizer.param_groups:
+        if group.get("differentiable"):
+            raise ValueError("an S-SGD step cannot use a differentiable optimizer")
+        group.update(lr=lr, fused=True, foreach=False)
+        if group["momentum"] != 0:
+            for p in group["params"]:
+                state = optimizer.state[p]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    if found_inf is not None:
+        optimizer.found_inf = found_inf   # type: ignore[attr-defined]  # read by SGD.step, passed to the fused kernel
+
+
 class SSGD:
     """Synchronous data-parallel SGD as a :class:`~dimd.train.steps.Strategy`: one learner per rank,
     its gradients in :class:`GradientBuckets` averaged over the ranks every step.
+
+    The step is two bodies with the reduction between them (on one rank, nothing to reduce: one
+    body), run through ``parts`` (:mod:`dimd.train.steps`: as called, or as CUDA graphs by
+    :class:`~dimd.train.graphed_sgd.GraphedSSGD`):
+
+    * ``forward``: zero the flat gradient buffer, forward, loss, backward, the extras (loss, hits,
+      samples, the stop flag), 16-mixed's unscale and overflow flag, the local |g|^2 for the noise scale;
+    * ``update``: the skip flag from the summed overflow flags, the optimizer (``torch.optim.SGD``,
+      fused, its rate a 0-d tensor: :func:`rate_from_tensor`), and the figures the host reads back
+      in one read (the extras, the gradients' sum for the divergence check, the averaged |g|^2).
 
     ``overlap``: reduce each bucket on the communication thread while backward
     goes on (off with ``noise``, whose local |g|^2 needs every gradient before
@@ -78,9 +117,8 @@ class SSGD:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduce: Reduce,
                  world_size: int, *, bucket_bytes: int = 0, normalize: Normalize | None = None,
-                 synchronize: Callable[[], None] | None = None, noise: NoiseScale | None = None,
-                 overlap: bool = False, precision: Precision | None = None,
-                 device_reduce: DeviceReduce | None = None) -> None:
+                 noise: NoiseScale | None = None, overlap: bool = False, precision: Precision | None = None,
+                 device_reduce: DeviceReduce | None = None, parts: StepParts | None = None) -> None:
         if noise is not None and world_size < 2:
             raise ValueError("the gradient noise scale needs at least 2 ranks")
         self.noise = noise
@@ -95,60 +133,96 @@ class SSGD:
                                        overlap=overlap, device_reduce=device_reduce)
         self.flat = self.buckets.flat
         self.normalize = normalize
-        self._sync = synchronize or (lambda: None)
+        self.parts: StepParts = parts or EagerParts()
+        device = self.flat.buffer.device
+        self.whole = world_size == 1 and not overlap   # nothing to reduce (or wait for): the step is one body
+        # What the host writes before a step, and what it reads after.
+        self.lr = torch.zeros((), device=device)
+        self.stop_flag = torch.zeros((), device=device)
+        self.found_inf = torch.zeros((), device=device)
+        self.readout = torch.zeros(READOUT, device=device)
+        self._writes = ScalarWrites()
+        self.clock = PhaseClock(device)
+        self._rate_from_tensor()
+
+    def _rate_from_tensor(self) -> None:
+        rate_from_tensor(self.optimizer, self.lr, self.found_inf if self.precision.loss_scale is not None else None)
+
+    def _inputs(self, batches: Batches) -> tuple[Hashable, Batch]:
+        """The step's batch, and the key of its shapes (the graphed step copies it into static inputs)."""
+        (batch,) = batches
+        return None, batch
 
     def step(self, batches: Batches, place: StepPlace, *, stop: bool = False,
              times: StepTimes | None = None) -> StepResult:
         """One step on this rank's batch at ``place.lr``; collective: every step synchronises."""
-        (images, labels), = batches
-        set_lr(self.optimizer, place.lr)
-        spent = StepTimes(data=times.data if times is not None else 0.0)
-        t0 = time.perf_counter()
-        self.buckets.zero()
-        stats = forward_backward(self.model, images, labels, self.normalize, self.precision)
-        with torch.no_grad():
-            extras = self.flat.extras
-            extras[EXTRA_LOSS: EXTRA_CORRECT + 1] = stats
-            extras[EXTRA_SAMPLES] = labels.numel()
-            extras[EXTRA_STOP] = 1.0 if stop else 0.0
-            extras[EXTRA_OVERFLOW] = self.precision.unscale(self.flat.grads)   # 16-mixed: this rank's flag
-            if self.noise is not None:   # a full pass over the gradients (on the device; no sync point)
-                extras[EXTRA_SQNORM] = squared_norm(self.flat.grads)   # before the allreduce: this rank's
-        self._sync()
-        t1 = time.perf_counter()
-        self.buckets.synchronize()   # MPI: the gradients (and extras) summed over ranks; with overlap, the rest
-        self._sync()                 # (timing) on the device path the collectives are queued, not yet done
-        averaged = None
-        if self.noise is not None:   # before the optimizer, which may change .grad in place (Nesterov)
-            with torch.no_grad():
-                # a second full pass, and on a GPU a device-to-host sync point (float waits for the allreduce's copy)
-                averaged = float(squared_norm(self.flat.grads))   # the mean of the ranks' gradients
-        t2 = time.perf_counter()
-        skipped = self.precision.skip(self.flat.extras[EXTRA_OVERFLOW])   # the same on every rank
-        if not skipped:
-            self.optimizer.step()
-        self._sync()
-        t3 = time.perf_counter()
-        spent.compute, spent.allreduce, spent.optimizer = t1 - t0, t2 - t1, t3 - t2
-        # On a GPU, reading the extras is a device-to-host sync point (the timing's _sync above already waited).
-        # The finite check is a full pass over the averaged gradients every step (4 bytes read per parameter)
-        # and, on a GPU, a device-to-host sync point: float() waits for every kernel queued, so nothing of the
-        # next step is queued ahead of it (here the timing's _sync has already waited; without it this would).
-        return self._result(self.flat.extras.tolist(), skipped, averaged,
-                            lambda: math.isfinite(float(self.flat.grads.sum())), spent)
+        parts = self.parts
+        parts.begin_step()
+        key, batch = self._inputs(batches)
+        self._writes.set(self.lr, place.lr)
+        self._writes.set(self.stop_flag, 1.0 if stop else 0.0)
+        self.clock.start()
+        if self.whole:
+            parts.run("step", key, partial(self._whole_step, batch))
+            self.clock.mark("compute")
+        else:
+            parts.run("forward", key, partial(self._forward, batch))
+            self.clock.mark("compute")
+            self.buckets.synchronize()   # MPI: the gradients (and extras) summed over ranks, on the device or the host
+            self.clock.mark("allreduce")
+            parts.run("update", key, self._update)
+            self.clock.mark("optimizer")
+        # The one host wait of a step: on a GPU the figures wait for the step's kernels.
+        figures = self.readout.tolist()
+        spent = self.clock.collect(StepTimes(data=times.data if times is not None else 0.0))
+        skipped = self.precision.skip(figures[EXTRA_OVERFLOW])   # the same on every rank, as the update decided
+        result = self._result(figures, skipped, spent)
+        result.events.extend(parts.events())
+        return result
 
-    def _result(self, figures: list[float], skipped: bool, averaged: float | None,
-                grads_finite: Callable[[], bool], spent: StepTimes) -> StepResult:
-        """A step's summed extras (``figures``, indexed by the ``EXTRA_*`` numbers) as its result: the noise
-        scale fed, a divergence found at the step it happens (the same step on every rank: the summed gradients
-        are alike; ``grads_finite`` is asked only when the loss is finite), a skipped step said."""
+    # -- the step's bodies (run as called, or captured and replayed) ---------------------------
+
+    @torch.no_grad()
+    def _forward(self, batch: Batch) -> None:
+        images, labels = batch
+        flat, extras = self.flat, self.flat.extras
+        self.buckets.zero()
+        with torch.enable_grad():
+            stats = forward_backward(self.model, images, labels, self.normalize, self.precision)
+        extras[EXTRA_LOSS: EXTRA_CORRECT + 1].copy_(stats)
+        extras[EXTRA_SAMPLES].fill_(labels.numel())   # a graph is made for one batch shape
+        extras[EXTRA_STOP].copy_(self.stop_flag)
+        self.precision.unscale(flat.grads, extras[EXTRA_OVERFLOW])   # 16-mixed: this rank's flag
+        if self.noise is not None:   # a full pass over the gradients, on the device
+            extras[EXTRA_SQNORM].copy_(squared_norm(flat.grads))   # before the allreduce: this rank's
+
+    @torch.no_grad()
+    def _update(self) -> None:
+        extras, grads, readout = self.flat.extras, self.flat.grads, self.readout
+        if self.precision.loss_scale is not None:
+            self.found_inf.copy_(extras[EXTRA_OVERFLOW] > 0)   # 1: some rank overflowed, the fused step skips
+        if self.noise is not None:   # before the optimizer, which may change .grad in place (Nesterov)
+            readout[AVERAGED_SQNORM].copy_(squared_norm(grads))   # the mean of the ranks' gradients
+        self.optimizer.step()
+        readout[:EXTRAS].copy_(extras)
+        # The divergence check: a full pass over the averaged gradients every step (4 bytes per parameter).
+        readout[GRAD_SUM].copy_(grads.sum())
+
+    def _whole_step(self, batch: Batch) -> None:
+        self._forward(batch)            # one rank: nothing to reduce
+        self._update()
+
+    def _result(self, figures: list[float], skipped: bool, spent: StepTimes) -> StepResult:
+        """A step's read-back figures (indexed by the ``EXTRA_*`` numbers and :data:`GRAD_SUM`) as its result:
+        the noise scale fed, a divergence found at the step it happens (the same step on every rank: the
+        summed gradients are alike), a skipped step said."""
         loss_sum, correct, samples, stops = (figures[EXTRA_LOSS], figures[EXTRA_CORRECT], figures[EXTRA_SAMPLES],
                                              figures[EXTRA_STOP])
         if self.noise is not None and not skipped:
-            assert averaged is not None   # measured whenever the noise scale is
-            self.noise.update(figures[EXTRA_SQNORM] / self.world_size, averaged,
+            self.noise.update(figures[EXTRA_SQNORM] / self.world_size, figures[AVERAGED_SQNORM],
                               local_batch=round(samples / self.world_size), ranks=self.world_size)
-        finite = (skipped or math.isfinite(loss_sum) and grads_finite()) and not self.precision.diverged
+        finite = ((skipped or math.isfinite(loss_sum) and math.isfinite(figures[GRAD_SUM]))
+                  and not self.precision.diverged)
         result = StepResult(loss_sum, correct, samples, stops > 0, spent, finite=finite)
         if skipped:
             result.events.append(f"16-mixed: the gradients overflowed on some rank, the step is skipped on every "
@@ -159,7 +233,12 @@ class SSGD:
         return self.model
 
     def global_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "precision": self.precision.state_dict()}
+        """The optimizer with its rate as a number (a run resumes with or without graphs), the loss scale,
+        the noise scale's averages."""
+        optimizer = self.optimizer.state_dict()
+        for group in optimizer["param_groups"]:
+            group["lr"] = float(group["lr"])
+        state: dict[str, Any] = {"optimizer": optimizer, "precision": self.precision.state_dict()}
         if self.noise is not None:
             state["noise_scale"] = self.noise.state_dict()   # the same on every rank
         return state
@@ -170,6 +249,8 @@ class SSGD:
 
     def load_state(self, shared: dict[str, Any], local: dict[str, Any] | None) -> list[str]:
         self.optimizer.load_state_dict(shared["optimizer"])
+        self._rate_from_tensor()           # the loaded groups hold a number for the rate
+        self._writes.forget()
         self.flat.attach()
         notes = self.precision.load_state_dict(shared["precision"])
         if self.noise is not None:
@@ -181,6 +262,7 @@ class SSGD:
             with torch.no_grad():
                 for name, buffer in self.model.named_buffers():
                     buffer.copy_(local["buffers"][name])
+        self.parts.reset("a checkpoint was loaded")   # the momentum buffers are new tensors
         return notes
 
     def figures(self) -> dict[str, Any]:
@@ -192,11 +274,7 @@ class SSGD:
 
     def close(self) -> None:
         self.buckets.close()
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+        self.parts.reset("closed")
 
 
 def squared_norm(vector: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Hashable, Iterator
 
 import numpy as np
 import torch
@@ -39,15 +39,19 @@ from torch import nn
 
 from dimd.train.autotune import AutoTuner
 from dimd.train.batchnorm import recompute_batch_norm
-from dimd.train.buckets import DeviceReduce
+from dimd.train.buckets import DeviceReduce, GradientBuckets
 from dimd.train.flatgrad import Reduce
 from dimd.train.learners import Learners
 from dimd.train.sgd import decays, identical_across_ranks
-from dimd.train.steps import Batches, StepPlace, StepResult, StepTimes
+from dimd.train.steps import Batches, EagerParts, ScalarWrites, StepParts, StepPlace, StepResult, StepTimes
 
 #: The message's tail after Delta: summed over ranks in the same allreduce.
 LOSS, CORRECT, SAMPLES, STOP, NOT_FINITE, WINDOW_DONE, WINDOW_IMAGES, WINDOW_SECONDS = range(8)
 EXTRAS = 8
+
+#: What the synchronisation's bodies leave for the host: the learners' weights' sum (after the corrections:
+#: finite or not), Delta's sum.
+W_SUM, DELTA_SUM = 0, 1
 
 #: The central momentum unless ``--sma-momentum`` is given (docs/sma.md, "Why no central momentum by default").
 CENTRAL_MOMENTUM = 0.0
@@ -81,18 +85,20 @@ class SMA:
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int = 1,
                  autotune_threshold: float = 0.1, autotune_window: float = 2.0, max_learners: int = 64,
                  synchronize: Callable[[], None] | None = None, calibration: Calibration | None = None,
-                 calibration_images: int = CALIBRATION_IMAGES, device_reduce: DeviceReduce | None = None) -> None:
+                 calibration_images: int = CALIBRATION_IMAGES, device_reduce: DeviceReduce | None = None,
+                 parts: StepParts | None = None) -> None:
         """``learners`` None: the auto-tuner chooses; ``alpha`` None: 1/L (L = all learners, the
         paper's suggestion); ``central_momentum`` None: 0 (the authors hard-coded 0.9, which on top of
         the learners' momentum at alpha 1/L is unstable at rates one sixth of the usual, docs/sma.md);
         ``sync_every``: learner steps per synchronisation (the epoch's last step synchronises
         too); ``calibration``: training batches that z's batch-norm statistics are
         recomputed on (None: the learners' statistics averaged); ``device_reduce``: sum Delta in place on
-        the learners' device (NCCL on GPUs, gloo on CPUs) instead of with ``reduce``."""
+        the learners' device (NCCL on GPUs, gloo on CPUs) instead of with ``reduce``; ``parts``: how the
+        step's bodies run (:mod:`dimd.train.steps`; default: as called; graphed: captured and replayed)."""
         self.model = model
         self.reduce = reduce
-        self.device_reduce = device_reduce
         self.world_size = world_size
+        self.parts: StepParts = parts or EagerParts()
         self.alpha_given = alpha
         self.momentum = momentum
         self.central_momentum = CENTRAL_MOMENTUM if central_momentum is None else central_momentum
@@ -105,7 +111,7 @@ class SMA:
         self.calibration_images = calibration_images
         self._calibrated_at: int | None = None   # the synchronisation z's statistics were measured after
         self.learner_group = self._make_learners(model, 1 if learners is None else learners, compute=compute,
-                                                 normalize=normalize, threads=threads)
+                                                 normalize=normalize, threads=threads, parts=self.parts)
         layout = self.learner_group.layout
         device = next(model.parameters()).device
         # z: the model's own parameters become views of one flat vector.
@@ -114,14 +120,22 @@ class SMA:
         self.z_counts = layout.flat_counts(model).clone()
         layout.bind(model, self.z, self.z_floats, self.z_counts)
         n = layout.numel
-        self.message = torch.zeros(n + EXTRAS, device=device)
-        self.delta = self.message[:n]
-        self.extras = self.message[n:]
+        # The message, Delta and the extras, summed over the ranks by S-SGD's transport (in place on the device
+        # with a device_reduce, else through a host copy on a GPU): Delta is the gradient slot of a parameter
+        # that is never trained.
+        self.transport = GradientBuckets([nn.Parameter(torch.zeros(n, device=device))], reduce, world_size,
+                                         extras=EXTRAS, overlap=False, average=False, device_reduce=device_reduce)
+        self.message = self.transport.flat.buffer
+        self.delta = self.transport.flat.grads
+        self.extras = self.transport.flat.extras
         self.delta_prev = torch.zeros(n, device=device)
-        # On a GPU dimd's allreduces run on a pinned host copy (they sum CPU buffers); a device_reduce needs none.
-        on_host = device.type == "cpu" or device_reduce is not None
-        self._host = self.message if on_host else torch.empty(n + EXTRAS, pin_memory=True)
-        self._host_array = self._host.numpy() if device_reduce is None else None
+        # What the host writes before a synchronisation, and what it reads after: whether W is finite (after
+        # the corrections), Delta's sum.
+        self.alpha_t = torch.zeros((), device=device)
+        self.neg_alpha_t = torch.zeros((), device=device)
+        self.sync_readout = torch.zeros(2, device=device)
+        self._writes = ScalarWrites()
+        self._key: Hashable = None            # the last step's inputs (the synchronisation's graphs are kept by it)
         self.pending = np.zeros(3)            # this rank's loss sum, hits, samples since the last sync
         self.syncs = 0
         self.since_sync = 0                   # learner steps since the last synchronisation (every rank alike)
@@ -161,7 +175,7 @@ class SMA:
         events = self._restart_past_a_milestone(place, times)
         sync = place.last or self.since_sync + 1 >= self.sync_every
         t0 = time.perf_counter()
-        stats, t1 = self._learn(batches, place.lr, keep_pre=sync)
+        stats, t1 = self._learn(batches, place.lr)
         figures = stats.sum(dim=0).tolist()   # on a GPU a sync point: waits for the update (as the _sync below)
         self.pending += (figures[0], figures[1], sum(int(b[1].numel()) for b in batches))
         self._sync()
@@ -188,13 +202,14 @@ class SMA:
         return [f"restart at step {place.step} (epoch {place.epoch:g}): the learning rate drops to "
                 f"{place.lr:.4g}, every learner starts again from the central model"]
 
-    def _learn(self, batches: Batches, lr: float, *, keep_pre: bool) -> tuple[torch.Tensor, float]:
+    def _learn(self, batches: Batches, lr: float) -> tuple[torch.Tensor, float]:
         """Every learner's forward, backward and local step: K x (loss sum, hits), and when the gradients were done."""
+        self.parts.begin_step()
         group = self.learner_group
-        stats = group.forward_backward([b[0] for b in batches], [b[1] for b in batches])
+        self._key, stats = group.gradients([b[0] for b in batches], [b[1] for b in batches])
         self._sync()
         computed = time.perf_counter()
-        group.sgd_step(lr, self.momentum, self.decay, keep_pre=keep_pre)
+        group.update(self._key, lr, self.momentum, self.decay)
         return stats, computed
 
     def _measure(self, batches: Batches, times: StepTimes) -> None:
@@ -210,31 +225,58 @@ class SMA:
 
     @torch.no_grad()
     def synchronize(self, stop: bool, times: StepTimes | None = None, batches: Batches = ()) -> StepResult:
-        """Corrections, one allreduce of Delta (and the extras), central momentum, z += Delta."""
+        """Corrections, one allreduce of Delta (and the extras), central momentum, z += Delta: two bodies
+        (``share`` and ``apply``) with the allreduce between them; on one rank, nothing to sum, one body."""
         times = times or StepTimes()
         t0 = time.perf_counter()
+        self._writes.set(self.alpha_t, self.alpha)        # 1/L changes with the learners
+        self._writes.set(self.neg_alpha_t, -self.alpha)
+        key = self._key if self._key is not None else "no step yet"
+        if self.world_size == 1:                # nothing to sum: the extras stay on the host
+            self.parts.run("sync", key, self._share_and_apply)
+            # On a GPU a device-to-host sync point: the one read of a synchronisation.
+            w_sum, delta_sum = self.sync_readout.tolist()
+            extras = self._extras(stop, not math.isfinite(w_sum), batches, times, t0)
+            summed = extras.astype(np.float32).tolist()   # the message's float32, as a reduced message reads
+            t1 = t2 = time.perf_counter()
+        else:
+            self.parts.run("share", key, self._share)
+            # On a GPU a device-to-host sync point: whether some learner diverged, before the allreduce.
+            diverged = not math.isfinite(float(self.sync_readout[W_SUM]))
+            self.extras.copy_(torch.from_numpy(self._extras(stop, diverged, batches, times, t0)))
+            self._sync()
+            t1 = time.perf_counter()
+            self.transport.synchronize()        # MPI: Delta summed over every learner of every rank
+            t2 = time.perf_counter()
+            self.parts.run("apply", key, self._apply)
+            summed = self.extras.tolist()       # the same answer on every rank (Delta and the extras are summed)
+            delta_sum = float(self.sync_readout[DELTA_SUM])
+        return self._finish(summed, math.isfinite(delta_sum), times, t0, t1, t2)
+
+    # -- the synchronisation's bodies (run as called, or captured and replayed) -------------------
+
+    def _share(self) -> None:
+        """The corrections and this rank's share of Delta; a full pass over every learner's weights
+        (K x 4 bytes per parameter) for the divergence check."""
         group = self.learner_group
         W, D = group.W.detach(), group.W_pre
         D.sub_(self.z)                                   # d_j = w~_j - z (pre-step weights)
-        W.sub_(D, alpha=self.alpha)                      # w_j = w_j - alpha d_j
+        W.addcmul_(D, self.neg_alpha_t)                  # w_j = w_j - alpha d_j
         torch.sum(D, dim=0, out=self.delta)
-        self.delta.mul_(self.alpha)                      # this rank's share of Delta
-        # A full pass over every learner's weights (K x 4 bytes per parameter) at every synchronisation and, on a
-        # GPU, a device-to-host sync point: float() waits for the corrections' kernels (the _sync below would).
-        diverged = not math.isfinite(float(W.sum()))     # a learner diverged
-        self.extras.copy_(torch.from_numpy(self._extras(stop, diverged, batches, times, t0)))
-        self._sync()
-        t1 = time.perf_counter()
-        self._reduce_message()                           # MPI: Delta summed over every learner of every rank
-        t2 = time.perf_counter()
+        self.delta.mul_(self.alpha_t)                    # this rank's share of Delta
+        self.sync_readout[W_SUM].copy_(W.sum())
+
+    def _apply(self) -> None:
+        """Central momentum and z += Delta; a full pass over Delta (4 bytes per parameter) for the divergence check."""
         if self.central_momentum > 0:
             self.delta.add_(self.delta_prev, alpha=self.central_momentum)
         self.delta_prev.copy_(self.delta)
         self.z.add_(self.delta)                          # the same bits on every rank
-        # A full pass over Delta (4 bytes per parameter) at every synchronisation and, on a GPU, a
-        # device-to-host sync point, as is reading the extras: the same answer on every rank (Delta is summed).
-        summed = self.extras.tolist()
-        return self._finish(summed, math.isfinite(float(self.delta.sum())), times, t0, t1, t2)
+        self.sync_readout[DELTA_SUM].copy_(self.delta.sum())
+
+    def _share_and_apply(self) -> None:
+        self._share()
+        self._apply()
 
     def _extras(self, stop: bool, diverged: bool, batches: Batches, times: StepTimes, t0: float) -> np.ndarray:
         """The message's tail from this rank: its figures since the last synchronisation, the stop and divergence
@@ -249,20 +291,6 @@ class SMA:
             extras[WINDOW_DONE] = 1.0 if seconds >= self.autotune_window else 0.0
             extras[[WINDOW_IMAGES, WINDOW_SECONDS]] = self._window_images, seconds
         return extras
-
-    def _reduce_message(self) -> None:
-        """Collective: the message (Delta and the extras) summed over the ranks: in place on the device through
-        ``device_reduce``, else by ``reduce``, through a host copy on a GPU."""
-        if self.device_reduce is not None:
-            if self.world_size > 1:
-                self.device_reduce.start(self.message).wait()   # MPI: Delta summed over every learner, on the device
-            return
-        assert self._host_array is not None
-        if self._host is not self.message:
-            self._host.copy_(self.message)
-        self.reduce(self._host_array)                    # MPI: Delta summed over every learner of every rank
-        if self._host is not self.message:
-            self.message.copy_(self._host)
 
     def _finish(self, summed: list[float], delta_finite: bool, times: StepTimes, t0: float, t1: float,
                 t2: float) -> StepResult:
@@ -374,3 +402,5 @@ class SMA:
 
     def close(self) -> None:
         self.learner_group.close()
+        self.transport.close()
+        self.parts.reset("closed")

@@ -9,17 +9,26 @@ its learners at a milestone). A strategy is a small object with the methods
 of :class:`Strategy`; ``dimd.train.sgd.SSGD`` and ``dimd.train.sma.SMA`` are
 the two. Both compute every learner's gradients with :func:`forward_backward`,
 and so does ``plan-batch step-time``, which times ``SSGD``'s step itself.
+
+A strategy's step is written once, as bodies (functions of no argument) that read everything that
+changes from step to step (the rate, SMA's alpha, the loss scale, the stop flag) from 0-d tensors on the
+device, written by :class:`ScalarWrites`. The strategy runs each body through its *parts*: here
+:class:`EagerParts` runs it as it is called; :class:`dimd.train.graphs.StepGraphs` captures it once
+and replays it as a CUDA graph. So the arithmetic a graph replays is the arithmetic every CPU test runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dimd.shuffle.device_feed import Batch
 
 #: The time split of every epoch (``--metrics``, ``--json``), declared once: seconds per rank in
 #: waiting for data, forward + backward, the allreduce, the optimizer / learner update, and
@@ -70,7 +79,102 @@ class StepResult:
     events: list[str] = field(default_factory=list)   # things worth a log line (the auto-tuner's decisions)
 
 
-Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
+Batches = Sequence[Batch]
+
+
+class ScalarWrites:
+    """The host's writes into the 0-d device tensors a step's bodies read, each made only when its value changed.
+
+    A write is a fill kernel with the value as its argument: nothing in host memory for a later step to
+    overwrite before a copy ran. :meth:`forget` makes the next write of every tensor happen (its tensor
+    may have been replaced, or changed by a loaded checkpoint).
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[int, float] = {}   # id(tensor) -> the value last written into it
+
+    def set(self, tensor: torch.Tensor, value: float) -> None:
+        if self._last.get(id(tensor)) != value:
+            tensor.fill_(value)
+            self._last[id(tensor)] = value
+
+    def forget(self) -> None:
+        self._last.clear()
+
+
+class StepParts(Protocol):
+    """How a strategy runs its step's bodies: as called (:class:`EagerParts`) or as CUDA graphs
+    (:class:`dimd.train.graphs.StepGraphs`)."""
+
+    def begin_step(self) -> None: ...
+
+    def run(self, part: str, key: Hashable, body: Callable[[], None], backend: Any = None,
+            randoms: Sequence[Any] = ()) -> str: ...
+
+    def reset(self, reason: str) -> None: ...
+
+    def events(self) -> list[str]: ...
+
+
+class EagerParts:
+    """A step's bodies run as they are called, on the current stream (``backend`` and ``randoms`` are the
+    graphs' own: the body itself draws from its random stream)."""
+
+    def begin_step(self) -> None:
+        return None
+
+    def run(self, part: str, key: Hashable, body: Callable[[], None], backend: Any = None,
+            randoms: Sequence[Any] = ()) -> str:
+        body()
+        return "eager"
+
+    def reset(self, reason: str) -> None:
+        return None
+
+    def events(self) -> list[str]:
+        return []
+
+
+class PhaseClock:
+    """A step's time split, taken without making the host wait for the device.
+
+    On the CPU a phase ends when the host has done it (``perf_counter``). On a GPU the host only
+    queues work, so the clock records a CUDA event where each phase ends and reads the events of a
+    step once they are done, a step or so later (:meth:`collect`): the step keeps its one host wait,
+    the read of its figures, and no other.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.on_gpu = torch.device(device).type == "cuda"
+        self._marks: list[tuple[str, Any]] = []
+        self._waiting: list[list[tuple[str, Any]]] = []   # GPU: earlier steps' marks, read once done
+
+    def _now(self) -> Any:
+        if not self.on_gpu:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self) -> None:
+        self._marks = [("", self._now())]
+
+    def mark(self, phase: str) -> None:
+        """``phase`` (one of :data:`TIME_SPLIT`) ends now."""
+        self._marks.append((phase, self._now()))
+
+    def collect(self, times: StepTimes) -> StepTimes:
+        """``times`` plus the phases of every step whose marks are done (on the CPU: this step's)."""
+        self._waiting.append(self._marks)
+        self._marks, waiting, self._waiting = [], self._waiting, []
+        for marks in waiting:
+            if self.on_gpu and not marks[-1][1].query():
+                self._waiting.append(marks)   # not done yet: read at a later step
+                continue
+            for (_, begin), (phase, end) in zip(marks, marks[1:]):
+                seconds = end - begin if not self.on_gpu else begin.elapsed_time(end) / 1000.0
+                setattr(times, phase, getattr(times, phase) + seconds)
+        return times
 
 
 def forward_backward(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,

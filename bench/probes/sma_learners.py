@@ -43,8 +43,8 @@ def images_per_second(model: str, size: int, k: int, batch: int, compute: str, t
     labels = [torch.randint(0, 10, (batch,), generator=g) for _ in range(k)]
 
     def step() -> None:
-        group.forward_backward(images, labels)
-        group.sgd_step(0.01, 0.9, None, keep_pre=True)
+        key, _ = group.gradients(images, labels)
+        group.update(key, 0.01, 0.9, None)
 
     for _ in range(2):
         step()                                   # warm-up: allocations

@@ -110,9 +110,9 @@ def measure_step_times(config: StepTimeConfig, comm: Any,
     model = build_model(config.model, classes).to(device)
     momentum, weight_decay = float(defaults["momentum"]), float(defaults["weight_decay"])  # type: ignore[arg-type]
     optimizer = make_optimizer(model, lr=LR, momentum=momentum, weight_decay=weight_decay)
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else None
-    # One rank's step, its allreduce a no-op: the ranks run at once but each times its own step.
-    sgd = SSGD(model, optimizer, lambda array: None, 1, normalize=Normalize(device), synchronize=synchronize)
+    # One rank's step, its allreduce a no-op: the ranks run at once but each times its own step (which ends
+    # with a read of its figures, so on a GPU its time is the device's).
+    sgd = SSGD(model, optimizer, lambda array: None, 1, normalize=Normalize(device))
 
     from dimd.host import available_memory
     from dimd.mpi import agree_or_raise, node_local_ranks
