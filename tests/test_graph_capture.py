@@ -180,3 +180,37 @@ def test_an_error_of_the_step_itself_is_raised_as_it_is_not_as_a_capture_failure
     with pytest.raises(RuntimeError, match="must have the same dtype"):
         sgd.step([batch], StepPlace(lr=0.1))
     assert sgd.graphs.failed is None
+
+
+def test_the_time_split_on_a_gpu_is_read_from_events_once_they_are_done_never_waited_for():
+    from dimd.train.steps import PhaseClock, StepTimes
+
+    class Event:   # a CUDA event's stand-in: recorded at a device time, done once the device got there
+        device_now = 0.0
+
+        def __init__(self):
+            self.at, self.done = Event.device_now, False
+
+        def query(self):
+            return self.done
+
+        def elapsed_time(self, end):
+            return (end.at - self.at) * 1000.0   # milliseconds, as CUDA's
+
+        def synchronize(self):
+            raise AssertionError("the clock must never wait for the device")
+
+    made: list[Event] = []
+    clock = PhaseClock(torch.device("cpu"), event=lambda: made.append(Event()) or made[-1])
+    for step in range(2):
+        clock.start()
+        for phase, seconds in (("compute", 0.5), ("allreduce", 0.25), ("optimizer", 0.125)):
+            Event.device_now += seconds
+            clock.mark(phase)
+        times = clock.collect(StepTimes(data=0.01))
+        if step == 0:   # the device has not reached the step's marks yet: nothing read, nothing waited for
+            assert (times.compute, times.allreduce, times.optimizer) == (0.0, 0.0, 0.0)
+            for event in made:
+                event.done = True
+    assert (times.compute, times.allreduce, times.optimizer) == (0.5, 0.25, 0.125)   # the first step's, read now
+    assert times.data == 0.01

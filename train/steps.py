@@ -135,6 +135,12 @@ class EagerParts:
         return []
 
 
+def _timing_event() -> Any:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
 class PhaseClock:
     """A step's time split, taken without making the host wait for the device.
 
@@ -144,17 +150,15 @@ class PhaseClock:
     the read of its figures, and no other.
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.on_gpu = torch.device(device).type == "cuda"
+    def __init__(self, device: torch.device, event: Callable[[], Any] | None = None) -> None:
+        """``event``: makes a recorded CUDA event (tests: a stand-in with ``query`` and ``elapsed_time``)."""
+        self.on_gpu = torch.device(device).type == "cuda" or event is not None
+        self._event = event or _timing_event
         self._marks: list[tuple[str, Any]] = []
         self._waiting: list[list[tuple[str, Any]]] = []   # GPU: earlier steps' marks, read once done
 
     def _now(self) -> Any:
-        if not self.on_gpu:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        return self._event() if self.on_gpu else time.perf_counter()
 
     def start(self) -> None:
         self._marks = [("", self._now())]
