@@ -113,9 +113,11 @@ class Learners:
 
     def __init__(self, template: nn.Module, k: int, *, compute: str = "loop",
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 threads: int = 1, parts: StepParts | None = None, seed: int | None = None) -> None:
+                 threads: int = 1, parts: StepParts | None = None, seed: int | None = None,
+                 label_smoothing: float = 0.0) -> None:
         """``parts``: how the bodies run (default: as called); ``seed``: learner j's random numbers start
-        from ``seed + j`` (default: the default generator's initial seed)."""
+        from ``seed + j`` (default: the default generator's initial seed); ``label_smoothing``: the loss's
+        (:func:`~dimd.train.steps.forward_backward`)."""
         if compute not in self.computes:
             raise ValueError(f"unknown learner compute {compute!r}; choose from {', '.join(self.computes)}")
         if k < 1:
@@ -127,6 +129,7 @@ class Learners:
         self.threads = threads
         self.device = next(template.parameters()).device
         self.parts: StepParts = parts or EagerParts()
+        self.label_smoothing = label_smoothing
         self.seed = torch.initial_seed() if seed is None else seed
         self.randoms: list[RandomStream] = []
         self.neg_lr = torch.zeros((), device=self.device)   # minus the rate, as the update reads it
@@ -241,7 +244,8 @@ class Learners:
         images, labels = batch
         self.G[j].zero_()
         with self._random(j):
-            self.stats[j].copy_(forward_backward(self.replicas[j], images, labels, self.normalize))
+            self.stats[j].copy_(forward_backward(self.replicas[j], images, labels, self.normalize,
+                                                 label_smoothing=self.label_smoothing))
 
     def _random(self, j: int) -> ContextManager[None]:
         return self.randoms[j].active() if self.randoms else contextlib.nullcontext()

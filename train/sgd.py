@@ -118,7 +118,8 @@ class SSGD:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduce: Reduce,
                  world_size: int, *, bucket_bytes: int = 0, normalize: Normalize | None = None,
                  noise: NoiseScale | None = None, overlap: bool = False, precision: Precision | None = None,
-                 device_reduce: DeviceReduce | None = None, parts: StepParts | None = None) -> None:
+                 device_reduce: DeviceReduce | None = None, parts: StepParts | None = None,
+                 label_smoothing: float = 0.0) -> None:
         if noise is not None and world_size < 2:
             raise ValueError("the gradient noise scale needs at least 2 ranks")
         self.noise = noise
@@ -133,6 +134,7 @@ class SSGD:
                                        overlap=overlap, device_reduce=device_reduce)
         self.flat = self.buckets.flat
         self.normalize = normalize
+        self.label_smoothing = label_smoothing
         self.parts: StepParts = parts or EagerParts()
         device = self.flat.buffer.device
         self.whole = world_size == 1 and not overlap   # nothing to reduce (or wait for): the step is one body
@@ -188,7 +190,8 @@ class SSGD:
         flat, extras = self.flat, self.flat.extras
         self.buckets.zero()
         with torch.enable_grad():
-            stats = forward_backward(self.model, images, labels, self.normalize, self.precision)
+            stats = forward_backward(self.model, images, labels, self.normalize, self.precision,
+                                     self.label_smoothing)
         extras[EXTRA_LOSS: EXTRA_CORRECT + 1].copy_(stats)
         extras[EXTRA_SAMPLES].fill_(labels.numel())   # a graph is made for one batch shape
         extras[EXTRA_STOP].copy_(self.stop_flag)

@@ -86,7 +86,7 @@ class SMA:
                  autotune_threshold: float = 0.1, autotune_window: float = 2.0, max_learners: int = 64,
                  synchronize: Callable[[], None] | None = None, calibration: Calibration | None = None,
                  calibration_images: int = CALIBRATION_IMAGES, device_reduce: DeviceReduce | None = None,
-                 parts: StepParts | None = None) -> None:
+                 parts: StepParts | None = None, label_smoothing: float = 0.0) -> None:
         """``learners`` None: the auto-tuner chooses; ``alpha`` None: 1/L (L = all learners, the
         paper's suggestion); ``central_momentum`` None: 0 (the authors hard-coded 0.9, which on top of
         the learners' momentum at alpha 1/L is unstable at rates one sixth of the usual, docs/sma.md);
@@ -111,7 +111,8 @@ class SMA:
         self.calibration_images = calibration_images
         self._calibrated_at: int | None = None   # the synchronisation z's statistics were measured after
         self.learner_group = self._make_learners(model, 1 if learners is None else learners, compute=compute,
-                                                 normalize=normalize, threads=threads, parts=self.parts)
+                                                 normalize=normalize, threads=threads, parts=self.parts,
+                                                 label_smoothing=label_smoothing)
         layout = self.learner_group.layout
         device = next(model.parameters()).device
         # z: the model's own parameters become views of one flat vector.

@@ -183,14 +183,14 @@ class PhaseClock:
 
 def forward_backward(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                      normalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                     precision: Any = None) -> torch.Tensor:
+                     precision: Any = None, label_smoothing: float = 0.0) -> torch.Tensor:
     """The compute of every training step (S-SGD's, each SMA learner's, the planner's timed one).
 
-    Forward in training mode, the batch's mean cross-entropy, backward: the
-    gradients accumulate into each parameter's ``.grad`` (a flat buffer's
-    view, so the caller zeroes it). Returns [loss summed over the images,
-    images right at top-1] as a detached 2-vector on the device, without
-    waiting for it.
+    Forward in training mode, the batch's mean cross-entropy (with ``label_smoothing``: the target
+    puts ``1 - eps`` on the label and spreads ``eps`` over every class, as torch's loss does), backward:
+    the gradients accumulate into each parameter's ``.grad`` (a flat buffer's view, so the caller
+    zeroes it). Returns [loss summed over the images, images right at top-1] as a detached 2-vector
+    on the device, without waiting for it.
     """
     model.train()
     x = normalize(images) if normalize is not None else images
@@ -198,7 +198,7 @@ def forward_backward(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     # ``precision`` (dimd.train.precision.Precision): autocast over forward and loss, 16-mixed's scaled backward
     with precision.autocast() if precision is not None else contextlib.nullcontext():
         logits = model(x)
-        loss = F.cross_entropy(logits, y)
+        loss = F.cross_entropy(logits, y, label_smoothing=label_smoothing)
     if precision is not None:
         precision.backward(loss)
     else:
