@@ -45,6 +45,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dimd.allreduce.rendezvous import RENDEZVOUS_HINT, RENDEZVOUS_TIMEOUT, first_line, open_store
+from dimd.checks import Rule
 from dimd.errors import DimdError
 
 #: The torch.distributed backends dimd starts from MPI, by the name of their allreduce algorithm.
@@ -58,6 +59,14 @@ _NO_TIMEOUT = timedelta(days=7)
 _SPEAKS_FIRST_S = 5.0   # a loaded machine delays the abort; only a job whose rank 0 cannot speak waits it out
 
 
+def nccl_needs_a_gpu(device: str) -> Rule:
+    """The rule "nccl needs a GPU": ``device`` is a config's choice ("auto": not known yet) or a torch device's
+    type. The one wording of the config's refusal, the run's, and :class:`dimd.DistributedGradients`'s."""
+    on = device != "cpu"
+    return Rule(on, f"this rank computes on {'a GPU' if on else 'the CPU'}", "allreduce", "nccl reduces tensors "
+                "on GPUs and this rank computes on the CPU: name gloo (the same path on the CPU) or a host algorithm")
+
+
 def backend_problem(backend: str, device: Any) -> str | None:
     """Why this rank cannot start ``backend`` for tensors on ``device`` (a torch.device), or None."""
     import torch
@@ -69,9 +78,9 @@ def backend_problem(backend: str, device: Any) -> str | None:
         return f"this torch build ({torch.__version__}) has no torch.distributed, so no {backend}"
     if backend == "gloo":
         return None if dist.is_gloo_available() else f"this torch build ({torch.__version__}) has no gloo"
-    if device.type != "cuda":
-        return ("nccl reduces tensors on GPUs and this rank computes on the CPU: use gloo (or a host "
-                "algorithm) with `device` cpu")
+    nccl = nccl_needs_a_gpu(device.type)
+    if not nccl.on:
+        return nccl.problem
     if not dist.is_nccl_available():
         return (f"this torch build ({torch.__version__}) has no NCCL: install a CUDA build of torch, or name "
                 f"gloo or a host algorithm")

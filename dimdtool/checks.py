@@ -8,11 +8,16 @@ nonsense whether it came from the command line or from Python::
         at_least(self, "epochs", 1)
         in_range(self, "momentum", 0.0, 1.0, high_open=True)
         one_of(self, "schedule", SCHEDULES)
+
+A :class:`Rule` is a rule between settings (CUDA graphs need a GPU): the
+config refuses an explicit request that breaks it, a run applies it to its
+defaults, both in its one wording.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from dimd.errors import ConfigError
@@ -76,3 +81,27 @@ def require(ok: bool, name: str, problem: str) -> None:
     """A check no helper above covers (a relation between fields, say)."""
     if not ok:
         raise ConfigError(name, problem)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one rule says of a run: whether what it governs can be on, why (one clause, for the JSON), and the
+    refusal of an explicit request that breaks it: ``problem``, said of the setting ``field``.
+
+    A config refuses what it was explicitly asked for (:meth:`check`); a run applies the rule to its defaults
+    (``on``, ``why``) and refuses with :attr:`refusal` what only it can tell (the device ``auto`` found).
+    """
+
+    on: bool
+    why: str
+    field: str
+    problem: str
+
+    @property
+    def refusal(self) -> str:
+        """The one line that refuses an explicit request (the command line shows the field as its flag)."""
+        return f"`{self.field}` {self.problem}"
+
+    def check(self) -> None:
+        """Refuse, naming the field, an explicit request this rule does not allow."""
+        require(self.on, self.field, self.problem)

@@ -15,7 +15,7 @@ from torch import nn
 
 from dimd.train.graphed_sgd import GraphedSSGD
 from dimd.train.graphed_sma import GraphedSMA
-from dimd.train.graphs import (GRAPHS_UP_TO_PIXELS, MAX_SHAPES, StandIn, capture_problem, graphs_rule)
+from dimd.train.graphs import MAX_SHAPES, StandIn, capture_problem
 from dimd.train.precision import Precision
 from dimd.train.sgd import SSGD, make_optimizer, parameter_groups
 from dimd.train.sma import SMA
@@ -164,24 +164,6 @@ def test_a_checkpoint_moves_between_graphed_and_eager_steps():
     assert [c["reason"] for c in graph.figures()["cuda_graphs"]["captures"]] == \
         ["first capture", "a checkpoint was loaded"]
     assert [c["reason"] for c in resumed_graph.figures()["cuda_graphs"]["captures"]] == ["first capture"]
-
-
-def test_graphs_are_on_by_default_only_on_a_gpu_for_small_batches():
-    gpu = torch.device("cuda", 0)
-
-    def rule(choice, device, batch, size, learner_compute="loop", **options):
-        return graphs_rule(choice, device, batch, size, learner_compute=learner_compute, **options)
-
-    assert rule(None, CPU, 16, 32) == (False, "off: the device is not a GPU")
-    assert rule(True, gpu, 256, 224) == (True, "on: --cuda-graphs")
-    assert rule(False, gpu, 16, 32) == (False, "off: --no-cuda-graphs")
-    on, why = rule(None, gpu, 16, 224)
-    assert on and why.startswith("on: 16 images of 224 px") and "launches" in why
-    assert rule(None, gpu, 16, 224, "branches")[0]
-    on, why = rule(None, gpu, 128, 224)
-    assert not on and "the GPU, not the launches" in why and 128 * 224 ** 2 > GRAPHS_UP_TO_PIXELS
-    assert not rule(None, gpu, 16, 32, overlap=True)[0]
-    assert not rule(None, gpu, 16, 32, "threads")[0]
 
 
 def test_a_model_a_graph_cannot_replay_is_named_in_one_line():
@@ -448,21 +430,21 @@ def test_cuda_graphs_that_cannot_run_are_refused_in_one_line(packed_sample):
     from conftest import run_dimd
 
     from dimd.errors import ConfigError
-    from dimd.train.config import SMAConfig, TrainConfig
+    from dimd.train.config import SMAConfig, SSGDConfig, TrainConfig
 
     common = ["train", packed_sample, "--val", packed_sample, "--model", "lenet", "--image-size", "32",
               "--epochs", "1", "--decode-workers", "1", "--cuda-graphs"]
     proc = run_dimd(*common, "--device", "cpu", timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "'--cuda-graphs/--no-cuda-graphs': replays the step's CUDA work, so it needs a GPU; leave it out with " \
-           "--device cpu" in proc.stderr
+    assert "'--cuda-graphs/--no-cuda-graphs': replays the step's CUDA work, so it needs a GPU, and this run's " \
+           "device is the CPU; leave it out" in proc.stderr
     if not torch.cuda.is_available():   # device auto finds no GPU: refused before the data loads
         proc = run_dimd(*common, timeout=120)
         assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0, proc.stderr
-        assert "--cuda-graphs/--no-cuda-graphs replays the step's CUDA work, and this run's device is the CPU" \
-            in proc.stderr
+        assert "--cuda-graphs/--no-cuda-graphs replays the step's CUDA work, so it needs a GPU, and this run's " \
+               "device is the CPU" in proc.stderr
         assert "loaded" not in proc.stdout
-    for conflict, flag in ((dict(overlap=True), "cuda_graphs"),
+    for conflict, flag in ((dict(ssgd=SSGDConfig(overlap=True)), "cuda_graphs"),
                            (dict(sync="sma", sma=SMAConfig(learner_compute="threads")), "cuda_graphs")):
         with pytest.raises(ConfigError, match=f"^{flag} cannot go with"):
             TrainConfig(train="t", val="v", cuda_graphs=True, **conflict)

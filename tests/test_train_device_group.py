@@ -26,7 +26,7 @@ def nccl_by_default_where_every_rank_has_its_gpu() -> None:
     import torch.distributed as dist
 
     from dimd.train.config import TrainConfig
-    from dimd.train.engine import choose_allreduce
+    from dimd.train.run_plan import choose_allreduce
 
     comm = world()
     rank = comm.Get_rank()
@@ -62,11 +62,12 @@ def test_nccl_is_the_default_where_every_rank_has_a_gpu_of_its_own_and_the_json_
 
 
 def test_nccl_on_the_cpu_is_refused_naming_gloo():
-    with pytest.raises(ConfigError, match="nccl reduces on GPUs: with `device` cpu name gloo"):
+    with pytest.raises(ConfigError, match="nccl reduces tensors on GPUs and this rank computes on the CPU: name gloo"):
         TrainConfig(train="t", val="v", allreduce="nccl", device="cpu")
     proc = invoke_dimd("train", "t", "--val", "v", "--allreduce", "nccl", "--device", "cpu")
     assert proc.returncode == 2
-    assert "Invalid value for '--allreduce': nccl reduces on GPUs: with --device cpu name gloo" in proc.stderr
+    assert "Invalid value for '--allreduce': nccl reduces tensors on GPUs and this rank computes on the CPU: name " \
+           "gloo (the same path on the CPU) or a host algorithm" in proc.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: nccl would run")
@@ -75,8 +76,8 @@ def test_nccl_where_a_rank_computes_on_the_cpu_is_one_line_before_the_data_loads
                        "--epochs", "1", "--allreduce", "nccl")   # --device auto finds no GPU: the CPU
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert lines == ["dimd: error: nccl reduces tensors on GPUs and this rank computes on the CPU: use gloo (or a "
-                     "host algorithm) with --device cpu"], proc.stderr
+    assert lines == ["dimd: error: nccl reduces tensors on GPUs and this rank computes on the CPU: name gloo (the "
+                     "same path on the CPU) or a host algorithm"], proc.stderr
     assert "loaded" not in proc.stdout   # refused before the load
 
 

@@ -281,15 +281,18 @@ def ssgd_args(data: Path, out: Path, *extra: str) -> list:
     ({"sync_every": 0}, {}, "sync_every", "must be at least 1"),
     ({"sma_momentum": 1.0}, {}, "sma_momentum", "must be in [0.0, 1.0)"),
     ({"autotune_threshold": -0.1}, {}, "autotune_threshold", "must be at least 0"),
-    ({}, {"nesterov": True}, "nesterov", "is not part of SMA"),
+    ({}, {"ssgd": {"nesterov": True}}, "nesterov", "is a setting of S-SGD: SMA's learners use Polyak momentum"),
+    ({}, {"ssgd": {"overlap": False}}, "overlap", "is a setting of S-SGD"),
     ({}, {"sync": "ssgd"}, "learners", "is a setting of model averaging: add `sync` sma"),
     ({"learners": None, "sync_every": 2}, {"sync": "ssgd"}, "sync_every", "is a setting of model averaging"),
     ({}, {"sync": "average"}, "sync", "must be one of ssgd, sma"),
 ])
 def test_the_config_refuses_bad_sma_settings_naming_the_field(sma, changes, field, problem):
     from dimd.errors import ConfigError
-    from dimd.train.config import SMAConfig, TrainConfig
+    from dimd.train.config import SMAConfig, SSGDConfig, TrainConfig
 
+    if "ssgd" in changes:
+        changes = {**changes, "ssgd": SSGDConfig(**changes["ssgd"])}
     with pytest.raises(ConfigError) as caught:
         TrainConfig(**{"train": "t", "val": "v", "sync": "sma", "sma": SMAConfig(**{"learners": 2, **sma}), **changes})
     assert caught.value.field == field and problem in caught.value.problem

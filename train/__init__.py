@@ -3,8 +3,10 @@
 The batches come from :mod:`dimd.shuffle` (the data path ends there, on the
 device); everything from the forward pass on is here. By job:
 
-- the run: ``config`` (``TrainConfig``, the only defaults), ``engine``
-  (``Trainer``: set-up and the loop), ``steps`` (one step and the
+- the run: ``config`` (``TrainConfig``, the only defaults), ``rules`` (the
+  rules between settings, each once), ``run_plan`` (the set-up: a config
+  made into a frozen ``RunPlan``, each choice with its reason), ``engine``
+  (``Trainer``: the loop), ``steps`` (one step and the
   ``Strategy`` interface), ``evaluate``, ``results`` (what a run reports),
   ``signals`` (a scheduler's SIGTERM/SIGUSR1 -> checkpoint and stop),
   ``hardware`` (threads and device), ``precision`` (32-bit or autocast);

@@ -48,7 +48,8 @@ FORMAT = "dimd-checkpoint"
 #: 4: one random stream per purpose (dimd.shuffle.streams): the same position holds other records and crops.
 #: 5: SMA's cadence (steps since its last synchronisation, milestones passed) is in its strategy state;
 #:    the world size is the layout's alone, and no learning rate is written (the schedule gives it).
-VERSION = 5
+#: 6: the config's S-SGD settings (overlap, noise_scale, nesterov) are a section of their own, ``ssgd``.
+VERSION = 6
 #: What a resume reads from every checkpoint: a file without one of them is refused in one line.
 REQUIRED = ("run_id", "sync", "model_name", "classes", "config", "layout", "epoch", "step", "position",
             "images", "train_seconds", "next_eval_images", "model", "strategy", "ranks", "store_round", "tally",

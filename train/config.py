@@ -3,20 +3,26 @@
 ``dimd train``'s options are generated from these fields
 (:func:`dimd.options.config_option`), so a default lives here and nowhere
 else; ``__post_init__`` rejects nonsense whether the config came from the
-command line or from Python. SMA's settings are a config of their own,
-:class:`SMAConfig`, nested in :class:`TrainConfig` as ``sma`` (and a group of
-their own in ``dimd train --help``). The resolved config goes into every
-checkpoint and JSON result.
+command line or from Python. Each synchronisation's own settings are a config
+of their own, nested in :class:`TrainConfig` (and a group of their own in
+``dimd train --help``): S-SGD's :class:`SSGDConfig` as ``ssgd``, SMA's
+:class:`SMAConfig` as ``sma``; the other ``sync`` refuses any of them set. The
+rules between settings are :mod:`dimd.train.rules`'s: the config refuses
+what was asked for explicitly, the run plan applies them to the defaults. The
+resolved config goes into every checkpoint and JSON result.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from dimd.checks import at_least, finite, in_range, one_of, positive, require
+from dimd.errors import ConfigError
 from dimd.stall import STALL_TIMEOUT_S
+from dimd.train.rules import (branches_need_graphs, graphs_asked, graphs_need_a_gpu, overlap_cannot_be_captured,
+                              threads_cannot_be_captured)
 from dimd.train.schedule import SCHEDULES
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -35,8 +41,38 @@ DECODES = ("cpu", "gpu")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 
 
+class Section:
+    """A synchronisation's own settings, nested in :class:`TrainConfig`: the other ``sync`` refuses any set."""
+
+    def changed(self) -> list[str]:
+        """The fields set to other than their defaults."""
+        return [f.name for f in fields(self) if getattr(self, f.name) != f.default]  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
-class SMAConfig:
+class SSGDConfig(Section):
+    """Synchronous data-parallel SGD's own settings (the gradient allreduce and its optimizer): ``sync`` ssgd
+    reads them, and nothing else does."""
+
+    overlap: bool | None = None           # reduce buckets during backward; None: where a core or GPU is free
+    noise_scale: bool = False             # McCandlish et al.'s gradient noise scale B_simple, per epoch (2+ ranks)
+    nesterov: bool = False                # Nesterov momentum in the replica's optimizer
+
+    #: Why each field is S-SGD's: the end of SMA's refusal.
+    WHY: ClassVar[dict[str, str]] = {
+        "overlap": "SMA averages models, not gradients, so it has no gradient buckets to reduce during backward",
+        "noise_scale": "it compares each rank's gradient with their average, and SMA averages models, not "
+                       "gradients",
+        "nesterov": "SMA's learners use Polyak momentum, as Crossbow's do",
+    }
+
+    def __post_init__(self) -> None:
+        require(not (self.overlap and self.noise_scale), "overlap", "cannot go with `noise_scale`: the "
+                "noise scale needs each rank's whole gradient before any bucket is reduced")
+
+
+@dataclass(frozen=True)
+class SMAConfig(Section):
     """Crossbow's synchronous model averaging (docs/sma.md): what ``sync`` sma reads, and nothing else does."""
 
     learners: int | str | None = None     # learners per rank: a number or "auto"; None: 1
@@ -67,10 +103,6 @@ class SMAConfig:
         """Learners per rank when their number is fixed, else 1 (the auto-tuner's start)."""
         return self.learners if isinstance(self.learners, int) else 1
 
-    def changed(self) -> list[str]:
-        """The fields set to other than their defaults (S-SGD refuses any)."""
-        return [f.name for f in fields(self) if getattr(self, f.name) != f.default]
-
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -88,7 +120,6 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 1e-4
     decay_bn_and_bias: bool = False
-    nesterov: bool = False
     schedule: str = "step"
     milestones: tuple[float, ...] | None = None   # epochs; None: 30/60/80 of 90, scaled
     warmup_epochs: float | None = None            # None: 5 when the global batch exceeds 256
@@ -98,7 +129,6 @@ class TrainConfig:
     shuffle_every: int | None = 0         # steps; 0: at every epoch start; None: never
     allreduce: str | None = None          # None: nccl on GPUs where it can run, else the fastest measured at start-up
     bucket_mb: float | None = None        # None: DEFAULT_BUCKET_MB with overlap, else one message; 0: one message
-    overlap: bool | None = None           # S-SGD: reduce buckets during backward; None: where a core or GPU is free
     device: str = "auto"
     decode_workers: int | None = None     # the loader's decoding processes per rank; None: cores per rank - 1
     threads: int | None = None            # torch threads per rank; None: cores / ranks on the node
@@ -116,9 +146,8 @@ class TrainConfig:
     files_root: str | None = None         # the folder the set was packed from (default: the index's source)
     # Synchronisation: S-SGD, or Crossbow's synchronous model averaging (docs/sma.md).
     sync: str = "ssgd"                    # "ssgd" or "sma"
+    ssgd: SSGDConfig = SSGDConfig()       # read with `sync` ssgd only; left at its defaults for SMA
     sma: SMAConfig = SMAConfig()          # read with `sync` sma only; left at its defaults for S-SGD
-    # McCandlish et al.'s gradient noise scale B_simple, per epoch (S-SGD on 2 ranks or more).
-    noise_scale: bool = False
     # How the step computes (dimd.train.precision) and where images are decoded.
     precision: str = "32-true"            # "32-true", "bf16-mixed" (autocast) or "16-mixed" (autocast + loss scale)
     channels_last: bool | None = None     # None: channels-last for convolutional models on CUDA
@@ -174,44 +203,41 @@ class TrainConfig:
                 "gpu needs a GPU: leave out `device` cpu (or decode on the cpu)")
         require(self.decode == "cpu" or self.read_from == "memory", "decode",
                 "gpu decodes the records held in memory: leave out `read_from`")
-        require(self.allreduce != "nccl" or self.device != "cpu", "allreduce",
-                "nccl reduces on GPUs: with `device` cpu name gloo (the same path on the CPU) or a host algorithm")
+        if self.allreduce == "nccl":
+            from dimd.allreduce.group import nccl_needs_a_gpu
+
+            nccl_needs_a_gpu(self.device).check()
         require(self.files_root is None or self.read_from != "memory", "files_root",
                 "is where `read_from` files or files-cold finds the original images; give one of those too")
 
     def _check_graphs(self) -> None:
+        """The rules of :mod:`dimd.train.rules` on what was asked for; the run plan applies them to the defaults."""
         if self.cuda_graphs:
-            require(self.device != "cpu", "cuda_graphs", "replays the step's CUDA work, so it needs a GPU; leave "
-                    "it out with `device` cpu")
-            require(not self.overlap, "cuda_graphs", "cannot go with `overlap`: a graph cannot capture the thread "
-                    "that reduces gradient buckets while backward runs; leave one out")
-            require(self.sma.learner_compute != "threads", "cuda_graphs", "cannot go with `learner_compute` "
-                    "threads (learners in Python threads); leave one out")
-        if self.sma.learner_compute == "branches":
-            require(self.cuda_graphs is not False and self.device != "cpu", "learner_compute",
-                    "branches is one CUDA graph with a branch per learner: it needs a GPU and CUDA graphs")
+            graphs_need_a_gpu(self.device).check()
+            overlap_cannot_be_captured(self.ssgd.overlap).check()
+            threads_cannot_be_captured(self.sma.learner_compute).check()
+        asked = graphs_asked(self.cuda_graphs, self.device)
+        if asked is not None:
+            branches_need_graphs(self.sma.learner_compute, asked).check()
 
     def _check_sync(self) -> None:
         one_of(self, "sync", SYNCS)
+        require(isinstance(self.ssgd, SSGDConfig), "ssgd", f"must be an SSGDConfig (got {self.ssgd!r})")
         require(isinstance(self.sma, SMAConfig), "sma", f"must be an SMAConfig (got {self.sma!r})")
         if self.sync == "ssgd":
-            require(not (self.overlap and self.noise_scale), "overlap", "cannot go with `noise_scale`: the "
-                    "noise scale needs each rank's whole gradient before any bucket is reduced")
             changed = self.sma.changed()
-            require(not changed, changed[0] if changed else "sma",
-                    "is a setting of model averaging: add `sync` sma, or leave it out for S-SGD")
-        else:
-            require(not self.noise_scale, "noise_scale", "is defined for S-SGD only: it compares each rank's "
-                    "gradient with their average, and SMA averages models, not gradients; leave it out with "
-                    "`sync` sma")
-            require(self.channels_last is not True, "channels_last", "is implemented for S-SGD's replica; leave "
-                    "it out with `sync` sma")
-            require(self.precision == "32-true", "precision", "is implemented for S-SGD's step (its loss scale "
-                    "is agreed through the gradient allreduce); leave it out with `sync` sma")
-            require(self.overlap is None, "overlap", "is a setting of S-SGD's gradient allreduce; SMA averages "
-                    "models, not gradients: leave it out with `sync` sma")
-            require(not self.nesterov, "nesterov", "is not part of SMA (its learners use Polyak "
-                    "momentum, as Crossbow's do); leave it out with `sync` sma")
+            if changed:
+                raise ConfigError(changed[0], "is a setting of model averaging: add `sync` sma, or leave it out for "
+                                  "S-SGD")
+            return
+        changed = self.ssgd.changed()
+        if changed:
+            raise ConfigError(changed[0], f"is a setting of S-SGD: {SSGDConfig.WHY[changed[0]]}; leave it out with "
+                              "`sync` sma")
+        require(self.channels_last is not True, "channels_last", "is implemented for S-SGD's replica; leave "
+                "it out with `sync` sma")
+        require(self.precision == "32-true", "precision", "is implemented for S-SGD's step (its loss scale "
+                "is agreed through the gradient allreduce); leave it out with `sync` sma")
 
     def bucket_bytes(self, overlap: bool) -> int:
         """The S-SGD bucket in bytes (0: one message), given whether the buckets overlap backward."""

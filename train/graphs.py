@@ -39,8 +39,7 @@ a CUDA capture refuses (an operation that reads a device value on the host), and
 it again, so the bookkeeping above runs through the same code on the CPU and is tested there against
 the plain eager step (``tests/test_graphs.py``).
 
-When graphs are on by default (:func:`graphs_rule`): on CUDA when a learner's batch is small
-(:data:`GRAPHS_UP_TO_PIXELS`), where the launches dominate; docs/gpu.md has the measurements.
+When graphs are on by default, and what they cannot go with, is :mod:`dimd.train.rules`'s.
 """
 
 from __future__ import annotations
@@ -66,40 +65,8 @@ WARMUP_STEPS = 3
 #: Input shapes a step keeps graphs for; a further shape runs eagerly (its step is said once).
 MAX_SHAPES = 4
 
-#: Graphs are on by default up to this many pixels per learner step (batch x image_size^2): a batch
-#: of 32 at 224 px, or 1,568 at 32 px. Below it a step is launch-bound (measured on an H100: graphed
-#: 6.7x eager for resnet20 at batch 16 and 32 px, 1.8-1.9x for resnet18 and resnet50 at batch 16 and
-#: 224 px); well above it the GPU is the limit and eager steps run at the same speed.
-GRAPHS_UP_TO_PIXELS = 32 * 224 * 224
-
 #: The CUDA capture mode: other threads (the device feed) may keep issuing work while one thread captures.
 CAPTURE_MODE = "thread_local"
-
-
-def graphs_rule(choice: bool | None, device: torch.device, batch_size: int, image_size: int, *,
-                learner_compute: str, overlap: bool | None = None) -> tuple[bool, str]:
-    """Whether a run's steps replay as CUDA graphs, and why, in one line (it goes into the JSON).
-
-    ``choice``: ``--cuda-graphs`` (True), ``--no-cuda-graphs`` (False) or the default (None);
-    ``learner_compute``: SMA's (one of :data:`dimd.train.config.LEARNER_COMPUTES`). The conflicts
-    of an explicit ``--cuda-graphs`` are refused by the config; here they turn the default off.
-    """
-    if torch.device(device).type != "cuda":
-        return False, "off: the device is not a GPU"
-    if choice is not None:
-        return choice, "on: --cuda-graphs" if choice else "off: --no-cuda-graphs"
-    if overlap:
-        return False, ("off: --overlap reduces gradient buckets on a thread while backward runs, which a graph "
-                       "cannot capture")
-    if learner_compute == "threads":
-        return False, "off: --learner-compute threads runs learners in Python threads, which a graph cannot capture"
-    pixels = batch_size * image_size * image_size
-    if pixels <= GRAPHS_UP_TO_PIXELS:
-        return True, (f"on: {batch_size} images of {image_size} px per learner step ({pixels:,} pixels, at most "
-                      f"{GRAPHS_UP_TO_PIXELS:,}): a step this small is bound by its kernel launches, which a graph "
-                      f"replays in one")
-    return False, (f"off: {batch_size} images of {image_size} px per learner step ({pixels:,} pixels, above "
-                   f"{GRAPHS_UP_TO_PIXELS:,}): the GPU, not the launches, sets the pace")
 
 
 def capture_problem(model: nn.Module) -> str | None:

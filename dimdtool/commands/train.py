@@ -2,8 +2,9 @@
 
 Every option except the outputs (``--metrics``, ``--json``) is a field of
 :class:`dimd.train.config.TrainConfig`, which holds its default and checks it;
-SMA's are the fields of its nested :class:`~dimd.train.config.SMAConfig`, a
-section of their own in ``--help``.
+S-SGD's and SMA's own are the fields of its nested
+:class:`~dimd.train.config.SSGDConfig` and :class:`~dimd.train.config.SMAConfig`,
+each a section of its own in ``--help``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, Section
                           config_option, defer_output_checks, json_option, option_group, quiet_option,
                           shared_option, stall_timeout_option)
 from dimd.train.config import (DECODES, DEVICES, LEARNER_COMPUTES, PRECISIONS, READ_FROM, SYNCS, SMAConfig,
-                               TrainConfig)
+                               SSGDConfig, TrainConfig)
 from dimd.train.schedule import SCHEDULES
 
 
@@ -108,7 +109,6 @@ def print_models() -> None:
 @config_option(TrainConfig, "momentum")
 @config_option(TrainConfig, "weight_decay")
 @config_option(TrainConfig, "decay_bn_and_bias", help="Also apply weight decay to batch-norm and bias parameters.")
-@config_option(TrainConfig, "nesterov", help="Nesterov momentum.")
 @config_option(TrainConfig, "schedule", type=click.Choice(SCHEDULES),
                help="step: /10 at --milestones; poly: (1 - t)^0.5 as FireCaffe; cosine: half cosine to 0; "
                     "constant.")
@@ -133,14 +133,22 @@ def print_models() -> None:
 @config_option(TrainConfig, "bucket_mb",
                help="Allreduce the gradients in buckets of this size (0: one message) [default: 25 with "
                     "--overlap, else one message].")
-@config_option(TrainConfig, "overlap", "--overlap/--no-overlap",
-               help="S-SGD: reduce each gradient bucket on a communication thread while backward goes on; "
-                    "the weights are the same either way [default: on with a GPU whose step runs eagerly, or a "
-                    "core free beyond the ranks' torch threads; docs/library.md].")
 @config_option(TrainConfig, "sync", type=click.Choice(SYNCS),
                help="ssgd: synchronous data-parallel SGD (one gradient allreduce per step); sma: "
                     "Crossbow's synchronous model averaging of independent learners (docs/sma.md; its "
                     "settings are listed apart, below).")
+@option_group(
+    "S-SGD (--sync ssgd, the default)",
+    config_option(SSGDConfig, "overlap", "--overlap/--no-overlap",
+                  help="Reduce each gradient bucket on a communication thread while backward goes on; the "
+                       "weights are the same either way [default: on with a GPU whose step runs eagerly, or a "
+                       "core free beyond the ranks' torch threads; docs/library.md]."),
+    config_option(SSGDConfig, "noise_scale",
+                  help="Log the gradient noise scale B_simple (McCandlish et al., appendix A) per epoch in "
+                       "--metrics and --json: each rank's squared gradient norm rides the gradient allreduce, "
+                       "compared with the averaged gradient's. On 2 ranks or more (docs/plan-batch.md)."),
+    config_option(SSGDConfig, "nesterov", help="Nesterov momentum."),
+)
 @option_group(
     "Model averaging (--sync sma; docs/sma.md)",
     config_option(SMAConfig, "learners", type=LearnersType(),
@@ -163,10 +171,6 @@ def print_models() -> None:
                        "rank's torch threads) or branches (one CUDA graph with a branch per learner); see "
                        "docs/sma.md."),
 )
-@config_option(TrainConfig, "noise_scale",
-               help="Log the gradient noise scale B_simple (McCandlish et al., appendix A) per epoch in "
-                    "--metrics and --json: each rank's squared gradient norm rides the gradient allreduce, "
-                    "compared with the averaged gradient's. S-SGD on 2 ranks or more (docs/plan-batch.md).")
 @shared_option(TrainConfig, "device", type=click.Choice(DEVICES))
 @config_option(TrainConfig, "decode", type=click.Choice(DECODES),
                help="Where images are decoded: cpu (the loader's decoders) or gpu (one nvJPEG call per batch, "
@@ -283,9 +287,9 @@ def _layout_line(trainer) -> str:
             f"{trainer.batches_per_epoch} steps/epoch")
 
 
-def _graphs_note(trainer) -> str:
+def _graphs_note(plan) -> str:
     """`` (CUDA graphs on)`` or off, on a GPU; the reason is in the JSON."""
-    return f" (CUDA graphs {'on' if trainer.graphs.on else 'off'})" if trainer.device.type == "cuda" else ""
+    return f" (CUDA graphs {'on' if plan.graphs.on else 'off'})" if plan.device.type == "cuda" else ""
 
 
 def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | None,
@@ -316,13 +320,14 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
 
     def on_start(trainer) -> None:
         run_id[0] = trainer.state.run_id
-        if leader and metrics_path and trainer.resume_path:   # a resume may run some epochs again
+        plan = trainer.plan
+        if leader and metrics_path and plan.resume_path:   # a resume may run some epochs again
             drop_superseded_metrics(metrics_path, run_id[0], trainer.state.epoch)
-        info = trainer.model_info
+        info = plan.model_info
         say(f"{config.model}: {info['parameters']:,} parameters, {info['gradient_bytes'] / 2**20:.1f} MiB of "
             f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
-            f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {trainer.algorithm}; "
-            f"device {trainer.device}{_graphs_note(trainer)}, {trainer.threads} thread(s) per rank")
+            f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {plan.algorithm}; "
+            f"device {plan.device}{_graphs_note(plan)}, {plan.threads} thread(s) per rank")
         remaining = trainer.steps_per_epoch * config.epochs - trainer.state.step
         advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader and not quiet))
 

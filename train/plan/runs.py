@@ -202,7 +202,7 @@ def _other_classes(config: ConvergenceConfig) -> str | None:
     Each group's engine would find it only as its first run starts, on its group alone, and abort the job.
     """
     from dimd.format import PackedDataset
-    from dimd.train.engine import val_label_map
+    from dimd.train.run_plan import val_label_map
 
     try:
         val_label_map(list(PackedDataset(config.train).classes), list(PackedDataset(config.val).classes),
