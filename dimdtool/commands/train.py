@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -292,13 +292,66 @@ def _graphs_note(plan) -> str:
     return f" (CUDA graphs {'on' if plan.graphs.on else 'off'})" if plan.device.type == "cuda" else ""
 
 
+class RunProgress:
+    """What rank 0 shows and writes of a run as it goes, through the trainer's hooks: the run's line at its
+    start, a progress bar over its steps, a line and a ``--metrics`` record per epoch. The other ranks stay
+    silent. A context: the bar ends with it."""
+
+    def __init__(self, config: TrainConfig, *, leader: bool, quiet: bool, metrics_path: Path | None) -> None:
+        self.config, self.leader, self.quiet, self.metrics_path = config, leader, quiet, metrics_path
+        self.run_id = ""                      # the run's, once it started (a resume carries it over)
+        self.advance: Callable[[int], None] = lambda steps: None
+        self._bar = contextlib.ExitStack()
+
+    def __enter__(self) -> "RunProgress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()
+
+    def hooks(self) -> Any:
+        from dimd.train.engine import Hooks
+
+        return Hooks(on_start=self.on_start, on_step=self.on_step, on_epoch=self.on_epoch, on_event=self.say)
+
+    def say(self, line: str) -> None:
+        if self.leader:
+            click.echo(line)
+
+    def on_start(self, trainer: Any) -> None:
+        from dimd.train.results import drop_superseded_metrics
+
+        config, plan = self.config, trainer.plan
+        self.run_id = trainer.state.run_id
+        if self.leader and self.metrics_path and plan.resume_path:   # a resume may run some epochs again
+            drop_superseded_metrics(self.metrics_path, self.run_id, trainer.state.epoch)
+        info = plan.model_info
+        self.say(f"{config.model}: {info['parameters']:,} parameters, {info['gradient_bytes'] / 2**20:.1f} MiB of "
+                 f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
+                 f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {plan.algorithm}; "
+                 f"device {plan.device}{_graphs_note(plan)}, {plan.threads} thread(s) per rank")
+        remaining = trainer.steps_per_epoch * config.epochs - trainer.state.step
+        self.advance = self._bar.enter_context(progress(remaining, "train", unit="step",
+                                                        enabled=self.leader and not self.quiet))
+
+    def on_step(self, steps: int) -> None:
+        self.advance(steps)
+
+    def on_epoch(self, metrics: Any) -> None:
+        from dimd.train.results import metrics_line
+
+        self.say(_epoch_line(metrics, self.config.epochs))
+        if self.leader and self.metrics_path:
+            with open(self.metrics_path, "a") as f:
+                f.write(metrics_line(metrics, self.run_id))
+
+
 def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | None,
          json_path: Path | None, quiet: bool, fields: dict[str, Any]) -> None:
     from dimd.commands.mpi_job import check_outputs
     from dimd.report import result_document, write_json
-    from dimd.train.engine import Hooks, Trainer
+    from dimd.train.engine import Trainer
     from dimd.train.folderlock import claim_checkpoint_folder
-    from dimd.train.results import drop_superseded_metrics, metrics_line
     from dimd.train.signals import stop_request
 
     config = build_config(TrainConfig, train=train_set, val=val_set, **fields)
@@ -307,40 +360,17 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
     lock = claim_checkpoint_folder(comm, config.checkpoint_dir, resume=bool(config.resume or config.resume_from),
                                    force=config.force)
     leader = comm.Get_rank() == 0
-    say = (lambda line: click.echo(line)) if leader else (lambda line: None)
-    stack = contextlib.ExitStack()
-    advance = [lambda n: None]
-    run_id = [""]
-
-    def on_epoch(metrics) -> None:
-        say(_epoch_line(metrics, config.epochs))
-        if leader and metrics_path:
-            with open(metrics_path, "a") as f:
-                f.write(metrics_line(metrics, run_id[0]))
-
-    def on_start(trainer) -> None:
-        run_id[0] = trainer.state.run_id
-        plan = trainer.plan
-        if leader and metrics_path and plan.resume_path:   # a resume may run some epochs again
-            drop_superseded_metrics(metrics_path, run_id[0], trainer.state.epoch)
-        info = plan.model_info
-        say(f"{config.model}: {info['parameters']:,} parameters, {info['gradient_bytes'] / 2**20:.1f} MiB of "
-            f"gradients; {_layout_line(trainer)}; lr {trainer.schedule.peak_lr:.4g} ({config.schedule}, "
-            f"warm-up {trainer.schedule.warmup_steps} steps); allreduce {plan.algorithm}; "
-            f"device {plan.device}{_graphs_note(plan)}, {plan.threads} thread(s) per rank")
-        remaining = trainer.steps_per_epoch * config.epochs - trainer.state.step
-        advance[0] = stack.enter_context(progress(remaining, "train", unit="step", enabled=leader and not quiet))
-
+    run_progress = RunProgress(config, leader=leader, quiet=quiet, metrics_path=metrics_path)
     # The flag mpi_command's handlers set since MPI started: a signal while loading is not lost.
     try:
         with stop_request() as stop:
-            hooks = Hooks(on_start=on_start, on_step=lambda n: advance[0](n), on_epoch=on_epoch, on_event=say)
-            trainer = Trainer(config, comm, stop=stop, hooks=hooks)
-            with stack:
+            trainer = Trainer(config, comm, stop=stop, hooks=run_progress.hooks())
+            with run_progress:
                 result = trainer.run()
     finally:
         if lock is not None:
             lock.release()
+    say = run_progress.say
     if result.stopped_by:
         after = f"stopped by {result.stopped_by} after step {trainer.state.step}"
         say(f"{after}; checkpoint {result.checkpoint}; run again with --resume to continue"
