@@ -46,7 +46,8 @@ class Section:
 
     def changed(self) -> list[str]:
         """The fields set to other than their defaults."""
-        return [f.name for f in fields(self) if getattr(self, f.name) != f.default]  # type: ignore[arg-type]
+        return [f.name for f in fields(self)  # type: ignore[arg-type]  # the sections are dataclasses
+                if getattr(self, f.name) != f.default]
 
 
 @dataclass(frozen=True)

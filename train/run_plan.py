@@ -147,13 +147,13 @@ def plan_run(config: TrainConfig, comm: Any, *, on_event: Callable[[str], None] 
     # -- 4: the model
     torch.manual_seed(config.seed)
     model = build_agreed(config, len(store.classes), comm)
-    layout = memory_format(config.channels_last if config.sync == "ssgd" else False, device, model)
-    model.to(device, memory_format=layout)  # type: ignore[call-overload]  # torch's stub lacks it
+    tensor_format = memory_format(config.channels_last if config.sync == "ssgd" else False, device, model)
+    model.to(device, memory_format=tensor_format)  # type: ignore[call-overload]  # torch's stub lacks it
     broadcast_state(model, comm)   # MPI: every rank starts from rank 0's weights
     nbytes = gradient_bytes(model)
     model_info = {"name": config.model, "parameters": parameter_count(model), "gradient_bytes": nbytes,
                   "classes": len(store.classes), **recorded_source(config.model)}
-    precision, normalize = Precision(config.precision, device), Normalize(device, layout)
+    precision, normalize = Precision(config.precision, device), Normalize(device, tensor_format)
 
     # -- 5: synchronisation
     algorithm, algorithm_choice = choose_allreduce(config, nbytes, comm, device)   # MPI: measured if not given
