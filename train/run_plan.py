@@ -46,8 +46,8 @@ from dimd.train.steps import Strategy
 @dataclass(frozen=True)
 class GraphChoice:
     """Whether the step replays as CUDA graphs, why (for the JSON), whether ``cuda_graphs`` decided it rather
-    than its default (``explicit``: a capture that fails should then stop the run, where on by default it may
-    fall back to eager steps), and where (None: the device's own)."""
+    than its default (``explicit``: a capture that fails then stops the run, where on by default the run falls
+    back to eager steps), and where (None: the device's own)."""
 
     on: bool
     rule: str
