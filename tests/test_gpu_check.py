@@ -84,7 +84,7 @@ def test_the_graphs_step_grid_runs_its_set_ups_on_the_cpu_stand_in(tmp_path):
     assert all(len(rate["runs"]) == 2 and rate["median"] > 0 for rate in result["images_per_s"].values())
     assert set(result["ratios"]) == {"S-SGD b2 graphed / S-SGD b2 eager",
                                      "SMA 2x2 graphed (branches) / SMA 2x2 eager"}
-    assert result["captures"]["SMA 2x2 graphed (branches)"]["captures"] == 2
+    assert result["captures"]["SMA 2x2 graphed (branches)"]["captures"] == 3   # learners, update, sync
 
 
 def test_the_nccl_parts_one_rank_runs_work_end_to_end_on_the_cpu_through_gloo(bench, packed_sample, tmp_path):
