@@ -49,3 +49,75 @@ def test_s_sgd_and_the_learners_train_on_the_smoothed_loss():
     learners = Learners(net(), 1, normalize=normalize, label_smoothing=0.1)
     _, stats = learners.gradients([images], [labels])
     assert float(stats[0, 0]) == pytest.approx(float(expected) * labels.numel(), rel=1e-6)
+
+
+# -- in a run: the average beside the model, the target's stop and record -------------------------------
+
+
+def run_config(packed_sample, **options):
+    from dimd.train.config import TrainConfig
+
+    settings = dict(model="resnet20", image_size=16, epochs=3, batch_size=8, lr=0.05, lr_scaling=False,
+                    schedule="cosine", decode_workers=1, threads=1)
+    return TrainConfig(train=str(packed_sample), val=str(packed_sample), **{**settings, **options})
+
+
+def test_the_ema_is_evaluated_beside_the_model_and_resumes_from_the_checkpoint(packed_sample, world, tmp_path):
+    from dimd.train.config import SSGDConfig
+    from dimd.train.engine import Trainer
+
+    options = dict(ssgd=SSGDConfig(ema=0.9, ema_every=2), label_smoothing=0.1, checkpoint_dir=str(tmp_path),
+                   keep_checkpoints=0)
+    straight = Trainer(run_config(packed_sample, **options), world)
+    result = straight.run()
+    history = [epoch.as_dict() for epoch in result.epochs]
+    assert all(0.0 <= line["ema_val_top1"] <= 1.0 and "ema_val_loss" in line for line in history)
+    assert history[-1]["ema_val_loss"] != history[-1]["val_loss"]   # another model: the average
+    assert all(e.ema_top1 is not None for e in result.evaluations)
+    # resumed from the checkpoint after epoch 2, the run ends with the straight run's average, bit for bit
+    after_two = sorted(tmp_path.glob("*.pt"))[1]
+    options.update(checkpoint_dir=str(tmp_path / "again"), resume_from=str(after_two))
+    resumed = Trainer(run_config(packed_sample, **options), world)
+    resumed.run()
+    assert resumed.resumed_from == str(after_two)
+    for a, b in zip(straight.strategy.average.module.state_dict().values(),
+                    resumed.strategy.average.module.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_a_run_stops_at_its_target_and_records_when_it_got_there(packed_sample, world):
+    from dimd.train.engine import Trainer
+
+    from dimd.train.engine import Hooks
+
+    events: list[str] = []
+    trainer = Trainer(run_config(packed_sample, epochs=5, target_top1=1.0), world, hooks=Hooks(on_event=events.append))
+    result = trainer.run()
+    figures = result.figures()
+    target = figures["target"]
+    assert result.stopped_by == "target" and target["reached"] and len(result.epochs) == 1   # 1% is met at once
+    assert target["top1"] == 1.0 and target["reached_top1"] >= 1.0 and target["by"] == "model"
+    assert target["epochs"] == 1 and target["updates"] == result.epochs[0].step and target["seconds"] > 0
+    assert result.epochs[-1].as_dict()["target"] == {k: v for k, v in target.items() if k != "reached"}
+    assert any("reaches the target 1.00%" in event for event in events)
+    missed = Trainer(run_config(packed_sample, epochs=1, target_top1=100.0), world).run().figures()["target"]
+    assert missed == {"top1": 100.0, "reached": False}
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("label_smoothing", 1.0, r"label_smoothing must be in \[0.0, 1.0\)"),
+    ("label_smoothing", -0.1, r"label_smoothing must be in \[0.0, 1.0\)"),
+    ("target_top1", 0.0, r"target_top1 must be in \(0.0, 100.0\]"),
+    ("target_top1", 101.0, r"target_top1 must be in \(0.0, 100.0\]"),
+])
+def test_recipe_settings_outside_their_range_are_refused_in_one_line(field, value, message):
+    from dimd.errors import ConfigError
+    from dimd.train.config import SSGDConfig, TrainConfig
+
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(train="t", val="v", **{field: value})
+    for decay in (0.0, 1.0):
+        with pytest.raises(ConfigError, match=r"ema must be in \(0.0, 1.0\)"):
+            SSGDConfig(ema=decay)
+    with pytest.raises(ConfigError, match="ema is a setting of S-SGD: SMA's central model z is itself an average"):
+        TrainConfig(train="t", val="v", sync="sma", ssgd=SSGDConfig(ema=0.99))

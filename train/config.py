@@ -39,6 +39,8 @@ LEARNER_COMPUTES = ("loop", "threads", "branches")
 DECODES = ("cpu", "gpu")
 #: How the step computes, in Lightning's names (dimd.train.precision).
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+#: Steps between two updates of the weights' moving average (``ema_every``; torchvision's reference: 32).
+EMA_EVERY = 32
 
 
 class Section:
@@ -58,6 +60,8 @@ class SSGDConfig(Section):
     overlap: bool | None = None           # reduce buckets during backward; None: where a core or GPU is free
     noise_scale: bool = False             # McCandlish et al.'s gradient noise scale B_simple, per epoch (2+ ranks)
     nesterov: bool = False                # Nesterov momentum in the replica's optimizer
+    ema: float | None = None              # decay per step of the weights' moving average (dimd.train.ema); None: off
+    ema_every: int = EMA_EVERY            # steps between two updates of that average
 
     #: Why each field is S-SGD's: the end of SMA's refusal.
     WHY: ClassVar[dict[str, str]] = {
@@ -65,11 +69,15 @@ class SSGDConfig(Section):
         "noise_scale": "it compares each rank's gradient with their average, and SMA averages models, not "
                        "gradients",
         "nesterov": "SMA's learners use Polyak momentum, as Crossbow's do",
+        "ema": "SMA's central model z is itself an average of the learners' weights",
+        "ema_every": "SMA's central model z is itself an average of the learners' weights",
     }
 
     def __post_init__(self) -> None:
         require(not (self.overlap and self.noise_scale), "overlap", "cannot go with `noise_scale`: the "
                 "noise scale needs each rank's whole gradient before any bucket is reduced")
+        in_range(self, "ema", 0.0, 1.0, low_open=True, high_open=True, optional=True)
+        at_least(self, "ema_every", 1)
 
 
 @dataclass(frozen=True)
@@ -115,10 +123,12 @@ class TrainConfig:
     image_size: int = 224
     crop_scale: float = 0.08              # smallest area share of a random-resized training crop
     epochs: int = 90
+    target_top1: float | None = None      # percent: stop at the first evaluation at or above it
     batch_size: int = 64                  # per rank
     lr: float = 0.1                       # for a global batch of 256
     lr_scaling: bool = True
     momentum: float = 0.9
+    label_smoothing: float = 0.0          # the loss's target: 1 - eps on the label, eps spread over every class
     weight_decay: float = 1e-4
     decay_bn_and_bias: bool = False
     schedule: str = "step"
@@ -165,6 +175,8 @@ class TrainConfig:
         in_range(self, "crop_scale", 0.0, 1.0, low_open=True)
         positive(self, "lr")
         in_range(self, "momentum", 0.0, 1.0, high_open=True)
+        in_range(self, "label_smoothing", 0.0, 1.0, high_open=True)
+        in_range(self, "target_top1", 0.0, 100.0, low_open=True, optional=True)
         for name in ("weight_decay", "seed", "checkpoint_every", "keep_checkpoints"):
             at_least(self, name, 0)
         at_least(self, "bucket_mb", 0, optional=True)

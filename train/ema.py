@@ -20,8 +20,8 @@ from typing import Any
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-#: Steps between two updates of the average unless ``ema_every`` says otherwise (torchvision's default).
-EMA_EVERY = 32
+from dimd.train.config import EMA_EVERY
+
 
 
 class WeightAverage:
@@ -48,6 +48,11 @@ class WeightAverage:
         """After the optimizer's step number ``step`` (1-based): fold the weights in, every ``every`` steps."""
         if step % self.every == 0:
             self.averaged.update_parameters(self.model)
+
+    def restart(self) -> None:
+        """Start afresh from the model's weights as they are now (a checkpoint without an average)."""
+        self.averaged.n_averaged.zero_()
+        self.averaged.update_parameters(self.model)
 
     def state_dict(self) -> dict[str, Any]:
         return {"decay": self.decay, "every": self.every,

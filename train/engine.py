@@ -27,6 +27,7 @@ every choice made there with its reason, is :func:`dimd.train.run_plan.plan_run`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -85,7 +86,11 @@ class Trainer:
         self.hooks = hooks or Hooks()
         self.stop = stop if stop is not None else StopRequest()
         self._own_stop = stop is None
-        self.eval_every_images, self.target_top1 = eval_every_images, target_top1
+        self.eval_every_images = eval_every_images
+        #: A fraction: the caller's, else the config's percent (``target_top1``).
+        self.target_top1 = target_top1 if target_top1 is not None or config.target_top1 is None \
+            else config.target_top1 / 100
+        self.target_reached: dict[str, Any] | None = None   # where the run reached it: time, epochs, updates
         self.plan = plan = plan_run(config, comm, on_event=self.hooks.on_event, device=device,
                                     graph_backend=graph_backend)
         # MPI: a wait for the other ranks that outlasts `stall_timeout` (a peer's host is gone) ends the job
@@ -256,18 +261,27 @@ class Trainer:
         return bool(self.eval_every_images) and self.state.images >= self.state.next_eval_images
 
     def evaluate(self) -> EvalResult:
+        """Collective: the model's validation figures, with the weights' moving average's beside them (``ema``),
+        both scored on one pass over the validation batches."""
         from mpi4py import MPI
 
         t0 = time.perf_counter()
-        model = self.strategy.eval_model()
+        average = getattr(self.strategy, "average", None)
+        models = [self.strategy.eval_model()] + ([average.module] if average is not None else [])
         plan = self.plan
+        counts = np.zeros((len(models), 4))
         with plan.precision.autocast():
-            counts = local_counts(model, self.val_loader.epoch(0), plan.normalize, label_map=plan.val_label_map)
+            for batch in self.val_loader.epoch(0):
+                for scores, model in zip(counts, models):
+                    scores += local_counts(model, [batch], plan.normalize, label_map=plan.val_label_map)
         with self.watchdog.waiting(f"the evaluation's allreduce after step {self.state.step}"):
             self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)   # MPI: every rank scored its share
-        result = summarize(counts, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        result = summarize(counts[0], seconds)
         if not math.isfinite(result.loss):                        # the same sums on every rank
             raise self.diverged(f"validation loss {result.loss:.4g}")
+        if average is not None:
+            result = dataclasses.replace(result, ema=summarize(counts[1], seconds))
         return result
 
     def diverged(self, what: str) -> TrainingDiverged:
@@ -282,19 +296,31 @@ class Trainer:
         while self.eval_every_images and state.next_eval_images <= state.images:
             state.next_eval_images += self.eval_every_images
         epoch, done = self.loader.position
-        state.evaluations.append(Evaluation(epoch=epoch + done / self.batches_per_epoch, images=state.images,
-                                            elapsed=time.perf_counter() - self.started,
-                                            top1=evaluation.top1, top5=evaluation.top5, loss=evaluation.loss,
-                                            step=state.step, train_seconds=state.train_seconds))
-        if self.target_top1 is not None and evaluation.top1 >= self.target_top1 and self.stopped_by is None:
+        ema = evaluation.ema
+        record = Evaluation(epoch=epoch + done / self.batches_per_epoch, images=state.images,
+                            elapsed=time.perf_counter() - self.started,
+                            top1=evaluation.top1, top5=evaluation.top5, loss=evaluation.loss,
+                            step=state.step, train_seconds=state.train_seconds,
+                            ema_top1=ema.top1 if ema else None, ema_top5=ema.top5 if ema else None,
+                            ema_loss=ema.loss if ema else None)
+        state.evaluations.append(record)
+        best = max(evaluation.top1, ema.top1 if ema else 0.0)   # the average counts: it is what export takes
+        if self.target_top1 is not None and best >= self.target_top1 and self.stopped_by is None:
             self.stopped_by = "target"
-            self.hooks.on_event(f"validation top-1 {100 * evaluation.top1:.2f}% reaches the target "
-                                f"{100 * self.target_top1:.2f}% after {state.images} training images")
+            self.target_reached = {"top1": 100 * self.target_top1, "reached_top1": 100 * best,
+                            "by": "ema" if ema and ema.top1 > evaluation.top1 else "model",
+                            "seconds": record.elapsed, "train_seconds": record.train_seconds,
+                            "epochs": record.epoch, "updates": record.step, "images": record.images}
+            if state.history and done == 0:   # an epoch's end: its --metrics line says so too
+                state.history[-1].target = self.target_reached
+            self.hooks.on_event(f"validation top-1 {100 * best:.2f}% reaches the target "
+                                f"{100 * self.target_top1:.2f}% after {record.epoch:g} epochs, {record.step} "
+                                f"updates, {state.images} training images, {record.elapsed:.1f} s")
 
     def epoch_metrics(self, evaluation: EvalResult) -> EpochMetrics:
         from mpi4py import MPI
 
-        state, tally = self.state, self.state.tally
+        state, tally, ema = self.state, self.state.tally, evaluation.ema
         split = np.array(list(tally.times.as_dict().values()), np.float64)
         self.comm.Allreduce(MPI.IN_PLACE, split, op=MPI.SUM)   # MPI: the time split averaged over ranks
         split /= self.world
@@ -312,7 +338,9 @@ class Trainer:
             time_split=dict(zip(TIME_SPLIT, split.tolist())),
             elapsed=time.perf_counter() - self.started, sync=self.strategy.name,
             learners_per_rank=self.strategy.learners, alpha=strategy.get("alpha"),
-            synchronisations=tally.synchronisations, **{k: strategy[k] for k in NOISE_FIELDS if k in strategy})
+            synchronisations=tally.synchronisations, **{k: strategy[k] for k in NOISE_FIELDS if k in strategy},
+            ema_val_loss=ema.loss if ema else None, ema_val_top1=ema.top1 if ema else None,
+            ema_val_top5=ema.top5 if ema else None)
 
     def result(self, replicas_identical: bool) -> TrainResult:
         plan, schedule = self.plan, self.schedule
@@ -329,6 +357,9 @@ class Trainer:
             epochs=self.state.history, evaluations=self.state.evaluations, resumed_from=self.resumed_from,
             stopped_by=self.stopped_by, checkpoint=self.last_checkpoint, threads=plan.threads,
             decode_workers=plan.decode_workers, run_id=self.state.run_id, memory=self.memory)
+        if self.target_top1 is not None:
+            result.target = {"top1": 100 * self.target_top1, "reached": self.target_reached is not None,
+                             **(self.target_reached or {})}
         result.replicas_identical = replicas_identical
         result.seconds = time.perf_counter() - self.started
         return result

@@ -18,6 +18,7 @@ class EvalResult:
     top5: float
     samples: int
     seconds: float
+    ema: EvalResult | None = None   # the weights' moving average's figures, scored on the same pass (``ema``)
 
     def as_dict(self) -> dict[str, float]:
         return {"loss": self.loss, "top1": self.top1, "top5": self.top5, "samples": self.samples,

@@ -44,7 +44,8 @@ class GraphedSSGD(SSGD):
                  backend: Backend | None = None, device_reduce: DeviceReduce | None = None, bucket_bytes: int = 0,
                  normalize: Normalize | None = None, noise: NoiseScale | None = None,
                  precision: Precision | None = None, warmup: int = WARMUP_STEPS, rule: str = "on",
-                 fallback: bool = False) -> None:
+                 fallback: bool = False, **options: Any) -> None:
+        """``options``: the eager step's (:class:`~dimd.train.sgd.SSGD`): ``label_smoothing``, ``average``."""
         problem = capture_problem(model)
         if problem:
             raise ValueError(problem)
@@ -54,7 +55,7 @@ class GraphedSSGD(SSGD):
         self.inputs = StaticInputs(device)
         super().__init__(model, optimizer, reduce, world_size, bucket_bytes=bucket_bytes, normalize=normalize,
                          noise=noise, overlap=False, precision=precision, device_reduce=device_reduce,
-                         parts=self.graphs)
+                         parts=self.graphs, **options)
 
     def _inputs(self, batches: Batches) -> tuple[Hashable, Batch]:
         key, (static,) = self.inputs.load(batches)

@@ -46,11 +46,21 @@ class EpochMetrics:
     noise_gradient_sqnorm: float | None = None
     noise_trace: float | None = None
     noise_steps: int | None = None
+    # ``ema``: the weights' moving average's validation figures, beside the model's; None when off (not written).
+    ema_val_loss: float | None = None
+    ema_val_top1: float | None = None
+    ema_val_top5: float | None = None
+    # ``target_top1``: set on the epoch that reached it: the target, the top-1 reached, by which model, and
+    # the run's seconds, train_seconds, epochs, updates and images then (as MLPerf reports a time to train).
+    target: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         values = dict(self.__dict__)
         if self.noise_steps is None:   # not asked for: the metrics lines stay as they were
             for key in NOISE_FIELDS:
+                del values[key]
+        for key in OPTIONAL_FIELDS:
+            if values[key] is None:
                 del values[key]
         return values
 
@@ -63,6 +73,8 @@ class EpochMetrics:
 
 
 NOISE_FIELDS = ("noise_scale", "noise_gradient_sqnorm", "noise_trace", "noise_steps")
+#: Fields an epoch's record leaves out where they are None (``ema`` off, the target not reached at it).
+OPTIONAL_FIELDS = ("ema_val_loss", "ema_val_top1", "ema_val_top5", "target")
 
 
 @dataclass
@@ -106,6 +118,9 @@ class Evaluation:
     loss: float
     step: int = 0                 # steps taken so far (S-SGD: updates)
     train_seconds: float = 0.0    # seconds in training steps so far (this rank's; no loading, evaluation, shuffles)
+    ema_top1: float | None = None  # the weights' moving average's, where there is one (``ema``)
+    ema_top5: float | None = None
+    ema_loss: float | None = None
 
 
 @dataclass
@@ -135,6 +150,7 @@ class TrainResult:
     decode_workers: int = 0             # the loader's decoding processes per rank
     run_id: str | None = None           # the run's id, as its checkpoints record it
     memory: list[dict[str, int]] = field(default_factory=list)   # per rank, at the last epoch's end
+    target: dict[str, Any] | None = None   # ``target_top1``: whether and where the run reached it
 
     @property
     def final(self) -> EpochMetrics | None:
@@ -155,7 +171,7 @@ class TrainResult:
             "allreduce": self.allreduce, "allreduce_choice": self.allreduce_choice,
             "steps_per_epoch": self.steps_per_epoch, "global_batch": self.global_batch,
             "lr_batch": self.lr_batch, "schedule": self.schedule, "resumed_from": self.resumed_from,
-            "stopped_by": self.stopped_by,
+            "stopped_by": self.stopped_by, "target": self.target,
             "checkpoint": self.checkpoint, "replicas_identical": self.replicas_identical,
             "seconds": self.seconds, "threads": self.threads,
             "decode_workers": self.decode_workers, "run_id": self.run_id, "epochs_run": len(run),

@@ -460,7 +460,7 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
                          normalize=normalize, threads=torch.get_num_threads(),
                          autotune_threshold=sma.autotune_threshold,
                          max_learners=batches_per_epoch, synchronize=sync, calibration=calibration,
-                         device_reduce=device_reduce, **extra)
+                         device_reduce=device_reduce, label_smoothing=cfg.label_smoothing, **extra)
     from dimd.train.sgd import SSGD, make_optimizer
 
     optimizer = make_optimizer(model, lr=cfg.lr, momentum=cfg.momentum,
@@ -471,14 +471,19 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
         from dimd.train.noise import NoiseScale
 
         noise = NoiseScale()
+    average = None
+    if cfg.ssgd.ema is not None:
+        from dimd.train.ema import WeightAverage
+
+        average = WeightAverage(model, cfg.ssgd.ema, cfg.ssgd.ema_every)
+    common = dict(normalize=normalize, noise=noise, precision=precision, device_reduce=device_reduce,
+                  label_smoothing=cfg.label_smoothing, average=average)
     if graphed:
         from dimd.train.graphed_sgd import GraphedSSGD
 
         assert graphs is not None
         return GraphedSSGD(model, optimizer, reduce, world_size, backend=graphs.backend,
-                           bucket_bytes=cfg.bucket_bytes(False), normalize=normalize, noise=noise,
-                           precision=precision, rule=graphs.rule, device_reduce=device_reduce,
-                           fallback=not graphs.explicit)
-    return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap),
-                normalize=normalize, noise=noise, overlap=overlap, precision=precision,
-                device_reduce=device_reduce)
+                           bucket_bytes=cfg.bucket_bytes(False), rule=graphs.rule, fallback=not graphs.explicit,
+                           **common)
+    return SSGD(model, optimizer, reduce, world_size, bucket_bytes=cfg.bucket_bytes(overlap), overlap=overlap,
+                **common)

@@ -18,6 +18,7 @@ from torch import nn
 
 from dimd.shuffle.normalize import Normalize
 from dimd.train.buckets import DeviceReduce, GradientBuckets
+from dimd.train.ema import WeightAverage
 from dimd.train.flatgrad import Reduce
 from dimd.train.noise import NoiseScale
 from dimd.train.precision import Precision
@@ -119,7 +120,7 @@ class SSGD:
                  world_size: int, *, bucket_bytes: int = 0, normalize: Normalize | None = None,
                  noise: NoiseScale | None = None, overlap: bool = False, precision: Precision | None = None,
                  device_reduce: DeviceReduce | None = None, parts: StepParts | None = None,
-                 label_smoothing: float = 0.0) -> None:
+                 label_smoothing: float = 0.0, average: WeightAverage | None = None) -> None:
         if noise is not None and world_size < 2:
             raise ValueError("the gradient noise scale needs at least 2 ranks")
         self.noise = noise
@@ -135,6 +136,7 @@ class SSGD:
         self.flat = self.buckets.flat
         self.normalize = normalize
         self.label_smoothing = label_smoothing
+        self.average = average            # the weights' moving average (--ema), updated after the step
         self.parts: StepParts = parts or EagerParts()
         device = self.flat.buffer.device
         self.whole = world_size == 1 and not overlap   # nothing to reduce (or wait for): the step is one body
@@ -178,6 +180,8 @@ class SSGD:
         figures = self.readout.tolist()
         spent = self.clock.collect(StepTimes(data=times.data if times is not None else 0.0))
         skipped = self.precision.skip(figures[EXTRA_OVERFLOW])   # the same on every rank, as the update decided
+        if self.average is not None and not skipped:
+            self.average.after_step(place.step + 1)   # every N steps, one multi-tensor pass on the device
         result = self._result(figures, skipped, spent)
         result.events.extend(parts.events())
         return result
@@ -244,6 +248,8 @@ class SSGD:
         state: dict[str, Any] = {"optimizer": optimizer, "precision": self.precision.state_dict()}
         if self.noise is not None:
             state["noise_scale"] = self.noise.state_dict()   # the same on every rank
+        if self.average is not None:
+            state["ema"] = self.average.state_dict()
         return state
 
     def local_state(self) -> dict[str, Any]:
@@ -261,6 +267,12 @@ class SSGD:
                 self.noise.load_state_dict(shared["noise_scale"])
             else:
                 notes.append("the checkpoint has no gradient noise scale: its averages start afresh")
+        if self.average is not None:
+            if "ema" in shared:
+                self.average.load_state_dict(shared["ema"])
+            else:
+                self.average.restart()
+                notes.append("the checkpoint has no weight average (--ema): it starts afresh from the weights")
         if local is not None:
             with torch.no_grad():
                 for name, buffer in self.model.named_buffers():

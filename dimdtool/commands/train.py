@@ -99,6 +99,10 @@ def print_models() -> None:
 @click.option("--list-models", is_flag=True,
               help="List the models with parameter counts and gradient bytes, then exit.")
 @config_option(TrainConfig, "epochs")
+@config_option(TrainConfig, "target_top1", metavar="P",
+               help="Stop at the first evaluation whose top-1 (the model's, or the --ema average's) is at or "
+                    "above P percent; the JSON's `target` and the epoch's --metrics line give the time, "
+                    "epochs and updates it took, as MLPerf reports a time to train.")
 @config_option(TrainConfig, "batch_size", help="Images per rank per step; under SMA, per learner per step.")
 @config_option(TrainConfig, "lr",
                help="Learning rate for a batch of 256, scaled linearly: by the global batch / 256 under "
@@ -107,6 +111,9 @@ def print_models() -> None:
                help="Scale --lr by batch / 256 (the linear scaling rule); --no-lr-scaling uses it as "
                     "given (under SMA too: the rate of every learner's step).")
 @config_option(TrainConfig, "momentum")
+@config_option(TrainConfig, "label_smoothing", metavar="EPS",
+               help="Label smoothing: the loss's target puts 1 - EPS on the label and spreads EPS over every "
+                    "class (torch's cross_entropy; MLPerf and FFCV use 0.1).")
 @config_option(TrainConfig, "weight_decay")
 @config_option(TrainConfig, "decay_bn_and_bias", help="Also apply weight decay to batch-norm and bias parameters.")
 @config_option(TrainConfig, "schedule", type=click.Choice(SCHEDULES),
@@ -148,6 +155,11 @@ def print_models() -> None:
                        "--metrics and --json: each rank's squared gradient norm rides the gradient allreduce, "
                        "compared with the averaged gradient's. On 2 ranks or more (docs/plan-batch.md)."),
     config_option(SSGDConfig, "nesterov", help="Nesterov momentum."),
+    config_option(SSGDConfig, "ema", metavar="DECAY",
+                  help="Keep an exponential moving average of the weights and batch-norm buffers (torch's "
+                       "AveragedModel), evaluated and logged beside the model and kept in checkpoints; DECAY is "
+                       "per step, in (0, 1), e.g. 0.9998 [default: off]."),
+    config_option(SSGDConfig, "ema_every", help="Steps between two updates of the --ema average."),
 )
 @option_group(
     "Model averaging (--sync sma; docs/sma.md)",
@@ -264,7 +276,8 @@ def _epoch_line(m, epochs: int) -> str:
     split = m.time_split
     return (f"epoch {m.epoch}/{epochs}  lr {m.lr:.4g}  train loss {m.train_loss:.3f} top1 {100 * m.train_top1:.1f}%"
             f"  val loss {m.val_loss:.3f} top1 {100 * m.val_top1:.1f}% top5 {100 * m.val_top5:.1f}%"
-            f"  {m.images_per_s:,.0f} img/s  {m.seconds:.1f}s (data {split['data']:.1f}"
+            + (f" (ema top1 {100 * m.ema_val_top1:.1f}%)" if m.ema_val_top1 is not None else "")
+            + f"  {m.images_per_s:,.0f} img/s  {m.seconds:.1f}s (data {split['data']:.1f}"
             f" compute {split['compute']:.1f} allreduce {split['allreduce']:.1f}"
             f" optimizer {split['optimizer']:.1f}" + (f" sync {split['sync']:.1f}" if m.sync == "sma" else "")
             + f" eval {m.eval_seconds:.1f} shuffle {m.shuffle_seconds:.1f})"
@@ -371,7 +384,12 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
         if lock is not None:
             lock.release()
     say = run_progress.say
-    if result.stopped_by:
+    if result.stopped_by == "target" and result.target is not None:
+        target = result.target
+        say(f"target reached: top-1 {target['reached_top1']:.2f}% (the {target['by']}'s) at or above "
+            f"{target['top1']:g}% after {target['epochs']:g} epochs, {target['updates']} updates, "
+            f"{target['images']} training images, {target['seconds']:.1f}s")
+    elif result.stopped_by:
         after = f"stopped by {result.stopped_by} after step {trainer.state.step}"
         say(f"{after}; checkpoint {result.checkpoint}; run again with --resume to continue"
             if result.checkpoint else f"{after}; no checkpoint written (no --checkpoint-dir): a new run starts over")
