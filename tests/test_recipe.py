@@ -121,3 +121,36 @@ def test_recipe_settings_outside_their_range_are_refused_in_one_line(field, valu
             SSGDConfig(ema=decay)
     with pytest.raises(ConfigError, match="ema is a setting of S-SGD: SMA's central model z is itself an average"):
         TrainConfig(train="t", val="v", sync="sma", ssgd=SSGDConfig(ema=0.99))
+
+
+def test_each_sma_learner_steps_as_lars_on_its_own_rows():
+    """K learners' LARS step on the flat rows against the formula, layer by layer, learner by learner:
+    ratio = eta |w| / (|g| + wd |w|) on weights; biases take no ratio and no decay."""
+    import numpy as np
+
+    from dimd.train.learners import LayerTrust
+
+    template = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    eta, wd, lr, mu = 0.01, 1e-3, 0.5, 0.9
+    learners = Learners(template, 3, trust=LayerTrust(template, eta, wd))
+    from dimd.train.sma import decay_vector
+
+    decay = decay_vector(template, wd)
+    generator = torch.Generator().manual_seed(4)
+    learners.W.detach().add_(torch.randn(learners.W.shape, generator=generator))
+    learners.V.copy_(torch.randn(learners.V.shape, generator=generator))
+    learners.G.copy_(torch.randn(learners.G.shape, generator=generator))
+    w, v, g = (t.detach().numpy().astype(np.float64).copy() for t in (learners.W, learners.V, learners.G))
+    learners.update(None, lr, mu, decay)
+    slots = [(0, 12, True), (12, 16, False), (16, 24, True), (24, 26, False)]   # weight, bias, weight, bias
+    for j in range(3):
+        for start, stop, adapts in slots:
+            wj, gj = w[j, start:stop], g[j, start:stop]
+            if adapts:
+                ratio = eta * np.linalg.norm(wj) / (np.linalg.norm(gj) + wd * np.linalg.norm(wj))
+                d = ratio * (gj + wd * wj)
+            else:
+                d = gj
+            vj = mu * v[j, start:stop] - lr * d
+            np.testing.assert_allclose(learners.V[j, start:stop].numpy(), vj, rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(learners.W.detach()[j, start:stop].numpy(), wj + vj, rtol=1e-5, atol=1e-7)

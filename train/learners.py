@@ -105,6 +105,37 @@ def set_buffers(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         setattr(owner, leaf, tensor)   # an existing buffer's name: the tensor replaces it as that buffer
 
 
+class LayerTrust:
+    """LARS's trust ratios for K learners at once: ``eta |w| / (|g| + lambda |w|)`` per learner and layer,
+    on their rows of the flat buffers (You, Gitman and Ginsburg, 2017; :class:`dimd.train.lars.LARS` is the
+    same rule for one model). Batch-norm scales and shifts and biases take no ratio (:func:`decays`).
+    The norms are one ``index_add_`` over all rows per step, no loop over layers."""
+
+    def __init__(self, template: nn.Module, trust: float, weight_decay: float, *,
+                 decay_bn_and_bias: bool = False) -> None:
+        from dimd.train.sgd import decays
+
+        if not trust > 0:
+            raise ValueError(f"the trust coefficient must be positive (got {trust})")
+        params = list(template.parameters())
+        device = params[0].device
+        sizes = torch.tensor([p.numel() for p in params], device=device)
+        self.trust = trust
+        self.layer_of = torch.repeat_interleave(torch.arange(len(params), device=device), sizes)
+        self.adapts = torch.tensor([decays(p, decay_bn_and_bias) for p in params], device=device)
+        self.decay = self.adapts.float() * weight_decay   # lambda per layer (weight decay only where it adapts)
+
+    def ratios(self, W: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+        """K x N: each element's learner's and layer's ratio (1 where the layer takes none, or a norm is 0),
+        from the weights ``W`` and the gradients ``G`` before weight decay."""
+        k, layers = W.shape[0], self.adapts.numel()
+        w = W.new_zeros(k, layers).index_add_(1, self.layer_of, W * W).sqrt_()
+        g = G.new_zeros(k, layers).index_add_(1, self.layer_of, G * G).sqrt_()
+        ratio = self.trust * w / (g + self.decay * w)
+        ratio = torch.where(self.adapts & (w > 0) & (g > 0), ratio, torch.ones_like(ratio))
+        return ratio[:, self.layer_of]
+
+
 class Learners:
     """K learners' state (flat buffers) and the gradient computation chosen by ``compute``."""
 
@@ -114,10 +145,10 @@ class Learners:
     def __init__(self, template: nn.Module, k: int, *, compute: str = "loop",
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  threads: int = 1, parts: StepParts | None = None, seed: int | None = None,
-                 label_smoothing: float = 0.0) -> None:
+                 label_smoothing: float = 0.0, trust: LayerTrust | None = None) -> None:
         """``parts``: how the bodies run (default: as called); ``seed``: learner j's random numbers start
         from ``seed + j`` (default: the default generator's initial seed); ``label_smoothing``: the loss's
-        (:func:`~dimd.train.steps.forward_backward`)."""
+        (:func:`~dimd.train.steps.forward_backward`); ``trust``: each learner steps as LARS does."""
         if compute not in self.computes:
             raise ValueError(f"unknown learner compute {compute!r}; choose from {', '.join(self.computes)}")
         if k < 1:
@@ -130,6 +161,7 @@ class Learners:
         self.device = next(template.parameters()).device
         self.parts: StepParts = parts or EagerParts()
         self.label_smoothing = label_smoothing
+        self.trust = trust
         self.seed = torch.initial_seed() if seed is None else seed
         self.randoms: list[RandomStream] = []
         self.neg_lr = torch.zeros((), device=self.device)   # minus the rate, as the update reads it
@@ -281,10 +313,14 @@ class Learners:
 
     @torch.no_grad()
     def _update(self, momentum: float, decay: torch.Tensor | None) -> None:
-        """``g += wd*w``; ``v = mu*v - lr*g``; ``w~ = w`` (the next synchronisation reads it); ``w += v``."""
+        """``g += wd*w``; ``v = mu*v - lr*g``; ``w~ = w`` (the next synchronisation reads it); ``w += v``.
+        With ``trust`` (LARS): ``g`` after weight decay is scaled by its layer's trust ratio first."""
         W = self.W.detach()
+        ratios = self.trust.ratios(W, self.G) if self.trust is not None else None
         if decay is not None:
             self.G.addcmul_(W, decay)
+        if ratios is not None:
+            self.G.mul_(ratios)
         if momentum > 0:
             self.V.mul_(momentum).addcmul_(self.G, self.neg_lr)
         else:

@@ -41,7 +41,7 @@ from dimd.train.autotune import AutoTuner
 from dimd.train.batchnorm import recompute_batch_norm
 from dimd.train.buckets import DeviceReduce, GradientBuckets
 from dimd.train.flatgrad import Reduce
-from dimd.train.learners import Learners
+from dimd.train.learners import LayerTrust, Learners
 from dimd.train.sgd import decays, identical_across_ranks
 from dimd.train.steps import Batches, EagerParts, ScalarWrites, StepParts, StepPlace, StepResult, StepTimes
 
@@ -86,7 +86,8 @@ class SMA:
                  autotune_threshold: float = 0.1, autotune_window: float = 2.0, max_learners: int = 64,
                  synchronize: Callable[[], None] | None = None, calibration: Calibration | None = None,
                  calibration_images: int = CALIBRATION_IMAGES, device_reduce: DeviceReduce | None = None,
-                 parts: StepParts | None = None, label_smoothing: float = 0.0) -> None:
+                 parts: StepParts | None = None, label_smoothing: float = 0.0,
+                 lars_trust: float | None = None) -> None:
         """``learners`` None: the auto-tuner chooses; ``alpha`` None: 1/L (L = all learners, the
         paper's suggestion); ``central_momentum`` None: 0 (the authors hard-coded 0.9, which on top of
         the learners' momentum at alpha 1/L is unstable at rates one sixth of the usual, docs/sma.md);
@@ -94,7 +95,9 @@ class SMA:
         too); ``calibration``: training batches that z's batch-norm statistics are
         recomputed on (None: the learners' statistics averaged); ``device_reduce``: sum Delta in place on
         the learners' device (NCCL on GPUs, gloo on CPUs) instead of with ``reduce``; ``parts``: how the
-        step's bodies run (:mod:`dimd.train.steps`; default: as called; graphed: captured and replayed)."""
+        step's bodies run (:mod:`dimd.train.steps`; default: as called; graphed: captured and replayed);
+        ``lars_trust``: each learner steps as LARS (its trust coefficient eta): each learner owns its
+        optimizer, and z's update is unchanged."""
         self.model = model
         self.reduce = reduce
         self.world_size = world_size
@@ -112,7 +115,10 @@ class SMA:
         self._calibrated_at: int | None = None   # the synchronisation z's statistics were measured after
         self.learner_group = self._make_learners(model, 1 if learners is None else learners, compute=compute,
                                                  normalize=normalize, threads=threads, parts=self.parts,
-                                                 label_smoothing=label_smoothing)
+                                                 label_smoothing=label_smoothing,
+                                                 trust=None if lars_trust is None else LayerTrust(
+                                                     model, lars_trust, weight_decay,
+                                                     decay_bn_and_bias=decay_bn_and_bias))
         layout = self.learner_group.layout
         device = next(model.parameters()).device
         # z: the model's own parameters become views of one flat vector.
