@@ -56,16 +56,22 @@ def wait_for(predicate, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
+@pytest.fixture
+def data(packed_sample, tmp_path) -> Path:
+    """A job's data folder: DATA/train and DATA/val, the packed sample under both names."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for split in ("train", "val"):
+        for suffix in (".dimd", ".idx.h5"):
+            (folder / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
+    return folder
+
+
 def calls(tmp: Path) -> list[str]:
     return (tmp / "scontrol.log").read_text().splitlines()
 
 
-def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(packed_sample, tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    for split in ("train", "val"):  # the job reads DATA/train and DATA/val
-        for suffix in (".dimd", ".idx.h5"):
-            (data / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
+def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(data, tmp_path):
     checkpoints = tmp_path / "run" / "checkpoints"
 
     job = start_job(tmp_path, data)
@@ -95,25 +101,21 @@ exec "$@"                              # one rank; the script's kill -s reaches 
 """
 
 
-def start_lsf_job(tmp: Path, data: Path) -> subprocess.Popen:
+def start_lsf_job(tmp: Path, data: Path, mpirun: str = FAKE_MPIRUN, own_session: bool = False) -> subprocess.Popen:
+    """The LSF train job on ``data``, its ``mpirun`` a stand-in with ``mpirun``'s text."""
     fake = tmp / "fakebin"
     fake.mkdir(exist_ok=True)
-    (fake / "mpirun").write_text(FAKE_MPIRUN)
+    (fake / "mpirun").write_text(mpirun)
     (fake / "mpirun").chmod(0o755)
     env = {**os.environ, **dimd_on_path(fake),
            "LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "1", "OUT": str(data), "RUN_DIR": str(tmp / "run"),
            "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8",
            "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-workers 1"}
     return subprocess.Popen(["bash", str(BIN / "lsf" / "train.lsf")], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=own_session)
 
 
-def test_lsf_job_exits_99_for_a_requeue_only_after_the_warning(packed_sample, tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    for split in ("train", "val"):
-        for suffix in (".dimd", ".idx.h5"):
-            (data / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
+def test_lsf_job_exits_99_for_a_requeue_only_after_the_warning(data, tmp_path):
     checkpoints = tmp_path / "run" / "checkpoints"
 
     job = start_lsf_job(tmp_path, data)
@@ -149,24 +151,10 @@ exit $status
 """
 
 
-def test_lsf_job_under_open_mpi_turns_a_term_into_usr2_for_mpirun(packed_sample, tmp_path):
+def test_lsf_job_under_open_mpi_turns_a_term_into_usr2_for_mpirun(data, tmp_path):
     """A TERM to the job's process group (what bkill -s TERM may send) reaches the script, not mpirun."""
-    data = tmp_path / "data"
-    data.mkdir()
-    for split in ("train", "val"):
-        for suffix in (".dimd", ".idx.h5"):
-            (data / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
     checkpoints = tmp_path / "run" / "checkpoints"
-    fake = tmp_path / "fakebin"
-    fake.mkdir()
-    (fake / "mpirun").write_text(FAKE_OPENMPI_MPIRUN)
-    (fake / "mpirun").chmod(0o755)
-    env = {**os.environ, **dimd_on_path(fake),
-           "LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "1", "OUT": str(data), "RUN_DIR": str(tmp_path / "run"),
-           "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8",
-           "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-workers 1"}
-    job = subprocess.Popen(["bash", str(BIN / "lsf" / "train.lsf")], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    job = start_lsf_job(tmp_path, data, FAKE_OPENMPI_MPIRUN, own_session=True)
     wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")))
     os.killpg(job.pid, signal.SIGTERM)   # the job's process group: the script and what stayed in it
     out, _ = job.communicate(timeout=120)
