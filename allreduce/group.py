@@ -82,26 +82,26 @@ def backend_problem(backend: str, device: Any) -> str | None:
 def shared_gpu_problem(comm: Any, device: Any) -> str | None:
     """Collective over ``comm``: why some ranks of a node would share a GPU (NCCL refuses that), or None.
 
-    Every rank gets the same answer.
+    GPUs are told apart by their UUID (:func:`dimd.gpus.gpu_identity`), not CUDA's index: under a per-rank
+    binding every rank's GPU is ``cuda:0``. Every rank gets the same answer.
     """
     from mpi4py import MPI
 
-    mine = device.index if device.type == "cuda" else -1
+    from dimd.gpus import gpu_identity, shared_gpu
+
+    mine = gpu_identity(device) if device.type == "cuda" else None
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())   # MPI: this node's ranks
     try:
-        indices = local.allgather(mine)
+        gpus = local.allgather(mine)
         ranks = local.allgather(comm.Get_rank())
     finally:
         local.Free()
+    shared = shared_gpu(ranks, gpus)
     problem = None
-    seen: dict[int, int] = {}
-    for rank, index in zip(ranks, indices):
-        if index >= 0 and index in seen:
-            problem = (f"ranks {seen[index]} and {rank} on {socket.gethostname()} share GPU {index} "
-                       f"({len(ranks)} ranks on a node with {len(set(indices))} GPU(s) in use): nccl needs a GPU of "
-                       f"its own for each rank; start at most one rank per GPU")
-            break
-        seen[index] = rank
+    if shared is not None:
+        gpu, on = shared
+        problem = (f"ranks {', '.join(map(str, on[:-1]))} and {on[-1]} on {socket.gethostname()} share GPU {gpu}: "
+                   f"nccl needs a GPU of its own for each rank; start at most one rank per GPU")
     return next((p for p in comm.allgather(problem) if p), None)   # MPI: every node's answer
 
 
