@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import time
@@ -93,6 +95,29 @@ def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(data, 
     assert f"resumed from {saved[-1]}" in out
     assert "stopped by SIGTERM" in out and "not requeued" in out
     assert calls(tmp_path)[1:] == ["scancel --signal=TERM 42"]   # to the ranks, never to srun
+
+
+def sbatch_options(script: str) -> list[str]:
+    """The options sbatch reads from a script: its '#SBATCH' lines up to the first command, where sbatch stops."""
+    options = []
+    for line in script.splitlines()[1:]:
+        if line.startswith("#SBATCH"):
+            options += shlex.split(line.removeprefix("#SBATCH"), comments=True)
+        elif line.strip() and not line.startswith("#"):
+            break
+    return options
+
+
+def test_the_train_job_asks_for_no_gpu_as_shipped_and_one_per_rank_with_its_gpu_lines_on():
+    """A CPU site runs train.sbatch unchanged; a GPU site removes one '#' from two lines, which sbatch then
+    reads (they stand before the first command)."""
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)   # the script parses
+    shipped = SCRIPT.read_text()
+    assert not [option for option in sbatch_options(shipped) if "gpu" in option]
+    turned_on = re.sub(r"^##SBATCH( --gpu)", r"#SBATCH\1", shipped, flags=re.MULTILINE)
+    gpu_options = [option for option in sbatch_options(turned_on) if "gpu" in option]
+    assert gpu_options == ["--gpus-per-task=1", "--gpu-bind=single:1"]
+    assert "sbatch --gpus-per-task=1 --gpu-bind=single:1 bin/slurm/train.sbatch OUT" in shipped   # the other way
 
 
 FAKE_MPIRUN = """#!/usr/bin/env bash
