@@ -23,6 +23,7 @@ from dimd.allreduce.multicolor import multicolor
 from dimd.allreduce.ring import ring, ring_root
 from dimd.allreduce.torchdist import caller_group, torch_allreduce
 from dimd.allreduce.tree import parameter_server, tree
+
 #: dtypes every algorithm (and MPI_SUM) handles.
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
 
