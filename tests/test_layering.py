@@ -24,7 +24,7 @@ import sys
 import tomllib
 from collections import deque
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("pack", "shuffle", "allreduce", "train", "plan")
@@ -49,7 +49,7 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imported(path: Path, known: Mapping[str, Path] = {}) -> set[str]:
+def imported(path: Path, known: Collection[str] = ()) -> set[str]:
     """The modules ``path`` imports, anywhere in it; ``from package import name`` is the submodule
     ``package.name`` where ``known`` has it, else the package."""
     names = set()
