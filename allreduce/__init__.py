@@ -16,14 +16,15 @@ need nothing but the communicator (all but ``torch``, which runs on the
         allreduce(grads, comm, "gloo")            # or group.start(tensor, average=True).wait()
 """
 
-from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, STANDALONE, SUPPORTED_DTYPES, Algorithm,
-                                AllreduceError, allreduce, get_algorithm)
+from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, STANDALONE, SUPPORTED_DTYPES, Algorithm, allreduce,
+                                device_group, get_algorithm)
+from dimd.allreduce.base import AllreduceError
 from dimd.allreduce.bench import choose_fastest
-from dimd.allreduce.group import (BACKENDS, TorchGroup, backend_problem, caller_group, device_group, group_problem,
-                                  start_group, started_group)
+from dimd.allreduce.group import BACKENDS, TorchGroup, backend_problem, group_problem, start_group, started_group
 from dimd.allreduce.buffers import release_scratch
 from dimd.allreduce.multicolor import ColorTree, color_trees, multicolor_split
 from dimd.allreduce.ring import ring_root_segment_bytes
+from dimd.allreduce.torchdist import caller_group
 
 __all__ = ["ALGORITHMS", "BACKENDS", "DEFAULT_COLORS", "STANDALONE", "SUPPORTED_DTYPES", "Algorithm",
            "AllreduceError", "ColorTree", "TorchGroup", "allreduce", "backend_problem", "caller_group",

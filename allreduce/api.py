@@ -14,28 +14,22 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from dimd.allreduce.base import CALLER, AllreduceError
 from dimd.allreduce.baseline import mpi_allreduce
 from dimd.allreduce.buffers import private_comm
 from dimd.allreduce.doubling import rabenseifner, recursive_doubling
-from dimd.allreduce.group import group_allreduce
+from dimd.allreduce.group import TorchGroup, group_allreduce, start_group
 from dimd.allreduce.multicolor import multicolor
 from dimd.allreduce.ring import ring, ring_root
-from dimd.allreduce.torchdist import torch_allreduce
+from dimd.allreduce.torchdist import caller_group, torch_allreduce
 from dimd.allreduce.tree import parameter_server, tree
-from dimd.errors import DimdError
 
 #: dtypes every algorithm (and MPI_SUM) handles.
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
 
 DEFAULT_COLORS = 4
-#: ``Algorithm.torch_group`` of ``torch``: the torch.distributed group the caller initialised.
-CALLER = "caller"
 #: None: each pipelined algorithm sizes its segments from the message (see their modules).
 DEFAULT_SEGMENT_BYTES = None
-
-
-class AllreduceError(DimdError, ValueError):
-    """A bad buffer, algorithm name or option (the same on every rank, so every rank raises)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +107,17 @@ def get_algorithm(name: str) -> Algorithm:
     except KeyError:
         raise AllreduceError(f"unknown allreduce algorithm {name!r}; choose from "
                              f"{', '.join(ALGORITHMS)}") from None
+
+
+def device_group(algorithm: str, comm: Any, device: Any, *, stall_timeout: float = 600.0) -> TorchGroup | None:
+    """Collective: the group ``algorithm`` reduces on where the tensors are (started now for nccl and gloo;
+    the caller's for torch), or None for the algorithms that sum host buffers over MPI."""
+    backend = get_algorithm(algorithm).torch_group
+    if backend is None:
+        return None
+    if backend == CALLER:
+        return caller_group()
+    return start_group(comm, backend, device, stall_timeout=stall_timeout)
 
 
 def as_flat_array(buf: Any) -> np.ndarray:

@@ -26,8 +26,8 @@ from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 import numpy as np
 
-from dimd.allreduce.api import (ALGORITHMS, DEFAULT_COLORS, STANDALONE, SUPPORTED_DTYPES, AllreduceError,
-                                allreduce, get_algorithm)
+from dimd.allreduce.api import ALGORITHMS, DEFAULT_COLORS, STANDALONE, SUPPORTED_DTYPES, allreduce, get_algorithm
+from dimd.allreduce.base import AllreduceError
 from dimd.checks import at_least, finite, one_of, require
 from dimd.stall import STALL_TIMEOUT_S, watch_job
 

@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dimd.allreduce.base import AllreduceError
 from dimd.allreduce.rendezvous import RENDEZVOUS_HINT, RENDEZVOUS_TIMEOUT, first_line, open_store
 from dimd.checks import Rule
 from dimd.errors import DimdError
@@ -90,26 +91,26 @@ def backend_problem(backend: str, device: Any) -> str | None:
 def shared_gpu_problem(comm: Any, device: Any) -> str | None:
     """Collective over ``comm``: why some ranks of a node would share a GPU (NCCL refuses that), or None.
 
-    Every rank gets the same answer.
+    GPUs are told apart by their UUID (:func:`dimd.gpus.gpu_identity`), not CUDA's index: under a per-rank
+    binding every rank's GPU is ``cuda:0``. Every rank gets the same answer.
     """
     from mpi4py import MPI
 
-    mine = device.index if device.type == "cuda" else -1
+    from dimd.gpus import gpu_identity, shared_gpu
+
+    mine = gpu_identity(device) if device.type == "cuda" else None
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())   # MPI: this node's ranks
     try:
-        indices = local.allgather(mine)
+        gpus = local.allgather(mine)
         ranks = local.allgather(comm.Get_rank())
     finally:
         local.Free()
+    shared = shared_gpu(ranks, gpus)
     problem = None
-    seen: dict[int, int] = {}
-    for rank, index in zip(ranks, indices):
-        if index >= 0 and index in seen:
-            problem = (f"ranks {seen[index]} and {rank} on {socket.gethostname()} share GPU {index} "
-                       f"({len(ranks)} ranks on a node with {len(set(indices))} GPU(s) in use): nccl needs a GPU of "
-                       f"its own for each rank; start at most one rank per GPU")
-            break
-        seen[index] = rank
+    if shared is not None:
+        gpu, on = shared
+        problem = (f"ranks {', '.join(map(str, on[:-1]))} and {on[-1]} on {socket.gethostname()} share GPU {gpu}: "
+                   f"nccl needs a GPU of its own for each rank; start at most one rank per GPU")
     return next((p for p in comm.allgather(problem) if p), None)   # MPI: every node's answer
 
 
@@ -122,7 +123,7 @@ def group_problem(comm: Any, backend: str, device: Any) -> str | None:
     return problem
 
 
-class Pending:
+class StartedReduction:
     """A started collective; :meth:`wait` makes its result visible to the caller."""
 
     def __init__(self, work: Any, after: Callable[[], None] | None = None) -> None:
@@ -148,16 +149,16 @@ class TorchGroup:
     owned: bool = False                 # dimd started it and destroys it at the last close()
     _users: int = field(default=1, repr=False)
 
-    def start(self, tensor: Any, average: bool = False) -> Pending:
+    def start(self, tensor: Any, average: bool = False) -> StartedReduction:
         """Start summing (``average``: averaging) a contiguous ``tensor`` over the ranks, in place; return at once."""
         import torch.distributed as dist
 
         if average and self.backend == "nccl":
-            return Pending(dist.all_reduce(tensor, op=dist.ReduceOp.AVG, async_op=True))   # MPI: the mean, fused
+            return StartedReduction(dist.all_reduce(tensor, op=dist.ReduceOp.AVG, async_op=True))  # MPI: the mean
         work = dist.all_reduce(tensor, async_op=True)   # MPI: the sum over the group's ranks
         if average and self.world_size > 1:
-            return Pending(work, lambda: tensor.div_(self.world_size))
-        return Pending(work)
+            return StartedReduction(work, lambda: tensor.div_(self.world_size))
+        return StartedReduction(work)
 
     def reduce_array(self, array: np.ndarray) -> None:
         """Sum a 1-D numpy array in place, waiting for it (the registry's form; through the device for NCCL)."""
@@ -257,14 +258,10 @@ def _rendezvous(comm: Any, group: TorchGroup, timeout: timedelta, collectives: t
     from dimd.mpi import agree_or_raise
     from dimd.stall import StallWatchdog, end_job
 
-    from dimd.options import cli_message
-
     backend, device = group.backend, group.device
     seconds = timeout.total_seconds()
     quiet = SilencedStderr()
-    # the hint names the running command's flag: made here, in the main thread (dimd.stall.job_ender)
-    hint = cli_message(f"{RENDEZVOUS_HINT}; `stall_timeout` bounds this wait, up to "
-                       f"{RENDEZVOUS_TIMEOUT.total_seconds():g} s")
+    hint = f"{RENDEZVOUS_HINT}; `stall_timeout` bounds this wait, up to {RENDEZVOUS_TIMEOUT.total_seconds():g} s"
 
     def stalled(message: str) -> None:
         quiet.speak()   # torch's C++ would log a connection's next retry after dimd's line: it stays silenced
@@ -343,39 +340,11 @@ def _existing_group_problem(comm: Any, mine: TorchGroup | None) -> str | None:
             f"initialised; reduce on it with algorithm 'torch', or destroy_process_group() it first")
 
 
-def caller_group() -> TorchGroup:
-    """The default group the caller initialised (``algorithm="torch"``), as a :class:`TorchGroup`."""
-    import torch
-    import torch.distributed as dist
-
-    from dimd.allreduce.torchdist import process_group_ready
-
-    process_group_ready()
-    backend = str(dist.get_backend())
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    return TorchGroup(backend, dist.get_world_size(), device)
-
-
-def device_group(algorithm: str, comm: Any, device: Any, *, stall_timeout: float = 600.0) -> TorchGroup | None:
-    """Collective: the group ``algorithm`` reduces on where the tensors are (started now for nccl and gloo;
-    the caller's for torch), or None for the algorithms that sum host buffers over MPI."""
-    from dimd.allreduce.api import CALLER, get_algorithm
-
-    backend = get_algorithm(algorithm).torch_group
-    if backend is None:
-        return None
-    if backend == CALLER:
-        return caller_group()
-    return start_group(comm, backend, device, stall_timeout=stall_timeout)
-
-
 def group_allreduce(backend: str) -> Callable[[np.ndarray, Any], None]:
     """The registry's function for ``backend``: a numpy buffer summed on the group dimd started."""
     def run(buf: np.ndarray, comm: Any) -> None:
         group = _started.get(backend)
         if group is None:
-            from dimd.allreduce.api import AllreduceError
-
             raise AllreduceError(f"allreduce algorithm {backend!r} runs on the torch.distributed group dimd starts: "
                                  f"call dimd.allreduce.start_group(comm, {backend!r}) first (dimd train and "
                                  f"DistributedGradients start it themselves)")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import types
 import typing
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Callable, TypeVar
 import click
 
 from dimd.errors import ConfigError, DimdError
+from dimd.wording import name_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 C = TypeVar("C")
@@ -168,13 +168,14 @@ def output_problems(ctx: click.Context | None = None) -> str | None:
 class RegistryChoice(click.Choice):
     """A choice among a library registry's names, loaded on first use.
 
-    ``load`` returns the names (e.g. ``lambda: MODELS``); loading waits until
-    a value is converted, so ``dimd --help`` never imports torch for the
-    model zoo. The metavar stays short; the help says where the list is.
+    ``registry`` names it as ``"module:NAME"`` (``"dimd.train.models:MODELS"``);
+    it is imported when a value is converted, so ``dimd --help`` never imports
+    torch for the model zoo, nor a command's ``--help`` the allreduce package.
+    The metavar stays short; the help says where the list is.
     """
 
-    def __init__(self, load: Callable[[], Any], metavar: str = "NAME") -> None:
-        self._load = load
+    def __init__(self, registry: str, metavar: str = "NAME") -> None:
+        self._registry = registry
         self._names: tuple[str, ...] | None = None
         self._metavar = metavar
         self.case_sensitive = True
@@ -182,7 +183,10 @@ class RegistryChoice(click.Choice):
     @property
     def choices(self) -> tuple[str, ...]:  # type: ignore[override]  # click.Choice's is a plain attribute
         if self._names is None:
-            self._names = tuple(self._load())
+            import importlib
+
+            module, name = self._registry.split(":")
+            self._names = tuple(getattr(importlib.import_module(module), name))
         return self._names
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
@@ -224,6 +228,8 @@ FINITE_FLOAT = FiniteFloat()
 OUTPUT_FILE = OutputPath("file")
 #: An output folder (``--save-order``, ``--checkpoint-dir``): created if missing, must be writable.
 OUTPUT_DIR = OutputPath("folder")
+#: ``--allreduce`` of the commands that train: a name of dimd.allreduce's registry, imported on first use.
+ALLREDUCE_ALGORITHM = RegistryChoice("dimd.allreduce:ALGORITHMS", "ALGORITHM")
 
 
 # ---------------------------------------------------------------------------- options from config fields
@@ -421,9 +427,6 @@ def processes_option(help_text: str = "Worker processes") -> Callable[[F], F]:
 
 
 # ---------------------------------------------------------------------------- library messages on the CLI
-_FIELD_MENTION = re.compile(r"`([a-z][a-z0-9_]*)`")
-
-
 def cli_message(message: str, callback: Callable[..., Any] | None = None) -> str:
     """A library message for the command line: each `field` it mentions becomes its flag.
 
@@ -431,5 +434,9 @@ def cli_message(message: str, callback: Callable[..., Any] | None = None) -> str
     exists (set `force` to overwrite)"), since a library caller has no flags;
     the running command knows which flag sets each field ("--force").
     """
-    flags = _flags(callback)
-    return _FIELD_MENTION.sub(lambda m: flags.get(m.group(1), m.group(0)), message)
+    return name_settings(message, _flags(callback))
+
+
+def command_flags() -> dict[str, str]:
+    """The running click command's flag for each config field it sets (for :func:`dimd.wording.flags_named`)."""
+    return dict(_flags(None))

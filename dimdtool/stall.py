@@ -42,6 +42,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from dimd.mpi import FORWARD_GRACE_S, abort
+from dimd.wording import name_settings
 
 #: After MPI_Abort: a rank whose abort cannot reach its launcher (the host is cut off) ends by itself.
 _EXIT_AFTER_ABORT_S = 3.0
@@ -61,6 +62,8 @@ for wait in (grace, 1.0, 1.0):
     except ProcessLookupError:
         break
 """
+#: What ends a stalled job names: the setting (`stall_timeout` for a library caller, its flag under a command).
+STALL_HINT = "`stall_timeout` sets how long a rank waits for the others; 0 waits forever"
 #: How long a rank of an MPI command waits for the others by default (their `stall_timeout`): long enough
 #: for a rank's lead over the slowest, or rank 0's checkpoint write, short of a batch job's time limit.
 STALL_TIMEOUT_S = 600.0
@@ -139,22 +142,14 @@ def stall_timeout_problem(timeout: float) -> str | None:
 def watch_job(comm: Any, timeout: float) -> StallWatchdog:
     """The watchdog of a job on ``comm`` that ends it (:func:`job_ender`); off for one rank, who waits for nobody.
 
-    Build it in the main thread (see :func:`job_ender`); enter it once the
-    waits that may legitimately take any time (the load's reads) are over.
+    Enter it once the waits that may legitimately take any time (the load's reads) are over.
     """
     return StallWatchdog(timeout if comm.Get_size() > 1 else 0, job_ender(comm))
 
 
 def job_ender(comm: Any, code: int = 1) -> Callable[[str], None]:
-    """``on_stall`` for a job on ``comm``: :func:`end_job` with a hint on the timeout's setting.
-
-    Call it in the main thread: the hint names the running command's flag (the
-    click context is the main thread's), or the config field for a library caller.
-    """
-    from dimd.options import cli_message
-
-    hint = cli_message("`stall_timeout` sets how long a rank waits for the others; 0 waits forever")
-    return lambda message: end_job(comm, f"{message} ({hint})", code)
+    """``on_stall`` for a job on ``comm``: :func:`end_job` with a hint on the timeout's setting."""
+    return lambda message: end_job(comm, f"{message} ({STALL_HINT})", code)
 
 
 def end_job(comm: Any, message: str, code: int = 1) -> None:
@@ -167,7 +162,7 @@ def end_job(comm: Any, message: str, code: int = 1) -> None:
     where the abort cannot reach the launcher, or where an MPI would not return.
     """
     where = f"rank {comm.Get_rank()} on {socket.gethostname()}"
-    sys.stderr.write(f"dimd: error: {where}: {message}\n")
+    sys.stderr.write(f"dimd: error: {where}: {name_settings(message)}\n")   # the running command's flags
     sys.stderr.flush()
     sys.stdout.flush()
     timer = threading.Timer(FORWARD_GRACE_S + _EXIT_AFTER_ABORT_S, os._exit, args=(code,))

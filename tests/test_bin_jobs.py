@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import time
@@ -56,16 +58,22 @@ def wait_for(predicate, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
+@pytest.fixture
+def data(packed_sample, tmp_path) -> Path:
+    """A job's data folder: DATA/train and DATA/val, the packed sample under both names."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for split in ("train", "val"):
+        for suffix in (".dimd", ".idx.h5"):
+            (folder / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
+    return folder
+
+
 def calls(tmp: Path) -> list[str]:
     return (tmp / "scontrol.log").read_text().splitlines()
 
 
-def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(packed_sample, tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    for split in ("train", "val"):  # the job reads DATA/train and DATA/val
-        for suffix in (".dimd", ".idx.h5"):
-            (data / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
+def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(data, tmp_path):
     checkpoints = tmp_path / "run" / "checkpoints"
 
     job = start_job(tmp_path, data)
@@ -89,31 +97,50 @@ def test_time_limit_warning_checkpoints_requeues_and_the_next_run_resumes(packed
     assert calls(tmp_path)[1:] == ["scancel --signal=TERM 42"]   # to the ranks, never to srun
 
 
+def sbatch_options(script: str) -> list[str]:
+    """The options sbatch reads from a script: its '#SBATCH' lines up to the first command, where sbatch stops."""
+    options = []
+    for line in script.splitlines()[1:]:
+        if line.startswith("#SBATCH"):
+            options += shlex.split(line.removeprefix("#SBATCH"), comments=True)
+        elif line.strip() and not line.startswith("#"):
+            break
+    return options
+
+
+def test_the_train_job_asks_for_no_gpu_as_shipped_and_one_per_rank_with_its_gpu_lines_on():
+    """A CPU site runs train.sbatch unchanged; a GPU site removes one '#' from two lines, which sbatch then
+    reads (they stand before the first command)."""
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)   # the script parses
+    shipped = SCRIPT.read_text()
+    assert not [option for option in sbatch_options(shipped) if "gpu" in option]
+    turned_on = re.sub(r"^##SBATCH( --gpu)", r"#SBATCH\1", shipped, flags=re.MULTILINE)
+    gpu_options = [option for option in sbatch_options(turned_on) if "gpu" in option]
+    assert gpu_options == ["--gpus-per-task=1", "--gpu-bind=single:1"]
+    assert "sbatch --gpus-per-task=1 --gpu-bind=single:1 bin/slurm/train.sbatch OUT" in shipped   # the other way
+
+
 FAKE_MPIRUN = """#!/usr/bin/env bash
 while [[ $1 == -* ]]; do shift; done   # the launcher's own options
 exec "$@"                              # one rank; the script's kill -s reaches it
 """
 
 
-def start_lsf_job(tmp: Path, data: Path) -> subprocess.Popen:
+def start_lsf_job(tmp: Path, data: Path, mpirun: str = FAKE_MPIRUN, own_session: bool = False) -> subprocess.Popen:
+    """The LSF train job on ``data``, its ``mpirun`` a stand-in with ``mpirun``'s text."""
     fake = tmp / "fakebin"
     fake.mkdir(exist_ok=True)
-    (fake / "mpirun").write_text(FAKE_MPIRUN)
+    (fake / "mpirun").write_text(mpirun)
     (fake / "mpirun").chmod(0o755)
     env = {**os.environ, **dimd_on_path(fake),
            "LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "1", "OUT": str(data), "RUN_DIR": str(tmp / "run"),
            "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8",
            "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-workers 1"}
     return subprocess.Popen(["bash", str(BIN / "lsf" / "train.lsf")], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=own_session)
 
 
-def test_lsf_job_exits_99_for_a_requeue_only_after_the_warning(packed_sample, tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    for split in ("train", "val"):
-        for suffix in (".dimd", ".idx.h5"):
-            (data / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
+def test_lsf_job_exits_99_for_a_requeue_only_after_the_warning(data, tmp_path):
     checkpoints = tmp_path / "run" / "checkpoints"
 
     job = start_lsf_job(tmp_path, data)
@@ -149,24 +176,10 @@ exit $status
 """
 
 
-def test_lsf_job_under_open_mpi_turns_a_term_into_usr2_for_mpirun(packed_sample, tmp_path):
+def test_lsf_job_under_open_mpi_turns_a_term_into_usr2_for_mpirun(data, tmp_path):
     """A TERM to the job's process group (what bkill -s TERM may send) reaches the script, not mpirun."""
-    data = tmp_path / "data"
-    data.mkdir()
-    for split in ("train", "val"):
-        for suffix in (".dimd", ".idx.h5"):
-            (data / f"{split}{suffix}").symlink_to(packed_sample.with_name(packed_sample.name + suffix))
     checkpoints = tmp_path / "run" / "checkpoints"
-    fake = tmp_path / "fakebin"
-    fake.mkdir()
-    (fake / "mpirun").write_text(FAKE_OPENMPI_MPIRUN)
-    (fake / "mpirun").chmod(0o755)
-    env = {**os.environ, **dimd_on_path(fake),
-           "LSB_JOBID": "42", "LSB_DJOB_NUMPROC": "1", "OUT": str(data), "RUN_DIR": str(tmp_path / "run"),
-           "DEVICE": "cpu", "MODEL": "lenet", "EPOCHS": "500", "BATCH_SIZE": "8",
-           "TRAIN_ARGS": "--image-size 32 --lr 0.05 --keep-checkpoints 0 --decode-workers 1"}
-    job = subprocess.Popen(["bash", str(BIN / "lsf" / "train.lsf")], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    job = start_lsf_job(tmp_path, data, FAKE_OPENMPI_MPIRUN, own_session=True)
     wait_for(lambda: checkpoints.is_dir() and any(checkpoints.glob("*.pt")))
     os.killpg(job.pid, signal.SIGTERM)   # the job's process group: the script and what stayed in it
     out, _ = job.communicate(timeout=120)

@@ -630,3 +630,88 @@ def test_reentrant_checkpointing_of_the_last_layers_is_refused_in_one_line():
     backward(use_reentrant=False)
     assert len(reductions) == buckets.buckets > 1   # each bucket once
     buckets.close()
+
+
+class StandInStreams:
+    """``torch.cuda``'s streams and events as DistributedGradients uses them, on the CPU: each thread has its
+    current stream (named by the test), and every record and wait is logged in order."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, ...]] = []
+        self._current = threading.local()
+
+    @contextlib.contextmanager
+    def stream(self, name: str):
+        """``with torch.cuda.stream(s)``: ``name`` is this thread's current stream inside."""
+        before, self._current.name = getattr(self._current, "name", None), name
+        try:
+            yield
+        finally:
+            self._current.name = before
+
+    def current_stream(self, device: Any = None) -> "StandInStream":
+        return StandInStream(self, getattr(self._current, "name", None) or "the default stream")
+
+    def Event(self) -> "StandInEvent":
+        return StandInEvent(self)
+
+
+class StandInStream:
+    def __init__(self, streams: StandInStreams, name: str) -> None:
+        self.streams, self.name = streams, name
+
+    def wait_event(self, event: "StandInEvent") -> None:
+        self.streams.log.append(("waits", self.name, f"for the event on {event.stream}"))
+
+
+class StandInEvent:
+    def __init__(self, streams: StandInStreams) -> None:
+        self.streams, self.stream = streams, None
+
+    def record(self, stream: StandInStream) -> None:
+        self.stream = stream.name
+        self.streams.log.append(("recorded", stream.name))
+
+
+def test_the_stream_current_at_the_step_waits_for_the_reduction(monkeypatch):
+    """On a GPU the reduction ends on autograd's thread and stream, as backward does; a script that steps on a
+    stream of its own (``with torch.cuda.stream(s)``) steps once that stream has waited for it."""
+    from mpi4py import MPI
+
+    from dimd.train import distributed
+
+    streams = StandInStreams()
+    monkeypatch.setattr(distributed, "device_streams", lambda device: streams)
+    torch.manual_seed(0)
+    model = build_model("lenet", 10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads = distributed.DistributedGradients(model, MPI.COMM_SELF, algorithm="mpi", optimizer=optimizer)
+    reduce = grads.buckets.synchronize
+    grads.buckets.synchronize = lambda: (reduce(), streams.log.append(("reduced", streams.current_stream().name)))
+
+    def autograds_thread() -> None:
+        with streams.stream("autograd's stream"):
+            lenet_backward(model)   # synchronize() runs as backward ends, here
+
+    thread = threading.Thread(target=autograds_thread)
+    thread.start()
+    thread.join()
+    with streams.stream("the script's stream"):
+        optimizer.step()
+    assert streams.log == [("reduced", "autograd's stream"), ("recorded", "autograd's stream"),
+                           ("waits", "autograd's stream", "for the event on autograd's stream"),
+                           ("waits", "the script's stream", "for the event on autograd's stream")]
+    grads.close()
+
+
+def test_mpi_called_off_the_callers_thread_is_named():
+    """What needs MPI at THREAD_SERIALIZED: the communication thread, and on a GPU autograd's thread, where
+    backward ends and synchronize() runs (the host sum, or sync_buffers' average beside a device group)."""
+    from dimd.train.distributed import mpi_off_the_main_thread
+
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert "communication thread" in mpi_off_the_main_thread(False, True, False, cpu)
+    assert mpi_off_the_main_thread(False, False, True, cpu) is None   # all on the caller's thread
+    assert "the gradients' allreduce calls MPI" in mpi_off_the_main_thread(False, False, False, gpu)
+    assert mpi_off_the_main_thread(True, True, False, gpu) is None    # nccl: no MPI as backward ends
+    assert "sync_buffers=True averages the buffers over MPI" in mpi_off_the_main_thread(True, True, True, gpu)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import click
 import pytest
@@ -119,6 +120,21 @@ def test_library_messages_name_fields_and_the_cli_names_flags():
     text = "out.dimd: output exists (set `force` to overwrite it); see `list_file` and `other`"
     assert cli_message(text, pack_like) == (
         "out.dimd: output exists (set --force to overwrite it); see --list and `other`")
+
+
+def test_a_line_the_library_prints_itself_names_the_running_commands_flags():
+    """dimd.stall's line from the watchdog's thread, where no click context is: the flags the command passed in."""
+    from dimd.stall import STALL_HINT
+    from dimd.wording import flags_named, name_settings
+
+    assert name_settings(STALL_HINT).startswith("`stall_timeout` sets how long")   # a library caller's field
+    with flags_named({"stall_timeout": "--stall-timeout"}):
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(name_settings(STALL_HINT)))
+        thread.start()
+        thread.join()
+    assert seen == ["--stall-timeout sets how long a rank waits for the others; 0 waits forever"]
+    assert name_settings(STALL_HINT) == STALL_HINT   # the command ended
 
 
 def test_configs_refuse_nonsense_from_python_too():

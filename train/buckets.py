@@ -79,7 +79,7 @@ _NESTED_PASS = ("a backward pass nested in another (activation checkpointing wit
                 "checkpoint with use_reentrant=False")
 
 
-class Pending(Protocol):
+class BucketInFlight(Protocol):
     """A bucket's collective in flight."""
 
     def wait(self) -> None:
@@ -98,7 +98,7 @@ class DeviceReduce(Protocol):
     same order.
     """
 
-    def start(self, tensor: torch.Tensor, average: bool = False) -> Pending:
+    def start(self, tensor: torch.Tensor, average: bool = False) -> BucketInFlight:
         ...
 
 #: The bucket when overlapping and none is asked for: big enough that per-message costs stay small,
@@ -214,7 +214,7 @@ class GradientBuckets:
         self._slices = [self.flat.buffer[start:stop] for start, stop in self.bounds]
         self._events: dict[int, torch.cuda.Event] = {}
         self._started: list[Future[None]] = []   # this pass's buckets on the communication thread
-        self._in_flight: list[Pending] = []      # ... or on the device_reduce's stream or threads
+        self._in_flight: list[BucketInFlight] = []      # ... or on the device_reduce's stream or threads
         self._pass_task = -1    # autograd's id of the backward pass at_backward_end is queued with
         self._ended_task = -1   # ... and of the last one that ended (ids grow: a lower one is an enclosing pass)
         self._failed = False   # a bucket's reduction raised: the later ones of the pass are skipped

@@ -17,6 +17,12 @@ checking that every rank built the same model), the algorithm chosen by
 measurement, the MPI thread level checked, the end of each backward pass made
 to wait for the average (as DDP: a script may clip or log ``.grad`` before
 its step), batch-norm statistics averaged if asked.
+
+On a GPU, backward ends on autograd's own thread, and :meth:`synchronize`
+runs there: a device group's ``wait()`` makes that thread's current stream
+wait for the reduction, not the stream a script steps on (``with
+torch.cuda.stream(s)``). So an event is recorded there after the reduction,
+and the stream current at the step waits on it (:class:`ReductionFence`).
 """
 
 from __future__ import annotations
@@ -96,8 +102,10 @@ class DistributedGradients:
         self.options = options
         # nccl, gloo: the group started now from MPI; torch: the caller's (a line when there is none)
         self.group = device_group(self.algorithm, comm, device, stall_timeout=stall_timeout)
-        if self.group is None and (overlap or device.type != "cpu"):   # on a GPU, autograd may end backward on
-            _check_thread_level()                                     # a thread of its own, and call MPI there
+        off_main = mpi_off_the_main_thread(self.group is not None, overlap, sync_buffers and self.world_size > 1,
+                                           device)
+        if off_main is not None:
+            _check_thread_level(off_main)
         if get_algorithm(self.algorithm).point_to_point and self.world_size > 1:
             from dimd.allreduce.buffers import private_comm
 
@@ -108,6 +116,7 @@ class DistributedGradients:
         self._step_hooks = ([optimizer.register_step_pre_hook(lambda *_: self.synchronize()),
                              optimizer.register_step_post_hook(lambda *_: self._consumed())]
                             if optimizer is not None else [])
+        self._fence = ReductionFence(device_streams(device), device)
         # a backward pass that raised (and the script caught it) is dropped at the next forward
         self._forward_hook = model.register_forward_pre_hook(self._before_forward)
         self._steps = 0
@@ -164,21 +173,24 @@ class DistributedGradients:
         rank that ran no backward pass since the last step, it reduces what
         ``.grad`` holds (zeros after a ``zero_grad``), as the other ranks'
         backward passes do. Calling it inside :meth:`no_sync` is an error: the
-        step would use this rank's gradients alone.
+        step would use this rank's gradients alone. On a GPU, the stream current
+        where it is called (at the optimizer's step: the script's) waits for the
+        reduction, wherever that ran.
         """
         if not self.buckets.syncing:
             raise DimdError("optimizer.step()/synchronize() inside no_sync(): the gradients were not "
                             "reduced; take the step after the block, on a backward pass outside it")
-        if self.buckets.reduced:
-            return   # backward's end did it, and no gradient came since: summing again would double them
-        self._steps += 1
-        self._synchronize(f"the gradients' allreduce of step {self._steps}")
+        if not self.buckets.reduced:   # else backward's end did it, and no gradient came since
+            self._steps += 1
+            self._synchronize(f"the gradients' allreduce of step {self._steps}")
+        self._fence.wait()
 
     def _synchronize(self, what: str) -> None:
         with self._watchdog.waiting(what):
             self.buckets.synchronize()
             if self.sync_buffers and self.world_size > 1:
                 average_buffers(self.model, self.comm)
+        self._fence.reduced()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -221,6 +233,33 @@ class DistributedGradients:
         return {"algorithm": self.algorithm, "buckets": self.buckets.buckets, "overlap": self.overlap,
                 "gradient_bytes": self.buckets.flat.numel * 4,
                 "reduced": f"on the device ({self.group.backend})" if self.group is not None else "over MPI"}
+
+
+class ReductionFence:
+    """On a GPU: an event recorded after each reduction, on the stream current where it ran (autograd's thread
+    at backward's end), and the stream current at the step made to wait on it. ``streams`` is ``torch.cuda``
+    (None: the CPU, where the reduction is done when it returns)."""
+
+    def __init__(self, streams: Any, device: torch.device) -> None:
+        self._streams = streams
+        self._device = device
+        self._event: Any = None
+
+    def reduced(self) -> None:
+        """After the reduction was queued (and waited for) on this thread's current stream."""
+        if self._streams is not None:
+            self._event = self._streams.Event()
+            self._event.record(self._streams.current_stream(self._device))
+
+    def wait(self) -> None:
+        """The stream current here waits for the last reduction (the host does not)."""
+        if self._event is not None:
+            self._streams.current_stream(self._device).wait_event(self._event)
+
+
+def device_streams(device: torch.device) -> Any:
+    """Where ``device``'s streams and events are: ``torch.cuda`` on a GPU, None on the CPU."""
+    return torch.cuda if device.type == "cuda" else None
 
 
 def average_buffers(model: nn.Module, comm: Any) -> None:
@@ -269,13 +308,30 @@ def _fastest(nbytes: int, comm: Any, candidates: list[str]) -> str:
     return choose_fastest(nbytes, comm, np.float32, candidates)   # MPI: timed on every rank alike
 
 
-def _check_thread_level() -> None:
-    """The communication thread calls MPI while the main thread runs backward: SERIALIZED at least."""
+def mpi_off_the_main_thread(device_group: bool, overlap: bool, sync_buffers: bool,
+                            device: torch.device) -> str | None:
+    """Why this wrapper calls MPI from a thread other than the caller's, and how to avoid it; or None.
+
+    The communication thread reduces the host path's buckets; on a GPU, autograd ends backward on a thread
+    of its own, and :meth:`DistributedGradients.synchronize` runs there: the host path's sum, or the buffers'
+    average even where a device group reduces the gradients.
+    """
+    if not device_group and overlap:
+        return "overlap=True reduces on a communication thread (or pass overlap=False)"
+    if device.type != "cpu" and not device_group:
+        return "on a GPU, backward ends on autograd's thread, and the gradients' allreduce calls MPI there"
+    if device.type != "cpu" and sync_buffers:
+        return ("on a GPU, backward ends on autograd's thread, and sync_buffers=True averages the buffers over MPI "
+                "there (or pass sync_buffers=False)")
+    return None
+
+
+def _check_thread_level(why: str) -> None:
+    """A thread other than the caller's calls MPI (``why``): SERIALIZED at least, else one line."""
     from mpi4py import MPI
 
     provided = MPI.Query_thread()
     if provided < MPI.THREAD_SERIALIZED:
         names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled"}
-        raise DimdError(f"overlap=True reduces on a communication thread, which needs MPI initialised at "
-                        f"THREAD_SERIALIZED or MULTIPLE; it is {names.get(provided, provided)}: call dimd.init() "
-                        f"before anything imports mpi4py.MPI, or pass overlap=False")
+        raise DimdError(f"MPI is initialised at {names.get(provided, provided)}, and {why}: that needs "
+                        f"THREAD_SERIALIZED or MULTIPLE; call dimd.init() before anything imports mpi4py.MPI")

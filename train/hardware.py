@@ -36,14 +36,17 @@ def set_threads(threads: int | None, comm: Any) -> tuple[int, str | None]:
 
 
 def pick_device(choice: str, comm: Any) -> torch.device:
-    """Collective unless ``cpu``. ``cuda``: one GPU per rank of a node, by node-local rank; every rank must
-    find one (agreed, so that none is left waiting and a job without CUDA ends in order). ``auto``: the
-    same where every rank has CUDA, else the CPU on every rank (a job whose nodes differ would otherwise
-    leave its CPU ranks behind while the others pair up the node's GPUs)."""
+    """Collective unless ``cpu``. ``cuda``: a GPU of its own for each rank of a node, by node-local rank among
+    the GPUs the rank sees (:func:`dimd.gpus.assign_gpus`: one each under a per-rank binding, the node's
+    GPUs in turn where all are visible); every rank must find one, or every rank stops with one line (no
+    CUDA; more ranks on a node than GPUs they see). ``auto``: the same where every rank has CUDA, else the
+    CPU on every rank (a job whose nodes differ would otherwise leave its CPU ranks behind while the others
+    pair up the node's GPUs)."""
     if choice == "cpu":
         return torch.device("cpu")
     from mpi4py import MPI
 
+    from dimd.gpus import node_gpu
     from dimd.mpi import agree_or_raise
 
     if choice == "auto" and not comm.allreduce(int(torch.cuda.is_available()), op=MPI.MIN):   # MPI: on every rank?
@@ -51,9 +54,8 @@ def pick_device(choice: str, comm: Any) -> torch.device:
     if choice == "cuda":
         agree_or_raise(comm, None if torch.cuda.is_available()   # MPI: every rank asked for cuda
                        else "device cuda: this torch build or machine has no CUDA device")
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)   # MPI: one GPU per rank of this node
-    index = local.Get_rank() % torch.cuda.device_count()
-    local.Free()
+    index, problem = node_gpu(comm)   # MPI: this node's ranks and the GPUs each sees
+    agree_or_raise(comm, problem)     # MPI: a node with more ranks than GPUs stops every rank
+    assert index is not None
     torch.cuda.set_device(index)
     return torch.device("cuda", index)

@@ -17,12 +17,6 @@ from dimd.options import (SIZE, NameListType, RegistryChoice, build_config, conf
                           stall_timeout_option)
 
 
-def _models() -> Any:
-    from dimd.train.models import MODELS   # on first use: --help imports no model zoo
-
-    return MODELS
-
-
 def idle_ranks(mpi_setup) -> str:
     """How waiting ranks behave, as set for this run: only a remedy the running MPI honours is named."""
     if mpi_setup.progress_throttle:
@@ -89,7 +83,7 @@ def _line(row) -> str:
                help=f"cuda: buffers in each rank's GPU (one per rank of a node): NCCL's allreduce in device memory, "
                     f"the copy to pinned host memory and back alone ({COPY_ROW}), and each algorithm with those "
                     f"copies around it, what a GPU rank pays for a host allreduce. Without CUDA: one line, exit 2.")
-@click.option("--model", type=RegistryChoice(_models), default=None,
+@click.option("--model", type=RegistryChoice("dimd.train.models:MODELS"), default=None,
               help="Also time a message of this model's gradient size (float32, as `dimd train` "
                    "allreduces it; `dimd train --list-models`).")
 @click.option("--classes", type=click.IntRange(min=2), default=None,

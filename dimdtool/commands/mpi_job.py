@@ -29,7 +29,8 @@ from dimd.console import write_line
 from dimd.errors import DimdError
 from dimd.mpi import (FORWARD_GRACE_S, AgreedError, LaunchMismatch, ThreadLevel, abort, agree_or_raise,
                       init_mpi, leaves_quietly)
-from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, output_problems
+from dimd.options import DEFERS_OUTPUT_CHECKS, cli_message, command_flags, output_problems
+from dimd.wording import flags_named
 
 #: Ranks other than 0 wait this long before reporting, so that an error every
 #: rank hits alike is printed once, by rank 0, whose abort ends them.
@@ -62,7 +63,8 @@ def mpi_command(thread_level: ThreadLevel = "single", *,
             leaving = comm.Dup()   # MPI: only the exit after an agreed error meets here
             try:
                 agree_or_raise(comm, output_problems() if comm.Get_rank() == 0 else None)
-                return callback(*args, comm=comm, mpi_setup=setup, **kwargs)
+                with flags_named(command_flags()):   # the lines the library prints from its threads name flags
+                    return callback(*args, comm=comm, mpi_setup=setup, **kwargs)
             except (click.exceptions.Exit, click.Abort):
                 raise
             except SystemExit as exc:

@@ -18,10 +18,9 @@ from typing import Any, Sequence
 import click
 
 from dimd.commands.mpi_job import mpi_command
-from dimd.commands.train import allreduce_algorithms
 from dimd.console import print_table
-from dimd.options import (INT_LIST, OUTPUT_FILE, SIZE, NameListType, RegistryChoice, build_config, config_option,
-                          json_option, quiet_option, shared_option, stall_timeout_option)
+from dimd.options import (ALLREDUCE_ALGORITHM, INT_LIST, OUTPUT_FILE, SIZE, NameListType, build_config,
+                          config_option, json_option, quiet_option, shared_option, stall_timeout_option)
 from dimd.train.config import DEVICES, TrainConfig
 from dimd.train.plan.config import (POWERS_OF_TWO_TO_1024, CommFitConfig, ConvergenceConfig, SolveConfig,
                                     StepTimeConfig)
@@ -241,7 +240,7 @@ def _print_comm(figures: dict[str, Any]) -> None:
 @shared_option(ConvergenceConfig, "crop_scale", default_from=TrainConfig)
 @config_option(ConvergenceConfig, "momentum", "--momentum", help="[default: dimd train's]")
 @config_option(ConvergenceConfig, "weight_decay", "--weight-decay", help="[default: dimd train's]")
-@config_option(ConvergenceConfig, "allreduce", "--allreduce", type=RegistryChoice(allreduce_algorithms, "ALGORITHM"),
+@config_option(ConvergenceConfig, "allreduce", "--allreduce", type=ALLREDUCE_ALGORITHM,
                help="With --ranks-per-run 2 or more [default: the fastest measured at each run's start].")
 @shared_option(ConvergenceConfig, "device", type=click.Choice(DEVICES), default_from=TrainConfig)
 @shared_option(ConvergenceConfig, "threads")

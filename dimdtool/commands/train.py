@@ -16,18 +16,12 @@ from typing import Any, Callable
 import click
 
 from dimd.console import progress
-from dimd.options import (FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, SectionedCommand, build_config,
-                          config_option, defer_output_checks, json_option, option_group, quiet_option,
-                          shared_option, stall_timeout_option)
+from dimd.options import (ALLREDUCE_ALGORITHM, FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, SectionedCommand,
+                          build_config, config_option, defer_output_checks, json_option, option_group,
+                          quiet_option, shared_option, stall_timeout_option)
 from dimd.train.config import (DECODES, DEVICES, LEARNER_COMPUTES, PRECISIONS, READ_FROM, SYNCS, SMAConfig,
                                SSGDConfig, TrainConfig)
 from dimd.train.schedule import SCHEDULES
-
-
-def _models() -> Any:
-    from dimd.train.models import MODELS
-
-    return MODELS
 
 
 class ModelName(RegistryChoice):
@@ -36,13 +30,6 @@ class ModelName(RegistryChoice):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         return value if isinstance(value, str) and ":" in value else super().convert(value, param, ctx)
-
-
-def allreduce_algorithms() -> Any:
-    """dimd.allreduce's algorithm names, for the commands' --allreduce choice (loaded on first use)."""
-    from dimd.allreduce import ALGORITHMS
-
-    return ALGORITHMS
 
 
 class ShuffleEvery(click.ParamType):
@@ -93,7 +80,7 @@ def print_models() -> None:
 @click.argument("train_set", metavar="TRAIN", required=False)
 @click.option("--val", "val_set", metavar="VAL",
               help="Packed validation set (required); its classes are matched to TRAIN's by name.")
-@config_option(TrainConfig, "model", type=ModelName(_models),
+@config_option(TrainConfig, "model", type=ModelName("dimd.train.models:MODELS"),
                help="Model name (see --list-models), or your own: package.module:callable or "
                     "path/to/file.py:callable, called with num_classes, returning an nn.Module.")
 @click.option("--list-models", is_flag=True,
@@ -132,7 +119,7 @@ def print_models() -> None:
 @config_option(TrainConfig, "shuffle_every", type=ShuffleEvery(), show_default="epoch",
                help="Reshuffle the store across each group every N steps, every 'epoch' or 'never' "
                     "(it is shuffled once before the first step in any case).")
-@config_option(TrainConfig, "allreduce", type=RegistryChoice(allreduce_algorithms, "ALGORITHM"),
+@config_option(TrainConfig, "allreduce", type=ALLREDUCE_ALGORITHM,
                help="Allreduce algorithm (see `dimd bench-allreduce --help`); nccl (GPUs) and gloo (CPUs) reduce "
                     "the gradients in place through torch.distributed, started from the MPI job [default: nccl "
                     "where every rank has a GPU of its own and NCCL is there, else the fastest measured at "

@@ -9,7 +9,8 @@
 #      training: checkpoint, no requeue;
 #   4. a short time limit with --signal=B:USR1@75: warned -> checkpoint -> requeued by the job
 #      itself (Restarts >= 1) -> resumes from that checkpoint -> finishes;
-#   5. bin/pipeline.sh with LAUNCH=srun runs its MPI step on 2 ranks.
+#   5. bin/pipeline.sh with LAUNCH=srun runs its MPI step on 2 ranks;
+# and sbatch reads train.sbatch's GPU lines only once a site turns them on (this cluster has no GPU).
 # The jobs run as an unprivileged user created for the test (it requeues its own job).
 #
 #   tests/slurm/run.sh        # as root, after `make setup`; CI runs it from .ci/run
@@ -255,6 +256,17 @@ has "$work/requeue-self.out" "requeueing as $TEST_USER"
 lacks "$work/requeue-self.out" "scontrol requeue failed"
 has "$work/requeue-self.out" "run 1 as $TEST_USER"
 ok "$TEST_USER requeued its own job $self (scontrol requeue from inside it): Restarts=1, then COMPLETED"
+
+# ---- train.sbatch's GPU lines: off as shipped, a GPU request once a site turns them on --------
+# This cluster has no GPU: sbatch takes the script as shipped and refuses it with its GPU lines on,
+# which shows that it reads them (docs/batch-jobs.md#before-you-submit).
+sed 's/^##SBATCH --gpu/#SBATCH --gpu/' "$repo/bin/slurm/train.sbatch" >"$work/train-gpu.sbatch"
+shipped_said=$(as_user sbatch --test-only "$repo/bin/slurm/train.sbatch" packed 2>&1) ||
+    fail "sbatch --test-only refused train.sbatch as shipped: $shipped_said"
+if gpu_said=$(as_user sbatch --test-only "$work/train-gpu.sbatch" packed 2>&1); then
+    fail "sbatch --test-only took train.sbatch with its GPU lines on, on a cluster without GPUs: $gpu_said"
+fi
+ok "train.sbatch: no GPU asked for as shipped; its GPU lines on, refused here: '$(tail -n 1 <<<"$gpu_said")'"
 
 # ---- sample data (ImageNet-style: class folders for train, a flat val with a label list) ----
 as_user dimd sample-data data/train --classes 4 --per-class 40 --seed 1 >/dev/null
