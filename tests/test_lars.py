@@ -154,3 +154,18 @@ def test_a_trust_coefficient_not_above_zero_is_refused(trust):
 def test_dimd_exports_lars_for_ones_own_loop():
     assert dimd.LARS is LARS
     assert "LARS" in dimd.__all__
+
+
+def test_the_registry_builds_either_optimizer_over_the_same_parameter_groups():
+    from dimd.train.optimizers import OPTIMIZERS, build_optimizer, optimizer_name
+
+    model = small_net()
+    built = {name: build_optimizer(name, model, lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True, trust=0.02)
+             for name in OPTIMIZERS}
+    assert type(built["sgd"]) is torch.optim.SGD and type(built["lars"]) is LARS
+    assert {name: optimizer_name(optimizer) for name, optimizer in built.items()} == {"sgd": "sgd", "lars": "lars"}
+    layouts = [[(len(g["params"]), g["weight_decay"]) for g in o.param_groups] for o in built.values()]
+    assert layouts[0] == layouts[1] == [(2, 1e-4), (4, 0.0)]   # weights decay; batch norm and biases do not
+    assert built["lars"].param_groups[0]["trust"] == 0.02 and built["lars"].param_groups[0]["nesterov"]
+    with pytest.raises(ConfigError, match=r"^optimizer must be one of sgd, lars \(got 'adam'\)$"):
+        build_optimizer("adam", model, lr=0.1, momentum=0.9, weight_decay=0.0)
