@@ -122,6 +122,23 @@ def test_a_tensor_rate_gives_the_same_bits_as_a_number():
         assert torch.equal(p, q)
 
 
+def test_a_rate_tensor_written_in_place_between_steps_is_read_at_each_step():
+    """What a CUDA graph's replays rely on: the schedule writes the one tensor, the optimizer reads it anew."""
+    data, rates = batches(4), [0.4, 0.2, 0.1, 0.05]
+    by_number, by_tensor = small_net(), small_net()
+    numbers = LARS(by_number.parameters(), lr=rates[0], momentum=0.9, weight_decay=1e-3)
+    rate = torch.zeros(())
+    tensors = LARS(by_tensor.parameters(), lr=rate, momentum=0.9, weight_decay=1e-3)
+    for lr, batch in zip(rates, data):
+        for group in numbers.param_groups:
+            group["lr"] = lr
+        rate.fill_(lr)
+        train(by_number, numbers, [batch])
+        train(by_tensor, tensors, [batch])
+    for p, q in zip(by_number.parameters(), by_tensor.parameters()):
+        assert torch.equal(p, q)
+
+
 def test_a_resume_from_the_state_dict_continues_exactly():
     data = batches(6)
     whole = small_net()
