@@ -11,7 +11,7 @@ loaded on first use::
     import dimd
     comm, device = dimd.init()
     loader = dimd.open_loader(TRAIN, comm, batch_size=64, image_size=32)
-    grads = dimd.DistributedGradients(model, optimizer=optimizer)
+    grads = dimd.DistributedGradients(model, optimizer=optimizer)   # optimizer: torch's, or dimd.LARS
 """
 
 #: The installed version (a str), looked up on first use: see _version.
@@ -24,6 +24,7 @@ _LIBRARY = {
     "open_loader": "dimd.shuffle.loader",
     "Normalize": "dimd.shuffle.normalize",
     "DistributedGradients": "dimd.train.distributed",
+    "LARS": "dimd.train.lars",
 }
 
 __all__ = ["__version__", *_LIBRARY]

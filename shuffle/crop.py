@@ -22,6 +22,9 @@ import numpy as np
 
 SCALE = (0.08, 1.0)
 RATIO = (3 / 4, 4 / 3)
+#: Evaluation's centre crop over its resize: the shorter side is resized to ``size / EVAL_CROP_RATIO``, then the
+#: centre ``size`` square is cut (torchvision's 224 of 256, its ``--val-crop-size`` over ``--val-resize-size``).
+EVAL_CROP_RATIO = 224 / 256
 ATTEMPTS = 10
 
 

@@ -3,8 +3,9 @@
 Training: random-resized crop (scale 0.08-1, ratio 3/4-4/3, as torchvision's
 ``RandomResizedCrop``; drawn by :mod:`dimd.shuffle.crop`) to ``image_size``
 and a random horizontal flip.
-Evaluation: resize the shorter side to ``image_size * 256 / 224`` and take the
-centre ``image_size`` square. Both decode in the DCT domain ("draft" mode) at
+Evaluation: resize the shorter side to ``image_size / crop_ratio`` (by default
+``image_size * 256 / 224``, :data:`~dimd.shuffle.crop.EVAL_CROP_RATIO`) and take
+the centre ``image_size`` square. Both decode in the DCT domain ("draft" mode) at
 the smallest power-of-two reduction that still leaves the crop at least
 ``image_size`` pixels, and crop and resize in one ``Image.resize(box=...)``.
 Normalisation (float, mean/std) belongs to the consumer, on its device.
@@ -28,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dimd.errors import DimdError
-from dimd.shuffle.crop import SCALE, crop_box, draw_crops
+from dimd.shuffle.crop import EVAL_CROP_RATIO, SCALE, crop_box, draw_crops
 
 
 def _region_decoder() -> Any:
@@ -42,7 +43,6 @@ def _region_decoder() -> Any:
 
 _jpeg_region = _region_decoder()
 
-EVAL_RESIZE_RATIO = 256 / 224
 #: A crop's (left, top, right, bottom) in the image's pixels.
 Box = tuple[float, float, float, float]
 #: Pixels decoded beyond the box on each side, on top of the bilinear filter's reach (``scale`` pixels
@@ -181,20 +181,26 @@ def crop_hwc(data: bytes | memoryview, image_size: int, tries: list[list[float]]
     return _decode_crop(data, image_size, box)
 
 
-def eval_hwc(data: bytes | memoryview, image_size: int) -> np.ndarray:
+def eval_hwc(data: bytes | memoryview, image_size: int, crop_ratio: float = EVAL_CROP_RATIO) -> np.ndarray:
     """The resized centre crop as HWC."""
     def box(width: int, height: int) -> Box:
-        left, top, side, _ = centre_crop_box(width, height, image_size)
+        left, top, side, _ = centre_crop_box(width, height, image_size, crop_ratio)
         return left, top, left + side, top + side
 
     return _decode_crop(data, image_size, box)
 
 
-def centre_crop_box(width: int, height: int, image_size: int) -> tuple[float, float, float, float]:
+def centre_crop_box(width: int, height: int, image_size: int,
+                    crop_ratio: float = EVAL_CROP_RATIO) -> tuple[float, float, float, float]:
     """(left, top, side, side) of evaluation's centre crop: the square that, resized to ``image_size``,
-    leaves the shorter side at ``image_size * 256 / 224`` (the GPU path cuts the same box)."""
-    side = image_size * min(width, height) / round(image_size * EVAL_RESIZE_RATIO)
+    leaves the shorter side at ``image_size / crop_ratio`` (the GPU path cuts the same box)."""
+    side = image_size * min(width, height) / resize_side(image_size, crop_ratio)
     return (width - side) / 2, (height - side) / 2, side, side
+
+
+def resize_side(image_size: int, crop_ratio: float = EVAL_CROP_RATIO) -> int:
+    """The shorter side evaluation resizes to, before its centre ``image_size`` crop: 256 for 224 at 224/256."""
+    return round(image_size / crop_ratio)
 
 
 def to_chw(hwc: np.ndarray, flip: bool = False, out: np.ndarray | None = None) -> np.ndarray:
@@ -219,6 +225,6 @@ def decode_train(data: bytes | memoryview, image_size: int, rng: np.random.Gener
     return to_chw(crop_hwc(data, image_size, tries, position, scale), flip)
 
 
-def decode_eval(data: bytes | memoryview, image_size: int) -> np.ndarray:
-    """Decode a JPEG, resize to size*256/224 on the shorter side, centre crop: 3 x size x size."""
-    return to_chw(eval_hwc(data, image_size))
+def decode_eval(data: bytes | memoryview, image_size: int, crop_ratio: float = EVAL_CROP_RATIO) -> np.ndarray:
+    """Decode a JPEG, resize to size / crop_ratio (size*256/224) on the shorter side, centre crop: 3 x size x size."""
+    return to_chw(eval_hwc(data, image_size, crop_ratio))

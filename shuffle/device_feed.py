@@ -259,4 +259,4 @@ def device_feed(loader: Any, device: torch.device, decode: str = "cpu") -> Devic
     from dimd.shuffle.raw_batches import raw_batches
 
     return DeviceFeed(loader, device, source=lambda epoch: raw_batches(loader, epoch),
-                      stage=GpuDecoder(device, loader.image_size, str(loader.store.path)))
+                      stage=GpuDecoder(device, str(loader.store.path)))

@@ -171,11 +171,11 @@ def crop_resize_flip(images: Sequence[torch.Tensor], boxes: np.ndarray, flips: n
 
 
 class GpuDecoder:
-    """A :class:`RawBatch` -> (N x 3 x size x size uint8 images, int64 labels), both on ``device``."""
+    """A :class:`RawBatch` -> (N x 3 x size x size uint8 images, int64 labels), both on ``device``; ``size`` is
+    the batch's own (an epoch's, under progressive resizing)."""
 
-    def __init__(self, device: torch.device, image_size: int, path: str = "") -> None:
+    def __init__(self, device: torch.device, path: str = "") -> None:
         self.device = torch.device(device)
-        self.image_size = image_size
         self.path = path
 
     def __call__(self, raw: RawBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,6 +186,6 @@ class GpuDecoder:
 
             line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise DecodeError(f"{self.path}: a record of this batch is not a JPEG nvJPEG decodes ({line})") from None
-        pixels = crop_resize_flip(images, raw.boxes, raw.flips, self.image_size)
+        pixels = crop_resize_flip(images, raw.boxes, raw.flips, raw.image_size)
         labels = torch.from_numpy(raw.labels).to(self.device, non_blocking=True)
         return pixels, labels

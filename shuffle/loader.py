@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
 
 from dimd.errors import DimdError
 from dimd.format import crc32
-from dimd.shuffle.crop import SCALE
+from dimd.shuffle.crop import EVAL_CROP_RATIO, SCALE
 from dimd.shuffle.memory import batch_memory
 from dimd.shuffle.pinned import page_lock, page_unlock
 from dimd.shuffle.shm import Segment
@@ -55,11 +55,17 @@ class BatchLoader:
     local record once, in order, the last batch possibly short, resize and
     centre crop; ``steps_per_epoch`` is then this rank's ``ceil(len(store) / b)``.
     ``crop_scale`` is the smallest share of the image area a training crop keeps.
+
+    ``sizes``: progressive resizing, the training crop of each epoch (``sizes(epoch)`` px, at most
+    ``image_size``, which the batch slots are sized for; e.g. a :class:`dimd.train.image_sizes.SizeSchedule`);
+    an epoch's batches are decoded at its size. ``crop_ratio``: evaluation's centre crop over its resize
+    (the shorter side is resized to ``image_size / crop_ratio``; torchvision's 224/256 by default).
     """
 
     def __init__(self, store: DistributedStore, batch_size: int, image_size: int = 224,
                  train: bool = True, decode_workers: int = 2, seed: int = 0, pin_memory: bool = False,
-                 prefetch: int = 2, crop_scale: float = SCALE[0]) -> None:
+                 prefetch: int = 2, crop_scale: float = SCALE[0], sizes: Callable[[int], int] | None = None,
+                 crop_ratio: float = EVAL_CROP_RATIO) -> None:
         for name, value in (("batch size", batch_size), ("image size", image_size),
                             ("decode workers", decode_workers), ("prefetch", prefetch)):
             if value < 1:
@@ -68,6 +74,11 @@ class BatchLoader:
             raise DimdError(f"seed must be non-negative (got {seed})")
         if not 0 < crop_scale <= 1:
             raise DimdError(f"crop scale must be in (0, 1] (got {crop_scale})")
+        if not 0 < crop_ratio <= 1:
+            raise DimdError(f"crop ratio must be in (0, 1]: the centre crop over the resized shorter side "
+                            f"(got {crop_ratio})")
+        self.crop_ratio = crop_ratio
+        self.sizes = sizes
         self.crop_scale = (crop_scale, 1.0)
         self.store = store
         self.batch_size = batch_size
@@ -109,6 +120,17 @@ class BatchLoader:
         order = stream(SAMPLER, self.seed, self.rank, epoch).permutation(n)[:take]
         return list(order.reshape(self.steps_per_epoch, b))
 
+    def image_size_at(self, epoch: int) -> int:
+        """The size ``epoch``'s batches are decoded at: ``sizes(epoch)`` when training with ``sizes``, else
+        ``image_size``."""
+        if self.sizes is None or not self.train:
+            return self.image_size
+        size = int(self.sizes(epoch))
+        if not 8 <= size <= self.image_size:
+            raise DimdError(f"epoch {epoch}'s image size {size} px is outside 8..{self.image_size} px (the "
+                            f"loader's image_size, which its batch slots are sized for)")
+        return size
+
     # -- iteration ------------------------------------------------------------------------
 
     def epoch(self, epoch: int, stop: int | None = None, *,
@@ -131,6 +153,7 @@ class BatchLoader:
         first = self._step if epoch == self._epoch else 0
         self._epoch, self._step = epoch, first
         batches = self.epoch_indices(epoch)
+        size = self.image_size_at(epoch)
         end = len(batches) if stop is None else min(stop, len(batches))
         self._end_open_iteration("this loader's epoch() was called again while this iteration was still open, "
                                  "and the new one took over its batch slots; iterate one epoch at a time, or "
@@ -144,10 +167,10 @@ class BatchLoader:
                 self._map_store()   # a shuffle within the epoch may have grown the store's segment
                 if pending and pending[0].stale:   # a shuffle moved the records under them: read them again
                     pending = self._in_flight = collections.deque(
-                        self._submit(epoch, batch.step, batch.indices) for batch in pending)
+                        self._submit(epoch, batch.step, batch.indices, size) for batch in pending)
                 # the ring's slots bound the batches in flight (prefetch may grow during an epoch)
                 while next_step < end and next_step < step + self._slots:
-                    pending.append(self._submit(epoch, next_step, batches[next_step]))
+                    pending.append(self._submit(epoch, next_step, batches[next_step], size))
                     next_step += 1
                 images, labels = self._collect(pending.popleft(), borrow)
                 self._epoch, self._step = epoch, step + 1
@@ -273,7 +296,7 @@ class BatchLoader:
         """``--read-from files``: the source's ``record_paths(indices)``; None for the in-memory store."""
         return getattr(self.store, "record_paths", None)
 
-    def _submit(self, epoch: int, step: int, indices: np.ndarray) -> "_Batch":
+    def _submit(self, epoch: int, step: int, indices: np.ndarray, size: int) -> "_Batch":
         assert self._pool is not None and self._ring is not None
         n, store, paths = len(indices), self.store, self._paths
         slot = step % self._slots
@@ -286,7 +309,8 @@ class BatchLoader:
         for k in range(parts):   # one chunk per worker (plain ints: this runs once per batch, on the rank)
             lo, hi = n * k // parts, n * (k + 1) // parts
             task = Task(ring=self._ring.key, slot_offset=slot * self._slot_bytes, count=n, lo=lo, hi=hi,
-                        image_size=self.image_size, train=self.train, scale=self.crop_scale, draw_key=draw_key,
+                        image_size=size, train=self.train, scale=self.crop_scale, crop_ratio=self.crop_ratio,
+                        draw_key=draw_key,
                         source=self._store_key if paths is None else None,
                         offsets=None if offsets is None else int64_bytes(offsets[lo:hi]),
                         lengths=None if lengths is None else int64_bytes(lengths[lo:hi]),
@@ -296,7 +320,7 @@ class BatchLoader:
                         records=int64_bytes(records[lo:hi]), data_path=str(store.path))
             worker = (step + k) % self.decode_workers
             tickets.append((worker, self._pool.submit(worker, task)))
-        return _Batch(step, slot, indices, labels, tickets)
+        return _Batch(step, slot, indices, labels, tickets, size)
 
     def _collect(self, batch: "_Batch", borrow: bool) -> tuple[Any, Any]:
         """Wait for ``batch``'s chunks, then hand its slot out: a copy (the slot is free again at once)
@@ -305,7 +329,7 @@ class BatchLoader:
 
         self._wait_for(batch)
         assert self._ring is not None
-        n, size = len(batch.indices), self.image_size
+        n, size = len(batch.indices), batch.size
         start = batch.slot * self._slot_bytes
         ready = self._ring.array[start : start + n * 3 * size * size].reshape(n, 3, size, size)
         images = torch.from_numpy(ready) if borrow else self._copy_out(ready)
@@ -406,7 +430,8 @@ class BatchLoader:
 
 def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224, train: bool = True,
                 decode_workers: int = 2, seed: int = 0, groups: int = 1, memory_limit: int | None = None,
-                crop_scale: float | None = None) -> BatchLoader:
+                crop_scale: float | None = None, sizes: Callable[[int], int] | None = None,
+                crop_ratio: float = EVAL_CROP_RATIO) -> BatchLoader:
     """Collective: load this rank's share of the packed set at ``path`` into memory and return its loader.
 
     The :class:`BatchLoader` yields uint8 ``N x 3 x H x W`` images
@@ -417,6 +442,8 @@ def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224,
     the ranks once (round 0, as ``dimd train`` does): loaded in order, each
     rank would hold a few classes of a class-sorted pack. ``train=False`` yields every
     local record once (each rank its share; sum the counts over ranks).
+    ``sizes``: each epoch's training crop (progressive resizing, each at most ``image_size``);
+    ``crop_ratio``: evaluation's centre crop over its resized shorter side (224/256).
     Normalise on the device with :class:`dimd.Normalize`.
     """
     store = DistributedStore.load(path, comm, groups=groups, memory_limit=memory_limit, decode_workers=decode_workers,
@@ -425,7 +452,7 @@ def open_loader(path: str, comm: Any, batch_size: int, *, image_size: int = 224,
         store.shuffle(seed, 0)
     extra: dict[str, Any] = {} if crop_scale is None else {"crop_scale": crop_scale}
     return BatchLoader(store, batch_size, image_size, train=train, decode_workers=decode_workers, seed=seed,
-                       pin_memory=_cuda_available(), **extra)
+                       pin_memory=_cuda_available(), sizes=sizes, crop_ratio=crop_ratio, **extra)
 
 
 @dataclass
@@ -444,6 +471,7 @@ class _Batch:
     indices: np.ndarray
     labels: np.ndarray
     tickets: list[tuple[int, int]]
+    size: int             # px: the epoch's
     stale: bool = False   # a shuffle moved its records before it was read: decode it again
 
 

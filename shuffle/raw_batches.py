@@ -36,6 +36,7 @@ class RawBatch:
     boxes: np.ndarray                   # float64, N x 4: left, top, width, height in source pixels
     flips: np.ndarray                   # bool: mirror the crop left-right
     sizes: np.ndarray                   # int64, N x 2: each source image's width, height
+    image_size: int                     # px: the square each crop is resized to (the epoch's, when training)
 
 
 def jpeg_size(data: bytes | memoryview) -> tuple[int, int]:
@@ -66,6 +67,7 @@ def raw_batch(loader: BatchLoader, epoch: int, step: int, indices: np.ndarray) -
     sizes = np.empty((len(indices), 2), np.int64)
     boxes = np.empty((len(indices), 4), np.float64)
     flips = np.zeros(len(indices), bool)
+    image_size = loader.image_size_at(epoch)
     # The loader's workers draw a batch's crops from one generator keyed (seed, rank, epoch, step).
     draws = draw_crops(stream(CROPS, loader.seed, loader.rank, epoch, step), len(indices))
     for slot, record in enumerate(records):
@@ -78,9 +80,9 @@ def raw_batch(loader: BatchLoader, epoch: int, step: int, indices: np.ndarray) -
             tries, position, flips[slot] = draws.row(slot)
             boxes[slot] = crop_box(width, height, tries, position, loader.crop_scale)
         else:
-            boxes[slot] = centre_crop_box(width, height, loader.image_size)
+            boxes[slot] = centre_crop_box(width, height, image_size, loader.crop_ratio)
     labels = store.labels[indices].astype(np.int64)
-    return RawBatch(records, labels, boxes, flips, sizes)
+    return RawBatch(records, labels, boxes, flips, sizes, image_size)
 
 
 def raw_batches(loader: BatchLoader, epoch: int) -> Generator[RawBatch, None, None]:

@@ -79,6 +79,7 @@ class Task:
     image_size: int
     train: bool
     scale: tuple[float, float]
+    crop_ratio: float
     draw_key: tuple[int, ...] | None
     source: int | None
     offsets: bytes | None
@@ -118,7 +119,7 @@ def decode_task(task: Task, segments: dict[int, Segment]) -> None:
                 tries, position, flip = draws.row(j)
                 to_chw(crop_hwc(record, size, tries, position, task.scale), flip, out=out[j])
             else:
-                to_chw(eval_hwc(record, size), out=out[j])
+                to_chw(eval_hwc(record, size, task.crop_ratio), out=out[j])
         except (DecodeError, OSError) as exc:
             number = int(np.frombuffer(task.records, np.int64)[k])
             where = task.paths[k] if task.paths is not None else f"{task.data_path}: record {number}"

@@ -79,7 +79,7 @@ def test_nvjpeg_decodes_the_loaders_crops_close_to_the_cpu_decoders(store):
     with BatchLoader(store, batch_size=8, image_size=size, seed=3) as loader:
         cpu_images, cpu_labels = next(iter(loader.epoch(0)))
     raw = next(raw_batches(BatchLoader(store, batch_size=8, image_size=size, seed=3), 0))
-    images, labels = GpuDecoder(torch.device("cuda"), size)(raw)
+    images, labels = GpuDecoder(torch.device("cuda"))(raw)
     assert images.is_cuda and labels.tolist() == cpu_labels.tolist()
     difference = (images.cpu().int() - cpu_images.int()).abs().flatten(1).float().mean(1)
     assert float(difference.max()) <= NVJPEG_MEAN_TOLERANCE

@@ -60,11 +60,12 @@ def test_a_larger_crop_scale_keeps_more_of_the_image():
     assert 0.33 <= min(areas) < 0.45 and max(areas) > 0.9
 
 
-def test_decode_eval_matches_resize_then_centre_crop():
+@pytest.mark.parametrize("crop_ratio, short", [(224 / 256, 73), (0.5, 128), (1.0, 64)])
+def test_decode_eval_matches_resize_then_centre_crop(crop_ratio, short):
+    """The shorter side resized to size / crop_ratio (torchvision's 224/256 by default), then the centre square."""
     data = jpeg_bytes(1000, 700)  # large enough that draft decoding kicks in
-    ours = decode_eval(data, 64)
+    ours = decode_eval(data, 64, crop_ratio) if crop_ratio != 224 / 256 else decode_eval(data, 64)
     image = Image.open(io.BytesIO(data)).convert("RGB")
-    short = round(64 * 256 / 224)  # 73
     resized = image.resize((round(1000 * short / 700), short), Image.BILINEAR)
     left = (resized.width - 64) // 2
     top = (resized.height - 64) // 2

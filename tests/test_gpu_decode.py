@@ -106,6 +106,16 @@ def test_raw_batches_move_the_loader_like_its_own_batches(store):
     assert resumed == [store.labels[i].tolist() for i in loader.epoch_indices(2)[2:]]
 
 
+def test_raw_batches_carry_the_epochs_size_and_evaluations_crop_ratio(store):
+    """What nvJPEG's crops are resized to is the batch's own size: an epoch's under progressive resizing."""
+    loader = BatchLoader(store, batch_size=8, image_size=32, seed=1, sizes=lambda epoch: 16 + 8 * epoch)
+    assert [next(raw_batches(loader, epoch)).image_size for epoch in range(3)] == [16, 24, 32]
+    evaluation = BatchLoader(store, batch_size=8, image_size=32, train=False, crop_ratio=0.5)
+    raw = next(raw_batches(evaluation, 0))
+    width, height = raw.sizes[0]
+    assert raw.image_size == 32 and raw.boxes[0][2] == pytest.approx(min(width, height) / 2)
+
+
 def test_jpeg_size_reads_the_frame_header_without_decoding(store):
     for i in range(len(store)):
         assert jpeg_size(store.record(i)) == Image.open(io.BytesIO(store.record(i))).size

@@ -182,6 +182,46 @@ def test_evaluation_visits_every_record_once_in_order(store):
         assert np.array_equal(images[i].numpy(), decode_eval(store.record(i), 32))
 
 
+def test_each_epoch_is_decoded_at_its_scheduled_size_with_the_same_crops(store):
+    """Progressive resizing: epoch e's batches are the fixed-size loader's of that size (the same records and
+    draws), whichever size the slots were made for; a resume mid-epoch continues at the epoch's size."""
+    from dimd.train.image_sizes import parse_size_schedule
+
+    schedule = parse_size_schedule("16:32", model="resnet20", epochs=3)   # 16, 24, 32 px
+    with BatchLoader(store, batch_size=6, image_size=schedule.largest, seed=2, sizes=schedule) as loader:
+        assert [loader.image_size_at(epoch) for epoch in range(3)] == [16, 24, 32]
+        growing = [collect(loader, epoch) for epoch in range(3)]
+        for epoch in range(3):
+            assert {tuple(images.shape) for images, _ in growing[epoch]} == {(6, 3, schedule(epoch), schedule(epoch))}
+        loader.seek(1, 3)
+        state = loader.state_dict()
+    with BatchLoader(store, batch_size=6, image_size=24, seed=2) as fixed:
+        at_24 = collect(fixed, 1)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(growing[1], at_24))
+    with BatchLoader(store, batch_size=6, image_size=schedule.largest, seed=2, sizes=schedule) as resumed:
+        resumed.load_state_dict(state)
+        rest = collect(resumed, 1)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(rest, at_24[3:])) and len(rest) == len(at_24) - 3
+
+
+def test_a_scheduled_size_above_the_loaders_image_size_is_refused(store):
+    loader = BatchLoader(store, batch_size=6, image_size=24, sizes=lambda epoch: 32)
+    with pytest.raises(DimdError, match=r"^epoch 0's image size 32 px is outside 8\.\.24 px"):
+        next(loader.epoch(0))
+    loader.close()
+
+
+def test_evaluation_resizes_the_shorter_side_to_the_size_over_the_crop_ratio(store):
+    """torchvision's --val-resize-size over --val-crop-size: 1.0 keeps the whole shorter side, 224/256 the default."""
+    loader = BatchLoader(store, batch_size=10, image_size=32, train=False, crop_ratio=1.0)
+    images, _ = next(loader.epoch(0))
+    loader.close()
+    assert np.array_equal(images[3].numpy(), decode_eval(store.record(3), 32, crop_ratio=1.0))
+    assert not np.array_equal(images[3].numpy(), decode_eval(store.record(3), 32))
+    with pytest.raises(DimdError, match=r"crop ratio must be in \(0, 1\]"):
+        BatchLoader(store, batch_size=10, train=False, crop_ratio=1.2)
+
+
 def test_a_batch_larger_than_the_share_is_refused(store):
     with pytest.raises(DimdError, match="fewer than one batch per rank"):
         BatchLoader(store, batch_size=49)

@@ -293,6 +293,7 @@ def test_convergence_under_mpi_hands_out_the_runs_and_fits_the_inverse_law(conv)
     runs = {(r["batch"], r["seed"]): r for r in figures["runs"]}
     assert sorted(runs) == [(m, s) for m in (4, 8, 16, 48) for s in (0, 1)]
     assert {r["group"] for r in runs.values()} == {0, 1}       # both ranks trained
+    assert figures["optimizer"] == "sgd" and {r["optimizer"] for r in runs.values()} == {"sgd"}   # what trained
     for (batch, _), run in runs.items():
         assert run["updates"] == {4: 12, 8: 8, 16: 5, 48: None}[batch]
         assert run["lr"] == pytest.approx(0.1 * batch / 256) and run["ranks"] == 1   # dimd train's lr, scaled
@@ -318,7 +319,7 @@ def test_a_run_that_never_reaches_the_target_is_reported(conv):
                                      {"seed": 1, "budget": 2, "reason": "budget"}]
     assert figures["unreached_runs"] == 2
     assert "not reached: M=48 seed 0: NOT reached (budget; budget 2 updates)" in proc.stdout
-    assert "N_update(M) = N_inf + alpha/M" in proc.stdout
+    assert "N_update(M) = N_inf + alpha/M for sgd" in proc.stdout
 
 
 @pytest.mark.mpi

@@ -107,3 +107,13 @@ def test_two_batches_give_no_standard_errors_and_a_range_says_how_well_b_crit_is
     assert low < pinned.critical_batch < high
     flat = fit_inverse_law([8, 32, 128], [1010, 245, 64])                      # all far below B_crit
     assert flat.critical_batch_range[1] is None                               # N_inf may be 0: no upper end
+
+
+def test_a_fit_names_the_optimizer_of_its_runs_and_refuses_runs_of_two():
+    lars = synthetic_runs(50.0, 8000.0, [16, 64, 256], seeds=2, rng=1, optimizer="lars")
+    assert convergence_figures(lars)["optimizer"] == "lars"
+    assert convergence_figures(synthetic_runs(50.0, 8000.0, [16, 64], seeds=1))["optimizer"] == "sgd"
+    mixed = lars + synthetic_runs(50.0, 8000.0, [16, 64], seeds=1, rng=2)
+    with pytest.raises(DimdError, match=r"^the runs were trained by lars, sgd: one inverse law fits one "
+                                        r"optimizer's runs; fit each optimizer's runs apart$"):
+        convergence_figures(mixed)

@@ -97,3 +97,22 @@ def test_an_image_size_beyond_memory_is_one_line_before_any_allocation():
     assert proc.returncode == 1
     assert "`image_size`" not in proc.stderr and "--image-size 200000 at 2 images per rank needs" in proc.stderr
     assert "for the input alone" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_solve_names_the_optimizer_and_says_in_one_line_which_batches_lie_beyond_the_critical_batch(tmp_path):
+    """CONVERGENCE's alpha / N_inf = 100 images: a strong batch of 512 and the weak 64 per rank on 2 and 4
+    ranks lie beyond it."""
+    import json
+
+    proc = solve(tmp_path, STEP, COMM, {**CONVERGENCE, "optimizer": "lars"}, "--strong-batch", "512",
+                 "--weak-per-rank", "64", "--json", tmp_path / "plan.json")
+    assert proc.returncode == 0, proc.stderr
+    assert "N_update = 1000 + 1e+05/M with lars (alpha/N_inf = 100)" in proc.stdout
+    beyond = [line for line in proc.stdout.splitlines() if "critical batch" in line]
+    assert beyond == ["# beyond the lars fit's critical batch alpha/N_inf = 100: the strong M 512 (P = 1-4), "
+                      "the weak M at P = 2-4; N_update there extrapolates the fit: sweep such batches"]
+    figures = json.loads((tmp_path / "plan.json").read_text())["result"]
+    assert figures["optimizer"] == "lars" and figures["critical_batch"] == 100.0
+    assert figures["beyond_critical_batch"] == {"optimal": [], "strong": [1, 2, 4], "weak": [2, 4]}
+    older = solve(tmp_path, STEP, COMM, CONVERGENCE, "--strong-batch", "64")   # no optimizer named: SGD's
+    assert "with sgd (alpha/N_inf = 100)" in older.stdout and "critical batch" not in older.stdout.split("\n", 1)[1]

@@ -195,3 +195,15 @@ def test_models_that_failed_their_held_out_check_are_left_out_unless_asked_for()
         comm_inputs(comm_document({"mpi": 0.98}), "comm.json", max_holdout_error=0.5)
     with pytest.raises(DimdError, match="comm.json: no fit for tree"):
         comm_inputs(doc, "comm.json", algorithms=("tree",))
+
+
+def test_a_batch_beyond_the_critical_batch_is_marked_as_an_extrapolation():
+    """MODEL's alpha / N_inf = 500: past it the fitted N_update is nearly flat, which no sweep below showed."""
+    assert MODEL.critical_batch == pytest.approx(500.0)
+    assert Model(overhead=0.0, gamma=1e-3, m_t=1.0, n_inf=0.0, alpha=10.0).critical_batch is None
+    figures = plan_rows(MODEL, comm_with(0.0), SolveConfig(ranks=(1, 128), strong_batch=1024, weak_per_rank=8),
+                        RANGES)
+    one, many = figures["plan"]
+    assert "critical-batch" in one["strong"]["extrapolated"] and "critical-batch" in many["strong"]["extrapolated"]
+    assert "critical-batch" not in one["optimal"]["extrapolated"] and one["optimal"]["batch"] <= 500
+    assert "critical-batch" not in one["weak"]["extrapolated"] and "critical-batch" in many["weak"]["extrapolated"]

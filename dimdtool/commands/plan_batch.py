@@ -332,7 +332,8 @@ def _print_convergence(figures: dict[str, Any], records: Sequence[Any], config: 
             click.echo("not reached: " + _run_line(r))
     if figures["n_inf"] is not None:
         b_crit = figures["b_crit"]
-        click.echo(f"N_update(M) = N_inf + alpha/M: N_inf = {figures['n_inf']:,.4g}, alpha = {figures['alpha']:,.4g}, "
+        click.echo(f"N_update(M) = N_inf + alpha/M for {figures['optimizer']}: N_inf = {figures['n_inf']:,.4g}, "
+                   f"alpha = {figures['alpha']:,.4g}, "
                    f"R² = {figures['r2']:.3f}" + (f"; alpha/N_inf (the critical batch) = {b_crit:,.0f}"
                                                   if b_crit is not None else "; N_inf <= 0: no critical batch"))
 
@@ -416,10 +417,10 @@ def _regime_cells(regime: dict[str, Any], updates: bool = False) -> list[str]:
 
 def _print_plan(figures: dict[str, Any]) -> None:
     model = figures["model"]
-    b_crit = model["alpha"] / model["n_inf"] if model["n_inf"] > 0 else None
+    b_crit = figures["critical_batch"]
     click.echo(f"# c {seconds(model['overhead'])}/step, gamma {seconds(model['gamma'])}/image, "
                f"M_T {model['m_t']:.3g}/rank; "
-               f"N_update = {model['n_inf']:.4g} + {model['alpha']:.4g}/M"
+               f"N_update = {model['n_inf']:.4g} + {model['alpha']:.4g}/M with {figures['optimizer']}"
                + (f" (alpha/N_inf = {b_crit:,.0f})" if b_crit else "")
                + f"; strong M = {figures['strong_batch']}, weak m = {figures['weak_per_rank']}/rank")
     rows = []
@@ -433,3 +434,23 @@ def _print_plan(figures: dict[str, Any]) -> None:
     print_table("time to target T_C per rank count P (* extrapolated beyond the measurements)",
                 ["P", "allreduce", "Delta(P)", "optimal M", "updates", "T_C", "strong M", "T_C",
                  "weak M", "T_C"], rows)
+    beyond = critical_batch_line(figures)
+    if beyond:
+        click.echo(beyond)
+
+
+def critical_batch_line(figures: dict[str, Any]) -> str | None:
+    """One line naming the batches, asked about or chosen, beyond the fit's critical batch; None if none is."""
+    where = {regime: ranks for regime, ranks in figures["beyond_critical_batch"].items() if ranks}
+    if not where:
+        return None
+
+    def at(ranks: list[int]) -> str:
+        return f"P = {ranks[0]}" if len(ranks) == 1 else f"P = {ranks[0]}-{ranks[-1]}"
+
+    parts = [f"the strong M {figures['strong_batch']} ({at(where['strong'])})" if regime == "strong"
+             else f"the {regime} M at {at(ranks)}" for regime, ranks in where.items()]
+    other = ", or plan with a LARS sweep's fit" if figures["optimizer"] == "sgd" else ""
+    return (f"# beyond the {figures['optimizer']} fit's critical batch alpha/N_inf = "
+            f"{figures['critical_batch']:,.0f}: {', '.join(parts)}; N_update there extrapolates the fit: "
+            f"sweep such batches{other}")

@@ -9,6 +9,10 @@ of the fit. The fit is least squares of the per-batch medians on
 1/M (relative residuals, :func:`fit_inverse_law`), with R²; alpha / N_inf is
 the critical batch (McCandlish et al.).
 
+A fit is of one optimizer's runs (``Run.optimizer``): LARS is made to keep
+the updates low at batches where SGD's rise, so its N_inf and alpha differ,
+and each optimizer is swept and fitted on its own; the figures name it.
+
 ``plan-batch convergence`` (which runs the trainings) turns each run's
 evaluations into updates-to-target with :func:`first_reached`, hands the runs
 to :func:`convergence_figures` and writes them with :func:`convergence_document`.
@@ -36,6 +40,7 @@ class Run:
     updates: int | None
     budget: int | None = None    # the updates it was allowed (its give-up point), when it missed
     reason: str | None = None    # why it missed, when known ("budget", "diverged at step 40")
+    optimizer: str = "sgd"       # what trained it (dimd.train.optimizers)
 
     @property
     def reached(self) -> bool:
@@ -153,6 +158,7 @@ def convergence_figures(runs: Iterable[Run], target: Any = None) -> dict[str, An
     """The ``plan-batch convergence`` figures: the fit and every batch's runs, missed ones included."""
     runs = list(runs)
     rows = batch_rows(runs)
+    optimizer = sweep_optimizer(runs)
     if not any(r.reached for r in runs):
         what = f" {target}" if target is not None else ""
         raise DimdError(f"no run reached the target{what} ({len(runs)} runs at batches "
@@ -171,19 +177,31 @@ def convergence_figures(runs: Iterable[Run], target: Any = None) -> dict[str, An
         "n_inf": fit.n_inf, "alpha": fit.alpha, "r2": fit.r2, "b_crit": fit.critical_batch,
         "n_inf_se": fit.n_inf_se, "alpha_se": fit.alpha_se, "b_crit_range": fit.critical_batch_range,
         "batches_in_fit": len(usable),
-        "target": target, "fit_on": "per-batch medians against 1/M (least squares of the relative residuals)",
+        "target": target, "optimizer": optimizer,
+        "fit_on": "per-batch medians against 1/M (least squares of the relative residuals)",
         "batches": rows,
         "unreached_runs": sum(row["unreached"] for row in rows),
     }
 
 
+def sweep_optimizer(runs: Sequence[Run]) -> str:
+    """The one optimizer that trained every run; runs of several are refused (fit each one's apart)."""
+    names = sorted({r.optimizer for r in runs})
+    if len(names) != 1:
+        raise DimdError(f"the runs were trained by {', '.join(names) or 'no optimizer'}: one inverse law fits "
+                        f"one optimizer's runs; fit each optimizer's runs apart")
+    return names[0]
+
+
 def unfitted_figures(runs: Iterable[Run], target: Any, problem: str) -> dict[str, Any]:
     """What a sweep that could not be fitted still reports: every batch's runs, the fit left empty."""
+    runs = list(runs)
     rows = batch_rows(runs)
     for row in rows:
         row["in_fit"] = False
     return {"n_inf": None, "alpha": None, "r2": None, "b_crit": None, "n_inf_se": None, "alpha_se": None,
-            "b_crit_range": None, "batches_in_fit": 0, "target": target, "error": problem,
+            "b_crit_range": None, "batches_in_fit": 0, "target": target, "optimizer": sweep_optimizer(runs),
+            "error": problem,
             "batches": rows, "unreached_runs": sum(row["unreached"] for row in rows)}
 
 
@@ -199,7 +217,8 @@ def convergence_document(runs: Iterable[Run], parameters: Any, target: Any = Non
 
 
 def synthetic_runs(n_inf: float, alpha: float, batches: Sequence[int], seeds: int, *, noise: float = 0.05,
-                   budget: int | None = None, rng: np.random.Generator | int = 0) -> list[Run]:
+                   budget: int | None = None, rng: np.random.Generator | int = 0,
+                   optimizer: str = "sgd") -> list[Run]:
     """Runs that follow the inverse law with relative log-normal noise (tests and dry runs of ``solve``).
 
     A run whose drawn updates exceed ``budget`` is reported as unreached.
@@ -210,7 +229,7 @@ def synthetic_runs(n_inf: float, alpha: float, batches: Sequence[int], seeds: in
         for seed in range(seeds):
             updates = int(round(float(updates_to_target(n_inf, alpha, batch)) * float(np.exp(rng.normal(0, noise)))))
             if budget is not None and updates > budget:
-                out.append(Run(batch, seed, None, budget))
+                out.append(Run(batch, seed, None, budget, optimizer=optimizer))
             else:
-                out.append(Run(batch, seed, updates))
+                out.append(Run(batch, seed, updates, optimizer=optimizer))
     return out

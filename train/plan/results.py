@@ -45,13 +45,14 @@ def step_inputs(document: dict[str, Any], source: str) -> tuple[float, float, fl
             _range([r.get("batch") for r in rows if isinstance(r, dict)], "per-batch medians ('batches')", source))
 
 
-def convergence_inputs(document: dict[str, Any], source: str) -> tuple[float, float, tuple[int, int]]:
-    """(N_inf, alpha, measured global batch range) from a convergence result."""
+def convergence_inputs(document: dict[str, Any], source: str) -> tuple[float, float, tuple[int, int], str]:
+    """(N_inf, alpha, measured global batch range, the optimizer that trained the runs) from a convergence
+    result; one written before results named their optimizer was SGD's, the only one then."""
     figures = document["result"]
     rows = figures.get("batches") or []
     used = [r.get("batch") for r in rows if isinstance(r, dict) and r.get("in_fit", True)]
     return (_number(figures, "n_inf", source), _number(figures, "alpha", source),
-            _range(used, "batch sizes that reached the target ('batches')", source))
+            _range(used, "batch sizes that reached the target ('batches')", source), figures.get("optimizer") or "sgd")
 
 
 def comm_inputs(document: dict[str, Any], source: str, algorithms: tuple[str, ...] | None = None,
@@ -101,6 +102,12 @@ def read(path: str | Path, command: str) -> dict[str, Any]:
     return document
 
 
+def beyond_critical_batch(plan: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Per regime (optimal, strong, weak): the rank counts whose batch lies beyond the fit's critical batch."""
+    return {regime: [row["ranks"] for row in plan if "critical-batch" in (row[regime].get("extrapolated") or [])]
+            for regime in ("optimal", "strong", "weak")}
+
+
 def solve_documents(config: SolveConfig, step: dict[str, Any], comm: dict[str, Any],
                     conv: dict[str, Any], sources: tuple[str, str, str] = ("step", "comm", "convergence"),
                     ) -> dict[str, Any]:
@@ -108,11 +115,14 @@ def solve_documents(config: SolveConfig, step: dict[str, Any], comm: dict[str, A
     overhead, gamma, m_t, step_range = step_inputs(step, sources[0])
     parameters, gradient_bytes, comm_range, left_out = comm_inputs(comm, sources[1], config.algorithms,
                                                                    config.max_holdout_error)
-    n_inf, alpha, conv_range = convergence_inputs(conv, sources[2])
+    n_inf, alpha, conv_range, optimizer = convergence_inputs(conv, sources[2])
     model = solver.Model(overhead=overhead, gamma=gamma, m_t=m_t, n_inf=n_inf, alpha=alpha)
     figures = solver.plan_rows(model, solver.Communication(parameters, gradient_bytes), config,
                                solver.Ranges(step_range, conv_range, comm_range))
     figures["algorithms_left_out"] = left_out
+    figures["optimizer"] = optimizer   # the plan assumes the runs' optimizer: its N_update is that one's
+    figures["critical_batch"] = model.critical_batch
+    figures["beyond_critical_batch"] = beyond_critical_batch(figures["plan"])
     figures["measured"] = {"per_rank_batches": list(step_range), "global_batches": list(conv_range),
                            "ranks": list(comm_range)}
     return figures

@@ -81,10 +81,11 @@ class RunRecord:
     #: the optimizer: where a step's time went, beside T_update = Gamma + Delta's prediction.
     time_split: dict[str, float] = field(default_factory=dict)
     classes: int = 0                    # the model's outputs (chance top-1 is 1 / classes)
+    optimizer: str = "sgd"              # what trained it (dimd.train.optimizers.optimizer_name)
 
     def as_run(self) -> Run:
         return Run(self.batch, self.seed, self.updates, None if self.reached else self.budget,
-                   None if self.reached else self.reason)
+                   None if self.reached else self.reason, self.optimizer)
 
 
 @dataclass
@@ -269,6 +270,7 @@ def train_one(config: ConvergenceConfig, spec: RunSpec, comm: Any, group: int, t
               eval_every_images: int, device: Any, on_step: Callable[..., None] | None = None) -> RunRecord:
     """Collective over the group's ``comm``: one run, to the target or to the end of its budget."""
     from dimd.train.engine import Hooks, Trainer, TrainingDiverged
+    from dimd.train.optimizers import optimizer_name
 
     train_config = config.train_config(spec.batch, spec.seed, threads)
     started = time.perf_counter()
@@ -306,4 +308,5 @@ def train_one(config: ConvergenceConfig, spec: RunSpec, comm: Any, group: int, t
         steps=trainer.state.step, seconds=time.perf_counter() - started,
         final_top1=evaluations[-1].top1 if evaluations else None,
         evaluations=[[e.step, e.top1, round(e.train_seconds, 4)] for e in evaluations],
-        time_split={k: round(v, 4) for k, v in split.items()}, classes=len(trainer.store.classes))
+        time_split={k: round(v, 4) for k, v in split.items()}, classes=len(trainer.store.classes),
+        optimizer=optimizer_name(trainer.strategy.optimizer))   # type: ignore[attr-defined]  # S-SGD's, one

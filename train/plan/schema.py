@@ -168,6 +168,7 @@ COMM_RESULT: dict = {
 
 #: A ``plan-batch convergence`` result: N_inf, alpha and the batches that reached the target.
 CONVERGENCE_RESULT: dict = {
+    "optimizer": Optional(Text()),
     "n_inf": Num(low=0),
     "alpha": NONNEGATIVE,
     "batches": ListOf({"batch": COUNT, "in_fit": Optional(Flag())}, min_length=1),

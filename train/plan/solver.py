@@ -62,6 +62,16 @@ class Model:
     def updates(self, batch: float | np.ndarray) -> float | np.ndarray:
         return updates_to_target(self.n_inf, self.alpha, batch)
 
+    @property
+    def critical_batch(self) -> float | None:
+        """alpha / N_inf (McCandlish et al.'s B_crit); None when N_inf or alpha is not positive.
+
+        Above it the fitted law is nearly flat (N_update ~ N_inf), which is where SGD's real updates rise
+        again (the large-batch wall) unless the optimizer keeps them down (LARS): a prediction there is an
+        extrapolation of the fit, not something the sweep showed.
+        """
+        return self.alpha / self.n_inf if self.n_inf > 0 and self.alpha > 0 else None
+
     def update_seconds(self, per_rank: float | np.ndarray, delta: float) -> float | np.ndarray:
         return step_seconds(self.overhead, self.gamma, self.m_t, per_rank) + delta
 
@@ -177,6 +187,8 @@ def _regime(model: Model, batch: int, ranks: int, delta: float, ranges: Ranges) 
         outside.append("convergence")
     if ranks > 1 and not ranges.comm_ranks[0] <= ranks <= ranges.comm_ranks[1]:
         outside.append("comm")
+    if model.critical_batch is not None and batch > model.critical_batch:
+        outside.append("critical-batch")
     return {"batch": batch, "per_rank": per_rank, "time_s": updates * update_s if updates > 0 else None,
             "updates": updates, "update_s": update_s, "extrapolated": outside}
 
