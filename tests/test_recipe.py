@@ -154,3 +154,65 @@ def test_each_sma_learner_steps_as_lars_on_its_own_rows():
             vj = mu * v[j, start:stop] - lr * d
             np.testing.assert_allclose(learners.V[j, start:stop].numpy(), vj, rtol=1e-5, atol=1e-7)
             np.testing.assert_allclose(learners.W.detach()[j, start:stop].numpy(), wj + vj, rtol=1e-5, atol=1e-7)
+
+
+# -- LARS and progressive resizing in a run ------------------------------------------------------------
+
+
+def test_lars_trains_under_s_sgd_and_sma_and_a_resume_continues_exactly(packed_sample, world, tmp_path):
+    from dimd.train.engine import Trainer
+    from dimd.train.lars import LARS
+
+    options = dict(optimizer="lars", lars_trust=0.02, checkpoint_dir=str(tmp_path), keep_checkpoints=0)
+    straight = Trainer(run_config(packed_sample, **options), world)
+    result = straight.run()
+    assert isinstance(straight.strategy.optimizer, LARS) and all(e.train_loss == e.train_loss for e in result.epochs)
+    after_two = sorted(tmp_path.glob("*.pt"))[1]
+    options.update(checkpoint_dir=str(tmp_path / "again"), resume_from=str(after_two))
+    resumed = Trainer(run_config(packed_sample, **options), world)
+    resumed.run()
+    for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b)   # LARS's momentum came back with the checkpoint
+    from dimd.train.config import SMAConfig
+
+    sma = Trainer(run_config(packed_sample, optimizer="lars", sync="sma", sma=SMAConfig(learners=2), epochs=1), world)
+    assert sma.run().epochs[0].train_loss > 0 and sma.strategy.learner_group.trust is not None
+
+
+def test_progressive_resizing_trains_each_epoch_at_its_size_each_size_its_graph(packed_sample, world):
+    from dimd.train.engine import Trainer
+    from dimd.train.graphs import StandIn
+
+    config = run_config(packed_sample, image_size_schedule="8:16", epochs=2, val_image_size=24)
+    trainer = Trainer(config, world, graph_backend=StandIn())
+    figures = trainer.run().figures()
+    shapes = [capture["shape"] for capture in figures["cuda_graphs"]["captures"]]
+    assert shapes == ["8x3x8x8", "8x3x16x16"]   # epoch 0 at 8 px, epoch 1 at 16 px: a graph each
+    assert [trainer.loader.image_size_at(epoch) for epoch in (0, 1)] == [8, 16]
+    assert trainer.val_loader.image_size == 24
+
+
+@pytest.mark.parametrize("schedule, message", [
+    ("32:16", "must not shrink"),
+    ("16:28", "must be in steps of 8 px for resnet20: 28 px is not a multiple of 8"),
+    ("16:32:0:9", "after the run's last epoch"),
+    ("big", "must be START:END or START:END:FIRST:LAST"),
+])
+def test_a_size_schedule_that_cannot_run_is_refused_in_one_line_naming_the_flag(schedule, message):
+    from dimd.errors import ConfigError
+    from dimd.train.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="^image_size_schedule ") as refused:
+        TrainConfig(train="t", val="v", model="resnet20", image_size=32, epochs=3, image_size_schedule=schedule)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_bad_optimizer_settings_are_refused_in_one_line():
+    from dimd.errors import ConfigError
+    from dimd.train.config import TrainConfig
+
+    for options, message in ((dict(optimizer="adam"), "optimizer must be one of sgd, lars"),
+                             (dict(optimizer="lars", lars_trust=0.0), "lars_trust must be positive"),
+                             (dict(optimizer="lars", precision="16-mixed"), "lars cannot skip an overflowed")):
+        with pytest.raises(ConfigError, match=message):
+            TrainConfig(train="t", val="v", **options)

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from dimd.checks import at_least, finite, in_range, one_of, positive, require
 from dimd.errors import ConfigError
+from dimd.shuffle.crop import EVAL_CROP_RATIO
 from dimd.stall import STALL_TIMEOUT_S
 from dimd.train.rules import (branches_need_graphs, graphs_asked, graphs_need_a_gpu, overlap_cannot_be_captured,
                               threads_cannot_be_captured)
@@ -41,6 +42,10 @@ DECODES = ("cpu", "gpu")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 #: Steps between two updates of the weights' moving average (``ema_every``; torchvision's reference: 32).
 EMA_EVERY = 32
+#: The optimizers a run may use (dimd.train.optimizers builds them).
+OPTIMIZERS = ("sgd", "lars")
+#: LARS's trust coefficient eta unless ``lars_trust`` says otherwise (You, Gitman and Ginsburg; MLPerf's reference).
+LARS_TRUST = 0.001
 
 
 class Section:
@@ -121,6 +126,9 @@ class TrainConfig:
     val: str
     model: str = "resnet50"
     image_size: int = 224
+    image_size_schedule: str | None = None   # START:END[:FIRST:LAST]: the training crop grows (progressive resizing)
+    val_image_size: int | None = None     # the validation centre crop; None: image_size (the schedule's end)
+    val_crop_ratio: float = EVAL_CROP_RATIO   # the validation crop over the resized shorter side (224/256)
     crop_scale: float = 0.08              # smallest area share of a random-resized training crop
     epochs: int = 90
     target_top1: float | None = None      # percent: stop at the first evaluation at or above it
@@ -128,6 +136,8 @@ class TrainConfig:
     lr: float = 0.1                       # for a global batch of 256
     lr_scaling: bool = True
     momentum: float = 0.9
+    optimizer: str = "sgd"                # "sgd", or "lars": each layer's rate scaled by its trust ratio
+    lars_trust: float = LARS_TRUST        # LARS's trust coefficient eta
     label_smoothing: float = 0.0          # the loss's target: 1 - eps on the label, eps spread over every class
     weight_decay: float = 1e-4
     decay_bn_and_bias: bool = False
@@ -176,6 +186,14 @@ class TrainConfig:
         positive(self, "lr")
         in_range(self, "momentum", 0.0, 1.0, high_open=True)
         in_range(self, "label_smoothing", 0.0, 1.0, high_open=True)
+        one_of(self, "optimizer", OPTIMIZERS)
+        positive(self, "lars_trust")
+        require(self.optimizer != "lars" or self.precision != "16-mixed", "optimizer",
+                "lars cannot skip an overflowed 16-mixed step on the device yet; use bf16-mixed or 32-true")
+        at_least(self, "val_image_size", 8, optional=True)
+        in_range(self, "val_crop_ratio", 0.0, 1.0, low_open=True)
+        if self.image_size_schedule is not None:
+            self.size_schedule   # noqa: B018  (parsed and checked once: a ConfigError names the field)
         in_range(self, "target_top1", 0.0, 100.0, low_open=True, optional=True)
         for name in ("weight_decay", "seed", "checkpoint_every", "keep_checkpoints"):
             at_least(self, name, 0)
@@ -251,6 +269,21 @@ class TrainConfig:
                 "it out with `sync` sma")
         require(self.precision == "32-true", "precision", "is implemented for S-SGD's step (its loss scale "
                 "is agreed through the gradient allreduce); leave it out with `sync` sma")
+
+    @property
+    def size_schedule(self) -> Any:
+        """The training crop of each epoch (:class:`dimd.train.image_sizes.SizeSchedule`), or None: ``image_size``."""
+        if self.image_size_schedule is None:
+            return None
+        from dimd.train.image_sizes import parse_size_schedule
+
+        return parse_size_schedule(self.image_size_schedule, model=self.model, epochs=self.epochs)
+
+    @property
+    def largest_image_size(self) -> int:
+        """The training crop the loader's slots hold: the schedule's end, else ``image_size``."""
+        schedule = self.size_schedule
+        return schedule.largest if schedule is not None else self.image_size
 
     def bucket_bytes(self, overlap: bool) -> int:
         """The S-SGD bucket in bytes (0: one message), given whether the buckets overlap backward."""

@@ -38,12 +38,11 @@ from typing import Any, Callable, Iterable, Union
 import torch
 
 from dimd.errors import ConfigError
+from dimd.train.config import LARS_TRUST
 from dimd.train.sgd import decays
 
 #: What the foreach ops take and give: a list or a tuple of tensors.
 Tensors = Union[list[torch.Tensor], tuple[torch.Tensor, ...]]
-#: You, Gitman and Ginsburg's trust coefficient eta (MLPerf's reference uses it too).
-TRUST = 0.001
 
 
 class LARS(torch.optim.Optimizer):
@@ -55,8 +54,11 @@ class LARS(torch.optim.Optimizer):
     the ratio and weight decay too, as :func:`dimd.train.sgd.decays` says for weight decay).
     """
 
+    #: Its step reads a 0-d tensor rate as it is, on the device (so S-SGD's step, graphed or not, can use it).
+    reads_tensor_rate = True
+
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor, momentum: float = 0.0,
-                 weight_decay: float = 0.0, trust: float = TRUST, nesterov: bool = False,
+                 weight_decay: float = 0.0, trust: float = LARS_TRUST, nesterov: bool = False,
                  decay_bn_and_bias: bool = False) -> None:
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, trust=trust, nesterov=nesterov,
                         decay_bn_and_bias=decay_bn_and_bias)

@@ -14,14 +14,14 @@ import torch
 from torch import nn
 
 from dimd.errors import ConfigError
-from dimd.train.lars import LARS, TRUST
+from dimd.train.config import LARS_TRUST, OPTIMIZERS
+from dimd.train.lars import LARS
 
-OPTIMIZERS = ("sgd", "lars")
 
 
 def build_optimizer(name: str, model: nn.Module, *, lr: float, momentum: float, weight_decay: float,
                     nesterov: bool = False, decay_bn_and_bias: bool = False,
-                    trust: float = TRUST) -> torch.optim.Optimizer:
+                    trust: float = LARS_TRUST) -> torch.optim.Optimizer:
     """The optimizer ``name`` over ``model``'s trainable parameters; ``trust`` is LARS's eta (``sgd`` has none)."""
     from dimd.train.sgd import make_optimizer, parameter_groups
 

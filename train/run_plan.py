@@ -246,6 +246,17 @@ def check_inputs_before_loading(config: TrainConfig, comm: Any) -> str | None:
     problem = too_few_for_a_batch(f"{config.train}.dimd", records, comm.Get_size(), config.batch_size)
     if problem:
         raise agreed(comm, problem)
+    schedule = config.size_schedule
+    if schedule is not None:   # crops larger than the packed images: refused before the load, by every rank
+        from dimd.format import PackedDataset
+
+        short_side = comm.bcast(int(PackedDataset(config.train).attrs["short_side"]) if comm.Get_rank() == 0
+                                else None)   # MPI: rank 0 read the index (packed_record_count opened it)
+        try:
+            if short_side > 0:   # 0: packed as the images were, no short side to check against
+                schedule.check_short_side(short_side, config.train)
+        except DimdError as exc:
+            raise agreed(comm, str(exc)) from None
     return resume_point(config, comm)   # MPI: a checkpoint that is named but missing stops every rank
 
 
@@ -295,10 +306,12 @@ def make_loaders(config: TrainConfig, store: Any, val_store: Any, device: torch.
         from dimd.shuffle.filesource import OriginalFiles
 
         source = OriginalFiles(store, config.files_root, cold=config.read_from == "files-cold")
-    loader = BatchLoader(source, config.batch_size, config.image_size, train=True, decode_workers=workers,
-                         seed=config.seed, pin_memory=pin, crop_scale=config.crop_scale)
-    val_loader = BatchLoader(val_store, config.eval_batch_size or config.batch_size, config.image_size,
-                             train=False, decode_workers=workers, seed=config.seed, pin_memory=pin)
+    sizes = config.size_schedule   # progressive resizing: each epoch decoded at its size, the slots at the largest
+    loader = BatchLoader(source, config.batch_size, config.largest_image_size, train=True, decode_workers=workers,
+                         seed=config.seed, pin_memory=pin, crop_scale=config.crop_scale, sizes=sizes)
+    val_loader = BatchLoader(val_store, config.eval_batch_size or config.batch_size,
+                             config.val_image_size or config.image_size, train=False, decode_workers=workers,
+                             seed=config.seed, pin_memory=pin, crop_ratio=config.val_crop_ratio)
     from dimd.shuffle.device_feed import device_feed
 
     # The batches reach the device one step ahead, on a copy stream (decoded there with decode gpu).
@@ -315,8 +328,9 @@ def loaders_memory(config: TrainConfig, workers: int) -> int:
     from dimd.shuffle.memory import batch_memory
 
     slots = 1 + prefetch_for(config.sma.fixed_learners)   # the ring holds prefetch + 1 batches
-    return (batch_memory(config.batch_size, config.image_size, slots, workers)
-            + batch_memory(config.eval_batch_size or config.batch_size, config.image_size, 3, 0))
+    return (batch_memory(config.batch_size, config.largest_image_size, slots, workers)
+            + batch_memory(config.eval_batch_size or config.batch_size, config.val_image_size or config.image_size,
+                           3, 0))
 
 
 def calibration_source(config: TrainConfig, store: Any, device: torch.device, workers: int) -> Any:
@@ -460,12 +474,14 @@ def make_strategy(config: TrainConfig, model: torch.nn.Module, reduce: Reduce,
                          normalize=normalize, threads=torch.get_num_threads(),
                          autotune_threshold=sma.autotune_threshold,
                          max_learners=batches_per_epoch, synchronize=sync, calibration=calibration,
-                         device_reduce=device_reduce, label_smoothing=cfg.label_smoothing, **extra)
-    from dimd.train.sgd import SSGD, make_optimizer
+                         device_reduce=device_reduce, label_smoothing=cfg.label_smoothing,
+                         lars_trust=cfg.lars_trust if cfg.optimizer == "lars" else None, **extra)
+    from dimd.train.optimizers import build_optimizer
+    from dimd.train.sgd import SSGD
 
-    optimizer = make_optimizer(model, lr=cfg.lr, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay, nesterov=cfg.ssgd.nesterov,
-                               decay_bn_and_bias=cfg.decay_bn_and_bias)
+    optimizer = build_optimizer(cfg.optimizer, model, lr=cfg.lr, momentum=cfg.momentum,
+                                weight_decay=cfg.weight_decay, nesterov=cfg.ssgd.nesterov,
+                                decay_bn_and_bias=cfg.decay_bn_and_bias, trust=cfg.lars_trust)
     noise = None
     if cfg.ssgd.noise_scale:
         from dimd.train.noise import NoiseScale

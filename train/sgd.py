@@ -63,19 +63,23 @@ def make_optimizer(model: nn.Module, *, lr: float, momentum: float, weight_decay
 
 
 def rate_from_tensor(optimizer: torch.optim.Optimizer, lr: torch.Tensor, found_inf: torch.Tensor | None) -> None:
-    """Make ``optimizer`` (``torch.optim.SGD``) read its rate from ``lr``, a 0-d tensor on the parameters'
-    device, so a step replayed as a CUDA graph reads each new rate: fused (the fused kernel reads the
-    tensor; the foreach and per-tensor paths turn it into a host number first, which a capture cannot),
-    its momentum buffers made (zeros: the first step's ``buf = grad`` is ``0 * mu + grad``), and
-    ``found_inf`` its skip flag (16-mixed: 1 when some rank overflowed, and the kernel leaves weights and
-    momentum alone). Checkpoints hold the rate as a number (:meth:`SSGD.global_state`)."""
-    if type(optimizer) is not torch.optim.SGD:
-        raise ValueError(f"an S-SGD step needs torch.optim.SGD (fused, its rate read from a tensor); "
-                         f"got {type(optimizer).__name__}")
+    """Make ``optimizer`` (``torch.optim.SGD`` or :class:`~dimd.train.lars.LARS`) read its rate from ``lr``, a
+    0-d tensor on the parameters' device, so a step replayed as a CUDA graph reads each new rate: SGD fused
+    (the fused kernel reads the tensor; the foreach and per-tensor paths turn it into a host number first,
+    which a capture cannot; LARS's multi-tensor step reads it as it is), the momentum buffers made (zeros:
+    the first step's ``buf = grad`` is ``0 * mu + grad``), and ``found_inf`` SGD's skip flag (16-mixed: 1
+    when some rank overflowed, and the kernel leaves weights and momentum alone; LARS has none, and the
+    config refuses it with 16-mixed). Checkpoints hold the rate as a number (:meth:`SSGD.global_state`)."""
+    sgd = type(optimizer) is torch.optim.SGD
+    if not (sgd or getattr(optimizer, "reads_tensor_rate", False)):
+        raise ValueError(f"an S-SGD step needs torch.optim.SGD (fused, its rate read from a tensor) or dimd's "
+                         f"LARS; got {type(optimizer).__name__}")
+    if found_inf is not None and not sgd:
+        raise ValueError(f"{type(optimizer).__name__} cannot skip an overflowed 16-mixed step on the device")
     for group in optimizer.param_groups:
         if group.get("differentiable"):
             raise ValueError("an S-SGD step cannot use a differentiable optimizer")
-        group.update(lr=lr, fused=True, foreach=False)
+        group.update(lr=lr, **({"fused": True, "foreach": False} if sgd else {}))
         if group["momentum"] != 0:
             for p in group["params"]:
                 state = optimizer.state[p]

@@ -19,8 +19,8 @@ from dimd.console import progress
 from dimd.options import (ALLREDUCE_ALGORITHM, FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, SectionedCommand,
                           build_config, config_option, defer_output_checks, json_option, option_group,
                           quiet_option, shared_option, stall_timeout_option)
-from dimd.train.config import (DECODES, DEVICES, LEARNER_COMPUTES, PRECISIONS, READ_FROM, SYNCS, SMAConfig,
-                               SSGDConfig, TrainConfig)
+from dimd.train.config import (DECODES, DEVICES, LEARNER_COMPUTES, OPTIMIZERS, PRECISIONS, READ_FROM, SYNCS,
+                               SMAConfig, SSGDConfig, TrainConfig)
 from dimd.train.schedule import SCHEDULES
 
 
@@ -98,6 +98,11 @@ def print_models() -> None:
                help="Scale --lr by batch / 256 (the linear scaling rule); --no-lr-scaling uses it as "
                     "given (under SMA too: the rate of every learner's step).")
 @config_option(TrainConfig, "momentum")
+@config_option(TrainConfig, "optimizer", type=click.Choice(OPTIMIZERS),
+               help="sgd: SGD with momentum (Goyal et al.); lars: each layer's rate scaled by its trust ratio "
+                    "eta |w| / (|g| + wd |w|), for large global batches (You et al.; MLPerf's large-batch "
+                    "ResNet-50). Under SMA each learner steps so.")
+@config_option(TrainConfig, "lars_trust", metavar="ETA", help="LARS's trust coefficient eta.")
 @config_option(TrainConfig, "label_smoothing", metavar="EPS",
                help="Label smoothing: the loss's target puts 1 - EPS on the label and spreads EPS over every "
                     "class (torch's cross_entropy; MLPerf and FFCV use 0.1).")
@@ -112,6 +117,16 @@ def print_models() -> None:
                help="Linear warm-up from --lr to the scaled rate (Goyal et al.) [default: 5 if the "
                     "global batch exceeds 256, else 0].")
 @config_option(TrainConfig, "image_size", help="Training crop and validation centre crop (px).")
+@config_option(TrainConfig, "image_size_schedule", metavar="START:END[:FIRST:LAST]",
+               help="Progressive resizing: the training crop grows from START to END px between epochs FIRST and "
+                    "LAST (from 0; default: the whole run), in steps of 32 px for the ImageNet models and 8 px "
+                    "for the others (FFCV: 160:192); the loader decodes each epoch at its size.")
+@config_option(TrainConfig, "val_image_size", metavar="PX",
+               help="The validation centre crop, e.g. larger than a progressive run's last size (the "
+                    "train-test resolution effect) [default: --image-size].")
+@config_option(TrainConfig, "val_crop_ratio", metavar="RATIO",
+               help="The validation crop over the resized shorter side (torchvision's --val-crop-size / "
+                    "--val-resize-size).")
 @shared_option(TrainConfig, "crop_scale")
 @config_option(TrainConfig, "zero_init_residual",
                help="Zero the last batch-norm scale of each residual block (every ResNet).")
