@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Callable, Iterator, Sequence, TextIO
 
-Advance = Callable[[int], None]
+from dimd.progress import Advance
 
 
 def is_terminal(stream: TextIO = sys.stderr) -> bool:

@@ -23,7 +23,7 @@ import tarfile
 from pathlib import Path
 from typing import Iterator
 
-from dimd.errors import DimdError
+from dimd.errors import DimdError, describe
 from dimd.pack.config import PackConfig
 from dimd.pack.sources import LMDB_DATA_FILE, Source, open_source, read_classes_file, read_lines, read_list
 from dimd.pack.streamed import StreamedSource
@@ -141,7 +141,7 @@ def file_kind(path: Path) -> str:
         with open(path, "rb") as f:
             head = f.read(tarfile.BLOCKSIZE)
     except OSError as exc:
-        raise DimdError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise DimdError(f"{path}: cannot read ({describe(exc)})") from None
     if not head:
         raise DimdError(f"{path}: an empty file")
     if head.startswith(b"PAR1"):

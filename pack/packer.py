@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Generator
 
-from dimd.errors import DimdError
+from dimd.errors import DimdError, describe
 from dimd.format import PackedRecord, PackWriter, dataset_paths, escape_name
 from dimd.pack.config import MAX_IMAGE_BYTES, PackConfig, too_large
 from dimd.pack.labels import LabelBound, numbered_classes
@@ -256,7 +256,7 @@ def read_in_place(path: str, offset: int, size: int) -> bytes:
         _ARCHIVES[path] = fd
         data = os.pread(fd, size, offset)
     except OSError as exc:
-        raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None
+        raise ImageSkipped(f"cannot read ({describe(exc)})") from None
     if len(data) != size:  # the archive was cut since it was read
         raise ImageSkipped(TRUNCATED)
     return data
@@ -281,7 +281,7 @@ def read_image_file(path: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
-        raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None
+        raise ImageSkipped(f"cannot read ({describe(exc)})") from None
     with open(fd, "rb", closefd=True) as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -291,4 +291,4 @@ def read_image_file(path: str) -> bytes:
         try:
             return f.read()  # sized from fstat; read(MAX + 1) would allocate 1 GiB per image first
         except OSError as exc:
-            raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None
+            raise ImageSkipped(f"cannot read ({describe(exc)})") from None

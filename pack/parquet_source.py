@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from dimd.errors import DimdError
+from dimd.errors import DimdError, describe
 from dimd.pack.streamed import SourceFile, StreamedSource, Task, archive_task, bytes_task, skip_task
 from dimd.pack.config import MAX_IMAGE_BYTES, too_large
 
@@ -92,7 +92,7 @@ class ParquetSource(StreamedSource):
             try:
                 parquet = pq.ParquetFile(path, metadata=self._footers.get(path))
             except Exception as exc:
-                yield skip_task(str(path), f"not a Parquet file pyarrow can read ({_describe(exc)})")
+                yield skip_task(str(path), f"not a Parquet file pyarrow can read ({describe(exc)})")
                 continue
             problem, image_bytes = self._columns(parquet.schema_arrow)
             if problem:
@@ -145,14 +145,10 @@ class ParquetSource(StreamedSource):
                         yield bytes_task(f"{path.name}/{row}", label, blob, shown)
                     row += 1
         except Exception as exc:  # a damaged page or row group: the rest of this file is lost, named
-            yield skip_task(f"{path}: row {row}", f"unreadable from here on ({_describe(exc)})")
+            yield skip_task(f"{path}: row {row}", f"unreadable from here on ({describe(exc)})")
 
 
 def _is_binary(arrow_type: Any) -> bool:
     import pyarrow as pa
 
     return pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type)
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -30,7 +30,7 @@ from typing import Iterator
 
 import numpy as np
 
-from dimd.errors import DimdError
+from dimd.errors import DimdError, describe
 from dimd.pack.imaging import IMAGE_EXTENSIONS
 from dimd.pack.labels import LabelBound, numbered_classes, parse_label
 
@@ -78,7 +78,7 @@ def open_source(src: str | os.PathLike, list_file: str | os.PathLike | None = No
                             f"or a Caffe LMDB folder holding {LMDB_DATA_FILE})")
         is_lmdb = (root / LMDB_DATA_FILE).is_file()
     except OSError as exc:
-        raise DimdError(f"{root}: cannot read folder ({_reason(exc)})") from None
+        raise DimdError(f"{root}: cannot read folder ({describe(exc)})") from None
     names = read_classes_file(classes_file) if classes_file is not None else None
     if is_lmdb:
         if list_file is not None:
@@ -101,7 +101,7 @@ def _tree_source(root: Path) -> Source:
     try:
         entries = list(os.scandir(root))
     except OSError as exc:
-        raise DimdError(f"{root}: cannot list folder ({_reason(exc)})") from None
+        raise DimdError(f"{root}: cannot list folder ({describe(exc)})") from None
     classes = sorted(e.name for e in entries if not e.name.startswith(".") and _is_dir(e))
     walk = _TreeWalk(root, len(classes))
     # Real class folders claim their (device, inode) before symlinked ones: the real location wins.
@@ -169,7 +169,7 @@ class _TreeWalk:
                 st = os.stat(path)
                 entries = sorted(os.scandir(path), key=lambda e: e.name)
             except OSError as exc:
-                self.rejected.append((folder + "/", f"cannot list folder ({exc.strerror or exc})"))
+                self.rejected.append((folder + "/", f"cannot list folder ({describe(exc)})"))
                 continue
             key = (st.st_dev, st.st_ino)
             owner = self.seen_dirs.get(key)
@@ -270,7 +270,7 @@ def _unreadable_link(exc: OSError) -> str:
         return "broken symlink"
     if exc.errno == errno.ELOOP:
         return "a symlink loop (a link that leads back to itself)"
-    return f"cannot read ({exc.strerror or exc})"
+    return f"cannot read ({describe(exc)})"
 
 
 def _not_regular(mode: int, via_link: bool = False) -> str:
@@ -374,7 +374,7 @@ def read_lines(path: Path, what: str) -> list[str]:
         # utf-8-sig: a byte order mark (Windows editors write one) is no part of the first name.
         return path.read_text(encoding="utf-8-sig", errors="surrogateescape").splitlines()
     except OSError as exc:
-        raise DimdError(f"{path}: cannot read {what} ({_reason(exc)})") from None
+        raise DimdError(f"{path}: cannot read {what} ({describe(exc)})") from None
 
 
 def _shown(text: str) -> str:
@@ -430,7 +430,7 @@ def lmdb_size_problem(data_file: Path) -> str | None:
             f.seek(page_size)
             second = f.read(_PAGE_HEADER + _META.size)
     except OSError as exc:
-        return f"{data_file}: cannot read ({exc.strerror or exc})"
+        return f"{data_file}: cannot read ({describe(exc)})"
     if len(second) == _PAGE_HEADER + _META.size:
         magic2, _v, _m, _p, last2, txnid2 = _META.unpack_from(second, _PAGE_HEADER)
         if magic2 == _LMDB_MAGIC and txnid2 > txnid:
@@ -450,7 +450,3 @@ def _lmdb_tasks(root: Path) -> Iterator[Task]:
                    max_readers=4) as env, env.begin(buffers=False) as txn:
         for key, value in txn.cursor():
             yield key.decode("utf-8", "surrogateescape"), -1, "datum", value
-
-
-def _reason(exc: BaseException) -> str:
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
