@@ -1,11 +1,11 @@
 """Where images come from: a folder of class sub-folders, a folder plus a list file, a Caffe LMDB.
 
-A source yields *tasks*, small picklable tuples ``(name, label, kind, payload)``
-that a worker turns into a packed record: ``kind`` is ``"file"`` (payload: the
-path; the worker reads it, so reading runs in parallel) or ``"datum"`` (payload:
-the serialized ``caffe.Datum``; its label comes from the datum, so ``label`` is
--1). Tasks come in a fixed order (sorted names, list order, LMDB key order), so
-the packed output is the same for any number of workers.
+A source yields *tasks* (:mod:`dimd.pack.tasks`) that a worker turns into a
+packed record: a :class:`~dimd.pack.tasks.FileTask` (the worker reads the file,
+so reading runs in parallel) or a :class:`~dimd.pack.tasks.DatumTask` (a
+serialized ``caffe.Datum``; its label comes from the datum). Tasks come in a
+fixed order (sorted names, list order, LMDB key order), so the packed output is
+the same for any number of workers.
 
 Names are file-system strings (undecodable bytes as surrogate escapes, as
 ``os`` gives them; LMDB keys the same way), so nothing is lost before the
@@ -26,15 +26,15 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import ClassVar, Iterator
 
 import numpy as np
 
 from dimd.errors import DimdError, describe
 from dimd.pack.imaging import IMAGE_EXTENSIONS
 from dimd.pack.labels import LabelBound, numbered_classes, parse_label
+from dimd.pack.tasks import DatumTask, FileTask
 
-Task = tuple  # (name: str, label: int, kind: str, payload: str | bytes)
 LMDB_DATA_FILE = "data.mdb"
 
 
@@ -50,18 +50,20 @@ class Source:
     #: Entries found while listing that are not packed, with the reason (not a regular file,
     #: a symlink loop, a second path to a file already packed).
     rejected: list[tuple[str, str]] = field(default_factory=list, repr=False)
+    #: Archives read: none (a source read front to back has some: :class:`dimd.pack.streamed.StreamedSource`).
+    archives: ClassVar[int | None] = 0
 
     @property
     def label_bound(self) -> LabelBound:
         return LabelBound.for_classes(self.classes)
 
-    def tasks(self) -> Iterator[Task]:
+    def tasks(self) -> Iterator[FileTask | DatumTask]:
         if self.kind == "lmdb":
             yield from _lmdb_tasks(self.root)
             return
         root = os.fspath(self.root)
         for relative, label in self.files:
-            yield relative, label, "file", os.path.join(root, relative)
+            yield FileTask(relative, label, os.path.join(root, relative))
 
 
 def open_source(src: str | os.PathLike, list_file: str | os.PathLike | None = None,
@@ -442,11 +444,11 @@ def lmdb_size_problem(data_file: Path) -> str | None:
     return None
 
 
-def _lmdb_tasks(root: Path) -> Iterator[Task]:
+def _lmdb_tasks(root: Path) -> Iterator[DatumTask]:
     """Key order, as Caffe reads it; opened here so the iterating thread owns the transaction."""
     import lmdb
 
     with lmdb.open(os.fspath(root), readonly=True, lock=False, readahead=False,
                    max_readers=4) as env, env.begin(buffers=False) as txn:
         for key, value in txn.cursor():
-            yield key.decode("utf-8", "surrogateescape"), -1, "datum", value
+            yield DatumTask(key.decode("utf-8", "surrogateescape"), value)

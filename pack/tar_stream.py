@@ -270,6 +270,27 @@ def is_hidden(path: str) -> bool:
     return any(part.startswith(".") for part in path.split("/"))
 
 
+def extracted_file(member: tarfile.TarInfo) -> str | None:
+    """The path of a member as the folder source would list it once ``tar x`` extracted it; None for a
+    folder, a hidden path, the top folder itself, or a path outside it."""
+    path = member_path(member.name)
+    if not path or member.isdir() or is_hidden(path):
+        return None
+    return path
+
+
+SECOND_MEMBER = "a second member of the same name in this tar; packed once, the first"
+
+
+def second_member(path: str, read: set[str]) -> str | None:
+    """Why a member is skipped as the second of its path in one tar (:data:`SECOND_MEMBER`), or None; the
+    path is then one of ``read``."""
+    if path in read:
+        return SECOND_MEMBER
+    read.add(path)
+    return None
+
+
 def tree_key(path: str) -> tuple[tuple[int, str], ...]:
     """Sorts the paths of one class folder as the folder source walks them.
 

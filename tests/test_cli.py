@@ -75,3 +75,11 @@ def test_quiet_drops_the_progress_lines_and_keeps_the_results(packed_sample, tmp
     assert quiet.stdout.startswith("ok: 48 records")
     made = run_dimd("sample-data", tmp_path / "sample", "--classes", "2", "--per-class", "2", "--quiet", check=True)
     assert made.stderr == "" and made.stdout.startswith("wrote 4 images")
+
+
+def test_an_exception_inside_a_message_is_one_line_without_the_path_named_already():
+    from dimd.errors import describe
+
+    assert describe(FileNotFoundError(2, "No such file or directory", "/data/x.jpg")) == "No such file or directory"
+    assert describe(ValueError("bad header\nat byte 512\n")) == "bad header"
+    assert describe(EOFError()) == "EOFError"
