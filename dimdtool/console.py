@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Callable, Iterator, Sequence, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO, TypeVar
 
-Advance = Callable[[int], None]
+from dimd.progress import Advance
 
 
 def is_terminal(stream: TextIO = sys.stderr) -> bool:
@@ -62,6 +62,34 @@ def progress(total: int | None, description: str, *, unit: str = "items", enable
             yield advance
         return
     yield from _plain_progress(total, description, unit, interval, stream, status)
+
+
+_Bar = TypeVar("_Bar", bound="LateProgress")
+
+
+class LateProgress:
+    """A progress bar that starts once its total is known (a source listed, a run planned): ``advance(n)``
+    before :meth:`start` does nothing. A context: the bar ends with it."""
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._bar = contextlib.ExitStack()
+        self._advance: Advance = _ignore
+
+    def __enter__(self: _Bar) -> _Bar:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._bar.__exit__(*exc)   # an error ends the bar without its closing line
+
+    def start(self, total: int | None, description: str, *, unit: str = "items",
+              status: Callable[[], str] | None = None) -> None:
+        """Show the bar (:func:`progress`'s, with its arguments) from now on."""
+        self._advance = self._bar.enter_context(progress(total, description, unit=unit, enabled=self.enabled,
+                                                         status=status))
+
+    def advance(self, n: int = 1) -> None:
+        self._advance(n)
 
 
 def format_rate(rate: float) -> str:

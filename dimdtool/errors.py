@@ -1,4 +1,5 @@
-"""The exception types the CLI turns into a one-line message and a non-zero exit code."""
+"""The exception types the CLI turns into a one-line message and a non-zero exit code, and how an
+exception is named inside such a message."""
 
 from __future__ import annotations
 
@@ -23,3 +24,13 @@ class ConfigError(DimdError):
         super().__init__(f"{field} {problem}")
         self.field = field
         self.problem = problem
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as the parenthesis of a one-line message: what the OS says for an ``OSError`` (its
+    ``strerror``, without the path the message names already), else the first line of its text, else
+    its type."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

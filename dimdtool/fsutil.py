@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Literal
 
-from dimd.errors import DimdError
+from dimd.errors import DimdError, describe
 
 OutputKind = Literal["file", "folder"]
 
@@ -66,7 +66,7 @@ def _unwritable(folder: Path, where: str) -> str | None:
     try:
         fd, probe = tempfile.mkstemp(prefix=".dimd-probe-", dir=folder)
     except OSError as exc:
-        return f"{where}: cannot write in folder {folder} ({exc.strerror or exc})"
+        return f"{where}: cannot write in folder {folder} ({describe(exc)})"
     os.close(fd)
     with contextlib.suppress(OSError):
         os.unlink(probe)
@@ -88,7 +88,7 @@ def make_folders(folder: str | os.PathLike, what: str = "") -> Path:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DimdError(f"{(what + ' ') if what else ''}{target}: cannot create folder "
-                        f"({exc.strerror or exc})") from None
+                        f"({describe(exc)})") from None
     return target
 
 

@@ -18,12 +18,13 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Literal
+from typing import Iterator, Literal
 
 import numpy as np
 
 from dimd.checks import at_least, in_range, one_of
-from dimd.errors import ConfigError, DimdError
+from dimd.errors import ConfigError, DimdError, describe
+from dimd.progress import Advance
 
 SHAPES = ("circle", "square", "triangle", "cross", "star", "ring", "diamond", "bar")
 COLOURS = {
@@ -32,7 +33,7 @@ COLOURS = {
     "purple": (110, 30, 160), "white": (250, 250, 250), "black": (10, 10, 10),
 }
 MAX_CLASSES = len(SHAPES) * len(COLOURS)
-Layout = Literal["tree", "flat"]
+SampleLayout = Literal["tree", "flat"]
 LAYOUTS: tuple[str, ...] = ("tree", "flat")
 
 
@@ -42,7 +43,7 @@ class SampleSpec:
     classes: int = 10
     per_class: int = 50
     seed: int = 0
-    layout: Layout = "tree"
+    layout: SampleLayout = "tree"
     large_share: float = 0.15
     quality: int = 92
 
@@ -74,7 +75,7 @@ def class_names(count: int) -> list[str]:
 
 
 def generate(spec: SampleSpec, *, workers: int | None = None,
-             advance: Callable[[int], None] | None = None) -> SampleResult:
+             advance: Advance | None = None) -> SampleResult:
     """Write the images of ``spec`` under ``spec.root``; see the module docstring."""
     names = class_names(spec.classes)
     root = Path(spec.root)
@@ -113,7 +114,7 @@ def generate(spec: SampleSpec, *, workers: int | None = None,
             atomic_write_text(list_file, "".join(f"{Path(job[0]).name} {job[2]}\n" for job in jobs))
             atomic_write_text(root / "classes.txt", "".join(f"{n}\n" for n in names))
     except OSError as exc:
-        raise DimdError(f"{exc.filename or root}: cannot write ({exc.strerror or exc}); the sample set "
+        raise DimdError(f"{exc.filename or root}: cannot write ({describe(exc)}); the sample set "
                         f"in {root} is incomplete") from None
     return SampleResult(root=root, images=len(jobs), classes=names, bytes=total, list_file=list_file)
 

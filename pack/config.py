@@ -14,13 +14,27 @@ from dimd.errors import ConfigError
 
 #: libjpeg's JPEG_MAX_DIMENSION: no side of a stored JPEG may be longer.
 JPEG_MAX_SIDE = 65500
-#: A file or archive member larger than this is not read as an image (it would be read whole into memory).
-MAX_IMAGE_BYTES = 1 << 30
 
 
-def too_large(size: int) -> str:
-    """Why an image of ``size`` bytes is skipped."""
-    return f"{size:,} bytes, more than an image file may have ({MAX_IMAGE_BYTES:,})"
+@dataclass(frozen=True)
+class SizeLimit:
+    """The most bytes one kind of input may have: a larger one is not read (it would be read whole into
+    memory), and its skip names what was measured against which limit."""
+
+    what: str
+    most: int
+
+    def problem(self, size: int) -> str | None:
+        """Why an input of ``size`` bytes is skipped, or None."""
+        if size <= self.most:
+            return None
+        return f"{size:,} bytes, more than {self.what} may have ({self.most:,})"
+
+
+#: A file, archive member or Parquet cell larger than this is not read as an image.
+IMAGE_SIZE = SizeLimit("an image file", 1 << 30)
+#: A WebDataset label member larger than this is not read as a label.
+LABEL_SIZE = SizeLimit("a label member (KEY.cls or KEY.json)", 1 << 20)
 
 
 @dataclass(frozen=True)

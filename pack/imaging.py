@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from dimd.errors import describe
 from dimd.pack.config import JPEG_MAX_SIDE
 
 #: Lower-case extensions of the files a folder source packs; anything else is ignored. Formats
@@ -96,7 +97,7 @@ def open_image(data: bytes) -> Image.Image:
     except Image.DecompressionBombError as exc:
         raise ImageSkipped(f"too large ({exc})") from None
     except Exception as exc:  # corrupt headers reach Pillow's plugins in many ways
-        raise ImageSkipped(f"unreadable image ({_describe(exc)})") from None
+        raise ImageSkipped(f"unreadable image ({describe(exc)})") from None
 
 
 def unreadable_format(data: bytes) -> str:
@@ -143,7 +144,7 @@ def resize_encoded(data: bytes, short_side: int, quality: int, *,
     except Image.DecompressionBombError as exc:
         raise ImageSkipped(f"too large ({exc})") from None
     except Exception as exc:  # truncated or corrupt data: OSError mostly, but not only
-        raise ImageSkipped(f"cannot decode ({_describe(exc)})") from None
+        raise ImageSkipped(f"cannot decode ({describe(exc)})") from None
     return _finish(image, target, exif_orientation(image), quality)
 
 
@@ -156,10 +157,6 @@ def exif_orientation(image: Image.Image) -> int:
     except Exception:
         return 1
     return value if value in EXIF_TRANSPOSE else 1
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
 
 
 def resize_pixels(pixels: np.ndarray, short_side: int, quality: int) -> EncodedImage:
@@ -181,7 +178,7 @@ def _finish(image: Image.Image, target: tuple[int, int], orientation: int,
     try:
         image.save(out, "JPEG", quality=quality)
     except (OSError, ValueError) as exc:  # the encoder refuses it: this record is lost, not the pack
-        raise ImageSkipped(f"cannot encode as JPEG ({_describe(exc)})") from None
+        raise ImageSkipped(f"cannot encode as JPEG ({describe(exc)})") from None
     return EncodedImage(out.getvalue(), image.height, image.width)
 
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
-
 import numpy as np
 
 from dimd.format import PackedDataset, crc32
 from dimd.pack.process_pool import imap_watched, pool_size, worker_pool
-
-Advance = Callable[[int], None]
+from dimd.progress import Advance
 
 
 def describe(out: str | os.PathLike) -> dict:

@@ -23,11 +23,11 @@ import tarfile
 from pathlib import Path
 from typing import Iterator
 
-from dimd.errors import DimdError
+from dimd.errors import DimdError, describe
 from dimd.pack.config import PackConfig
 from dimd.pack.sources import LMDB_DATA_FILE, Source, open_source, read_classes_file, read_lines, read_list
 from dimd.pack.streamed import StreamedSource
-from dimd.pack.tar_stream import (ArchiveProblem, compression, is_hidden, member_path, members, open_tar)
+from dimd.pack.tar_stream import ArchiveProblem, compression, extracted_file, members, open_tar
 
 #: How many members of a single tar are looked at to tell its layout.
 PEEK_MEMBERS = 64
@@ -141,7 +141,7 @@ def file_kind(path: Path) -> str:
         with open(path, "rb") as f:
             head = f.read(tarfile.BLOCKSIZE)
     except OSError as exc:
-        raise DimdError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise DimdError(f"{path}: cannot read ({describe(exc)})") from None
     if not head:
         raise DimdError(f"{path}: an empty file")
     if head.startswith(b"PAR1"):
@@ -198,11 +198,10 @@ def tar_layout(path: Path) -> str:
     try:
         with open_tar(path) as tar:
             for count, member in enumerate(members(tar)):
-                name = member_path(member.name)
-                if count >= PEEK_MEMBERS or (name and not is_hidden(name) and not member.isdir()
-                                             and _sample_ends(name, first_key)):
+                name = extracted_file(member)
+                if count >= PEEK_MEMBERS or (name is not None and _sample_ends(name, first_key)):
                     break
-                if not name or is_hidden(name) or member.isdir():
+                if name is None:
                     continue
                 if first_key is None and name.lower().endswith(".tar"):
                     return "tars"

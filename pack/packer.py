@@ -17,23 +17,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Generator
 
-from dimd.errors import DimdError
+from dimd.errors import DimdError, describe
 from dimd.format import PackedRecord, PackWriter, dataset_paths, escape_name
-from dimd.pack.config import MAX_IMAGE_BYTES, PackConfig, too_large
+from dimd.pack.config import IMAGE_SIZE, PackConfig
 from dimd.pack.labels import LabelBound, numbered_classes
 from dimd.pack.locate import open_pack_source
 from dimd.pack.process_pool import imap_watched, pool_size, worker_pool
-from dimd.pack.sources import Source, Task
+from dimd.pack.sources import Source
 from dimd.pack.streamed import StreamedSource
-
-#: A file larger than this is not read as an image (a 1 GiB JPEG would be ~ 10^9 pixels).
+from dimd.pack.tasks import (ArchiveTask, BytesTask, DatumTask, FileTask, Outcome, Packed, RangeTask, Skipped,
+                             SkipTask, Task)
+from dimd.progress import Advance
 
 #: Tasks that carry bytes (archive members) go to a worker in chunks of about this many bytes.
 CHUNK_BYTES = 1 << 19
 #: Chunks in flight per worker.
 CHUNKS_PER_WORKER = 4
 
-Advance = Callable[[int], None]
 OnSkip = Callable[[str, str], None]
 OnArchive = Callable[[str], None]
 AnySource = Source | StreamedSource
@@ -105,18 +105,18 @@ def pack(config: PackConfig, *, advance: Advance | None = None, on_skip: OnSkip 
 
         for name, reason in source.rejected:
             skip(name, reason)
-        with contextlib.closing(_processed(source, config, workers)) as results:
-            for name, label, data, height, width, size_in, reason in results:
-                if reason is None:  # an archive starts
+        with contextlib.closing(_processed(source, config, workers)) as outcomes:
+            for outcome in outcomes:
+                if isinstance(outcome, ArchiveTask):
                     result.archives += 1
                     if on_archive:
-                        on_archive(name)
+                        on_archive(outcome.shown)
                     continue
-                result.bytes_in += size_in
-                if data is None:
-                    skip(name, reason)
+                result.bytes_in += outcome.bytes_in
+                if isinstance(outcome, Skipped):
+                    skip(outcome.shown, outcome.reason)
                 else:
-                    writer.add(PackedRecord(data, label, name, height, width))
+                    writer.add(outcome.record)
                 if advance:
                     advance(1)
         if len(writer) == 0:
@@ -145,7 +145,7 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _processed(source: AnySource, config: PackConfig, workers: int) -> Generator[tuple, None, None]:
+def _processed(source: AnySource, config: PackConfig, workers: int) -> Generator[Outcome, None, None]:
     """Results in task order, from this process or from a pool of ``workers``."""
     bound = source.label_bound
     settings = (config.short_side, config.quality, bound.limit, bound.named)
@@ -164,7 +164,7 @@ def _processed(source: AnySource, config: PackConfig, workers: int) -> Generator
 
 
 def _task_bytes(task: Task) -> int:
-    return len(task[3][0]) if task[2] == "bytes" else 0
+    return len(task.data) if isinstance(task, BytesTask) else 0
 
 
 def _preload_imaging() -> None:
@@ -193,48 +193,47 @@ def _init_pool_worker(*settings) -> None:
     _init_worker(*settings)
 
 
-def process_task(task: Task) -> tuple:
-    """One task -> ``(name, label, jpeg | None, height, width, bytes_in, skip_reason)``.
+def process_task(task: Task) -> Outcome:
+    """One task -> the record to write, or why it is skipped; an :class:`ArchiveTask` comes back as it is.
 
     Whatever goes wrong with one record (including an error no one foresaw)
-    skips that record and names the reason; it never ends the pack. An
-    ``"archive"`` task comes back with ``skip_reason`` None: it marks where an
-    archive starts.
+    skips that record and names the reason; it never ends the pack.
     """
     from dimd.pack.imaging import ImageSkipped, resize_encoded
 
-    name, label, kind, payload = task
+    if isinstance(task, ArchiveTask):
+        return task
+    if isinstance(task, SkipTask):
+        return Skipped(task.shown, task.reason)
     short_side, quality, bound = _SETTINGS
     size_in = 0
-    shown = name  # what a skip names: an archive member is named inside its archive
-    if kind == "skip":
-        return name, label, None, 0, 0, 0, payload
-    if kind == "archive":
-        return name, label, None, 0, 0, 0, None
     try:
-        if kind == "datum":   # a Caffe Datum: its label and its pixels or encoded image
+        if isinstance(task, DatumTask):   # a Caffe Datum: its label and its pixels or encoded image
             from dimd.pack.lmdb_source import datum_image
 
-            size_in = len(payload)
-            label, image = datum_image(payload, short_side, quality)
+            size_in = len(task.value)
+            label, image = datum_image(task.value, short_side, quality)
             problem = bound.problem(label)
             if problem:
                 raise ImageSkipped(problem)
         else:
-            if kind == "file":
-                data = read_image_file(payload)
-            elif kind == "bytes":
-                data, shown = payload
-            else:   # "range": the member's bytes, read in place
-                path, offset, size, shown = payload
-                data = read_in_place(path, offset, size)
-            size_in = len(data)
+            data = _read(task)
+            size_in, label = len(data), task.label
             image = resize_encoded(data, short_side, quality)
     except ImageSkipped as exc:
-        return shown, label, None, 0, 0, size_in, str(exc)
+        return Skipped(task.shown, str(exc), size_in)
     except Exception as exc:  # one record's failure, named; the pack goes on
-        return shown, label, None, 0, 0, size_in, f"failed ({type(exc).__name__}: {exc})"
-    return name, label, image.data, image.height, image.width, size_in, ""
+        return Skipped(task.shown, f"failed ({type(exc).__name__}: {exc})", size_in)
+    return Packed(PackedRecord(image.data, label, task.name, image.height, image.width), size_in)
+
+
+def _read(task: FileTask | BytesTask | RangeTask) -> bytes:
+    """The encoded image a task names: a file's bytes, the bytes it carries, or a member's, read in place."""
+    if isinstance(task, FileTask):
+        return read_image_file(task.path)
+    if isinstance(task, BytesTask):
+        return task.data
+    return read_in_place(task.path, task.offset, task.size)
 
 
 #: A worker's open archives (path -> descriptor), the most recently used last; at most a few stay open.
@@ -256,7 +255,7 @@ def read_in_place(path: str, offset: int, size: int) -> bytes:
         _ARCHIVES[path] = fd
         data = os.pread(fd, size, offset)
     except OSError as exc:
-        raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None
+        raise ImageSkipped(f"cannot read ({describe(exc)})") from None
     if len(data) != size:  # the archive was cut since it was read
         raise ImageSkipped(TRUNCATED)
     return data
@@ -268,7 +267,8 @@ def _close_archives() -> None:
 
 
 def read_image_file(path: str) -> bytes:
-    """The bytes of a regular file of at most :data:`MAX_IMAGE_BYTES`; :class:`ImageSkipped` otherwise.
+    """The bytes of a regular file of at most :data:`~dimd.pack.config.IMAGE_SIZE`; :class:`ImageSkipped`
+    otherwise.
 
     Opened without blocking, so a FIFO named ``x.jpg`` never hangs the pack,
     and checked with ``fstat`` on the open file (what was listed may have been
@@ -281,14 +281,15 @@ def read_image_file(path: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
-        raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None
+        raise ImageSkipped(f"cannot read ({describe(exc)})") from None
     with open(fd, "rb", closefd=True) as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ImageSkipped("not a regular file")
-        if st.st_size > MAX_IMAGE_BYTES:
-            raise ImageSkipped(too_large(st.st_size))
+        too_large = IMAGE_SIZE.problem(st.st_size)
+        if too_large:
+            raise ImageSkipped(too_large)
         try:
             return f.read()  # sized from fstat; read(MAX + 1) would allocate 1 GiB per image first
         except OSError as exc:
-            raise ImageSkipped(f"cannot read ({exc.strerror or exc})") from None
+            raise ImageSkipped(f"cannot read ({describe(exc)})") from None

@@ -15,9 +15,10 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from dimd.errors import DimdError
-from dimd.pack.streamed import SourceFile, StreamedSource, Task, archive_task, bytes_task, skip_task
-from dimd.pack.config import MAX_IMAGE_BYTES, too_large
+from dimd.errors import DimdError, describe
+from dimd.pack.config import IMAGE_SIZE
+from dimd.pack.streamed import SourceFile, StreamedSource, where
+from dimd.pack.tasks import ArchiveTask, BytesTask, SkipTask, Task
 
 #: Rows per batch read: a few MB of images, so the bytes in flight stay bounded.
 BATCH_ROWS = 64
@@ -88,15 +89,15 @@ class ParquetSource(StreamedSource):
     def tasks(self) -> Iterator[Task]:
         pq = import_parquet(self.shown)
         for path in self.paths:
-            yield archive_task(str(path))
+            yield ArchiveTask(str(path))
             try:
                 parquet = pq.ParquetFile(path, metadata=self._footers.get(path))
             except Exception as exc:
-                yield skip_task(str(path), f"not a Parquet file pyarrow can read ({_describe(exc)})")
+                yield SkipTask(str(path), f"not a Parquet file pyarrow can read ({describe(exc)})")
                 continue
             problem, image_bytes = self._columns(parquet.schema_arrow)
             if problem:
-                yield skip_task(str(path), problem)
+                yield SkipTask(str(path), problem)
                 continue
             yield from self._rows(path, parquet, image_bytes)
 
@@ -130,29 +131,23 @@ class ParquetSource(StreamedSource):
                 paths = images.field("path").to_pylist() if image_bytes and images.type.get_field_index("path") >= 0 \
                     else None
                 for i, label in enumerate(labels):
-                    shown = f"{path}: row {row}"
+                    shown = where(path, f"row {row}")
                     blob = data[i].as_py() if images[i].is_valid else None
                     if blob is None:
                         stored = paths[i] if paths is not None else None
-                        yield skip_task(shown, "no image bytes" + (f" (only a path: {stored})" if stored else ""))
+                        yield SkipTask(shown, "no image bytes" + (f" (only a path: {stored})" if stored else ""))
                     elif label is None:
-                        yield skip_task(shown, "no label (null)")
-                    elif problem := self.label_problem(label):
-                        yield skip_task(shown, problem)
-                    elif len(blob) > MAX_IMAGE_BYTES:
-                        yield skip_task(shown, too_large(len(blob)))
+                        yield SkipTask(shown, "no label (null)")
+                    elif problem := self.label_problem(label) or IMAGE_SIZE.problem(len(blob)):
+                        yield SkipTask(shown, problem)
                     else:
-                        yield bytes_task(f"{path.name}/{row}", label, blob, shown)
+                        yield BytesTask(f"{path.name}/{row}", label, blob, shown)
                     row += 1
         except Exception as exc:  # a damaged page or row group: the rest of this file is lost, named
-            yield skip_task(f"{path}: row {row}", f"unreadable from here on ({_describe(exc)})")
+            yield SkipTask(where(path, f"row {row}"), f"unreadable from here on ({describe(exc)})")
 
 
 def _is_binary(arrow_type: Any) -> bool:
     import pyarrow as pa
 
     return pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type)
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,11 +1,11 @@
 """Where images come from: a folder of class sub-folders, a folder plus a list file, a Caffe LMDB.
 
-A source yields *tasks*, small picklable tuples ``(name, label, kind, payload)``
-that a worker turns into a packed record: ``kind`` is ``"file"`` (payload: the
-path; the worker reads it, so reading runs in parallel) or ``"datum"`` (payload:
-the serialized ``caffe.Datum``; its label comes from the datum, so ``label`` is
--1). Tasks come in a fixed order (sorted names, list order, LMDB key order), so
-the packed output is the same for any number of workers.
+A source yields *tasks* (:mod:`dimd.pack.tasks`) that a worker turns into a
+packed record: a :class:`~dimd.pack.tasks.FileTask` (the worker reads the file,
+so reading runs in parallel) or a :class:`~dimd.pack.tasks.DatumTask` (a
+serialized ``caffe.Datum``; its label comes from the datum). Tasks come in a
+fixed order (sorted names, list order, LMDB key order), so the packed output is
+the same for any number of workers.
 
 Names are file-system strings (undecodable bytes as surrogate escapes, as
 ``os`` gives them; LMDB keys the same way), so nothing is lost before the
@@ -26,15 +26,15 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import ClassVar, Iterator
 
 import numpy as np
 
-from dimd.errors import DimdError
+from dimd.errors import DimdError, describe
 from dimd.pack.imaging import IMAGE_EXTENSIONS
 from dimd.pack.labels import LabelBound, numbered_classes, parse_label
+from dimd.pack.tasks import DatumTask, FileTask
 
-Task = tuple  # (name: str, label: int, kind: str, payload: str | bytes)
 LMDB_DATA_FILE = "data.mdb"
 
 
@@ -50,18 +50,20 @@ class Source:
     #: Entries found while listing that are not packed, with the reason (not a regular file,
     #: a symlink loop, a second path to a file already packed).
     rejected: list[tuple[str, str]] = field(default_factory=list, repr=False)
+    #: Archives read: none (a source read front to back has some: :class:`dimd.pack.streamed.StreamedSource`).
+    archives: ClassVar[int | None] = 0
 
     @property
     def label_bound(self) -> LabelBound:
         return LabelBound.for_classes(self.classes)
 
-    def tasks(self) -> Iterator[Task]:
+    def tasks(self) -> Iterator[FileTask | DatumTask]:
         if self.kind == "lmdb":
             yield from _lmdb_tasks(self.root)
             return
         root = os.fspath(self.root)
         for relative, label in self.files:
-            yield relative, label, "file", os.path.join(root, relative)
+            yield FileTask(relative, label, os.path.join(root, relative))
 
 
 def open_source(src: str | os.PathLike, list_file: str | os.PathLike | None = None,
@@ -78,7 +80,7 @@ def open_source(src: str | os.PathLike, list_file: str | os.PathLike | None = No
                             f"or a Caffe LMDB folder holding {LMDB_DATA_FILE})")
         is_lmdb = (root / LMDB_DATA_FILE).is_file()
     except OSError as exc:
-        raise DimdError(f"{root}: cannot read folder ({_reason(exc)})") from None
+        raise DimdError(f"{root}: cannot read folder ({describe(exc)})") from None
     names = read_classes_file(classes_file) if classes_file is not None else None
     if is_lmdb:
         if list_file is not None:
@@ -101,7 +103,7 @@ def _tree_source(root: Path) -> Source:
     try:
         entries = list(os.scandir(root))
     except OSError as exc:
-        raise DimdError(f"{root}: cannot list folder ({_reason(exc)})") from None
+        raise DimdError(f"{root}: cannot list folder ({describe(exc)})") from None
     classes = sorted(e.name for e in entries if not e.name.startswith(".") and _is_dir(e))
     walk = _TreeWalk(root, len(classes))
     # Real class folders claim their (device, inode) before symlinked ones: the real location wins.
@@ -169,7 +171,7 @@ class _TreeWalk:
                 st = os.stat(path)
                 entries = sorted(os.scandir(path), key=lambda e: e.name)
             except OSError as exc:
-                self.rejected.append((folder + "/", f"cannot list folder ({exc.strerror or exc})"))
+                self.rejected.append((folder + "/", f"cannot list folder ({describe(exc)})"))
                 continue
             key = (st.st_dev, st.st_ino)
             owner = self.seen_dirs.get(key)
@@ -270,7 +272,7 @@ def _unreadable_link(exc: OSError) -> str:
         return "broken symlink"
     if exc.errno == errno.ELOOP:
         return "a symlink loop (a link that leads back to itself)"
-    return f"cannot read ({exc.strerror or exc})"
+    return f"cannot read ({describe(exc)})"
 
 
 def _not_regular(mode: int, via_link: bool = False) -> str:
@@ -374,7 +376,7 @@ def read_lines(path: Path, what: str) -> list[str]:
         # utf-8-sig: a byte order mark (Windows editors write one) is no part of the first name.
         return path.read_text(encoding="utf-8-sig", errors="surrogateescape").splitlines()
     except OSError as exc:
-        raise DimdError(f"{path}: cannot read {what} ({_reason(exc)})") from None
+        raise DimdError(f"{path}: cannot read {what} ({describe(exc)})") from None
 
 
 def _shown(text: str) -> str:
@@ -430,7 +432,7 @@ def lmdb_size_problem(data_file: Path) -> str | None:
             f.seek(page_size)
             second = f.read(_PAGE_HEADER + _META.size)
     except OSError as exc:
-        return f"{data_file}: cannot read ({exc.strerror or exc})"
+        return f"{data_file}: cannot read ({describe(exc)})"
     if len(second) == _PAGE_HEADER + _META.size:
         magic2, _v, _m, _p, last2, txnid2 = _META.unpack_from(second, _PAGE_HEADER)
         if magic2 == _LMDB_MAGIC and txnid2 > txnid:
@@ -442,15 +444,11 @@ def lmdb_size_problem(data_file: Path) -> str | None:
     return None
 
 
-def _lmdb_tasks(root: Path) -> Iterator[Task]:
+def _lmdb_tasks(root: Path) -> Iterator[DatumTask]:
     """Key order, as Caffe reads it; opened here so the iterating thread owns the transaction."""
     import lmdb
 
     with lmdb.open(os.fspath(root), readonly=True, lock=False, readahead=False,
                    max_readers=4) as env, env.begin(buffers=False) as txn:
         for key, value in txn.cursor():
-            yield key.decode("utf-8", "surrogateescape"), -1, "datum", value
-
-
-def _reason(exc: BaseException) -> str:
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            yield DatumTask(key.decode("utf-8", "surrogateescape"), value)

@@ -2,17 +2,11 @@
 
 Such a source yields its tasks while it reads, in a background thread of the
 worker pool, so reading, decoding and writing overlap; nothing is extracted.
-Besides the folder sources' tasks it yields:
-
-* ``"bytes"``: a member's bytes; the payload is ``(data, shown)``, where
-  ``shown`` names the member inside its archive for a skip
-  (``train.tar: n01440764.tar/n01440764_10026.JPEG``);
-* ``"range"``: where a member of an uncompressed tar on a local disk lies,
-  ``(path, offset, size, shown)``: the worker reads it in place (``pread``),
-  as it reads a file, so its bytes never pass through this process;
-* ``"skip"``: a member or an archive that is not packed; the payload is the reason;
-* ``"archive"``: the next archive starts (for progress).
-
+Besides records (a member's bytes, :class:`~dimd.pack.tasks.BytesTask`, or,
+for an uncompressed tar on a local disk, where the member lies,
+:class:`~dimd.pack.tasks.RangeTask`) it yields a
+:class:`~dimd.pack.tasks.SkipTask` for each member or archive that is not
+packed and an :class:`~dimd.pack.tasks.ArchiveTask` as each archive starts.
 They pass through the pool like the others, in order, so records, skips and
 progress come out in the order the archives were read, for any number of
 workers, and a problem met while reading is a skip (or, with ``strict``, the
@@ -35,24 +29,14 @@ import numpy as np
 
 from dimd.format import PackWriter, escape_name
 from dimd.pack.labels import LabelBound, numbered_classes
-
-Task = tuple  # (name, label, kind, payload), as in dimd.pack.sources
-
-
-def bytes_task(name: str, label: int, data: bytes, shown: str) -> Task:
-    return name, label, "bytes", (data, shown)
+from dimd.pack.tasks import Task
 
 
-def range_task(name: str, label: int, path: str, offset: int, size: int, shown: str) -> Task:
-    return name, label, "range", (path, offset, size, shown)
-
-
-def skip_task(shown: str, reason: str) -> Task:
-    return shown, -1, "skip", reason
-
-
-def archive_task(shown: str) -> Task:
-    return shown, -1, "archive", None
+def where(archive: str | os.PathLike, *inside: str) -> str:
+    """How a message names a place in an archive: ``train.tar: n01440764.tar/x.JPEG``, ``shard.tar: key``,
+    ``data.parquet: row 7``; the archive alone when ``inside`` is empty."""
+    path = "/".join(part for part in inside if part)
+    return f"{archive}: {path}" if path else str(archive)
 
 
 @dataclass(frozen=True)
@@ -80,7 +64,7 @@ class StreamedSource(ABC):
         self.files = list(files)
         self.classes = classes          # known up front, or None: decided by finish()
         self.count = count              # images, when known before reading (a list, Parquet metadata)
-        self.archives = archives        # archives to read, when known before reading
+        self.archives = archives        # archives to read, when known before reading (else None)
         #: Found before any work and named as skips first (a shard named twice).
         self.rejected: list[tuple[str, str]] = []
         self.reordered = False

@@ -24,23 +24,23 @@ import numpy as np
 
 from dimd.errors import DimdError
 from dimd.format import PackWriter
-from dimd.pack.config import MAX_IMAGE_BYTES, too_large
+from dimd.pack.config import IMAGE_SIZE
 from dimd.pack.sources import ListEntry, is_image_file, list_classes
-from dimd.pack.streamed import (SourceFile, StreamedSource, Task, archive_task, bytes_task, put_in_order,
-                                range_task, skip_task)
-from dimd.pack.tar_stream import (ArchiveProblem, is_hidden, member_file, member_kind, member_location, member_path,
-                                  members, on_local_disk, open_tar, read_member, tree_key)
+from dimd.pack.streamed import SourceFile, StreamedSource, put_in_order, where
+from dimd.pack.tar_stream import (ArchiveProblem, extracted_file, member_file, member_kind, member_location,
+                                  member_path, members, on_local_disk, open_tar, read_member, second_member, tree_key)
+from dimd.pack.tasks import ArchiveTask, BytesTask, MemberTask, RangeTask, SkipTask, Task
 
 INNER_SUFFIX = ".tar"
 
 
-def image_task(tar, member, name: str, label: int, shown: str, in_place: Path | None) -> Task:
+def image_task(tar, member, name: str, label: int, shown: str, in_place: Path | None) -> MemberTask:
     """A member as a task: where it lies, for the worker to read (``in_place``: the tar's path, on a local disk,
     uncompressed), else its bytes, read here; :class:`ArchiveProblem` if the archive ends inside it."""
     offset = member_location(tar, member) if in_place is not None else None
     if offset is not None:
-        return range_task(name, label, str(in_place), offset, member.size, shown)
-    return bytes_task(name, label, read_member(tar, member), shown)
+        return RangeTask(name, label, str(in_place), offset, member.size, shown)
+    return BytesTask(name, label, read_member(tar, member), shown)
 
 
 class NestedTarSource(StreamedSource):
@@ -60,12 +60,12 @@ class NestedTarSource(StreamedSource):
         with open_tar(self.path) as tar:
             try:
                 for member in members(tar):
-                    path = member_path(member.name)
-                    if not path or is_hidden(path) or member.isdir():
+                    path = extracted_file(member)
+                    if path is None:
                         continue
                     name = posixpath.basename(path)
                     if name.lower().endswith(INNER_SUFFIX) and len(name) > len(INNER_SUFFIX):
-                        yield archive_task(self._where(member.name))
+                        yield ArchiveTask(where(self.shown, member.name))
                         if (yield from self._inner(tar, member, name[: -len(INNER_SUFFIX)])):
                             truncated_inner = member.name
                     elif is_image_file(name):
@@ -73,55 +73,50 @@ class NestedTarSource(StreamedSource):
                                         f"of images (as ImageNet's val tar) needs `list_file`")
             except ArchiveProblem as problem:
                 if not (problem.member and problem.member == truncated_inner):
-                    yield skip_task(self._where(problem.member), problem.reason)
+                    yield SkipTask(where(self.shown, problem.member), problem.reason)
         if not self._order:
             raise DimdError(f"{self.shown}: holds no per-class tars (NAME.tar members)")
 
     def _inner(self, tar, member, label_name: str) -> Generator[Task, None, bool]:
         """The images of one inner tar (one class), in archive order; returns whether it ended early."""
-        where = self._where(member.name)
+        shown = where(self.shown, member.name)
         if label_name in self._order:
-            yield skip_task(where, f"a second tar of class {label_name}; not read (tar x would mix the two)")
+            yield SkipTask(shown, f"a second tar of class {label_name}; not read (tar x would mix the two)")
             return False
         label = self._order[label_name] = len(self._order)
         kind = member_kind(member)
         if kind:
-            yield skip_task(where, f"{kind}; its class is kept, empty")
+            yield SkipTask(shown, f"{kind}; its class is kept, empty")
             return False
         images, ended = 0, False
-        names: set[str] = set()
+        read: set[str] = set()
         try:
             with open_tar(member.name, member_file(tar, member)) as inner:
                 for image in members(inner):
-                    path = member_path(image.name)
-                    shown = f"{where}/{image.name}"
-                    if path is None:
+                    if member_path(image.name) is None:
                         if is_image_file(posixpath.basename(image.name)):
-                            yield skip_task(shown, "a path outside the tar's top folder (tar x refuses it)")
+                            yield SkipTask(where(self.shown, member.name, image.name),
+                                           "a path outside the tar's top folder (tar x refuses it)")
                         continue
-                    if not path or is_hidden(path) or image.isdir() or not is_image_file(posixpath.basename(path)):
+                    path = extracted_file(image)
+                    if path is None or not is_image_file(posixpath.basename(path)):
                         continue
-                    problem = member_kind(image) or (too_large(image.size) if image.size > MAX_IMAGE_BYTES else None)
-                    if path in names and not problem:
-                        problem = "a second member of the same name in this tar; packed once, the first"
+                    image_shown = where(self.shown, member.name, image.name)
+                    problem = member_kind(image) or IMAGE_SIZE.problem(image.size) or second_member(path, read)
                     if problem:
-                        yield skip_task(shown, problem)
+                        yield SkipTask(image_shown, problem)
                         continue
-                    names.add(path)
                     images += 1
-                    yield image_task(inner, image, f"{label_name}/{path}", label, shown, self.in_place)
+                    yield image_task(inner, image, f"{label_name}/{path}", label, image_shown, self.in_place)
         except ArchiveProblem as problem:
             ended = problem.ends
             if not images and not problem.member:  # no tar at all, or damaged before its first image
-                yield skip_task(where, f"{problem.reason}; its class is kept, empty")
+                yield SkipTask(shown, f"{problem.reason}; its class is kept, empty")
                 return ended
-            yield skip_task(f"{where}/{problem.member}" if problem.member else where, problem.reason)
+            yield SkipTask(where(self.shown, member.name, problem.member), problem.reason)
         if not images:
-            yield skip_task(where, "an inner tar with no images; its class is kept, empty")
+            yield SkipTask(shown, "an inner tar with no images; its class is kept, empty")
         return ended
-
-    def _where(self, member: str) -> str:
-        return f"{self.shown}: {member}" if member else self.shown
 
     def finish(self, writer: PackWriter) -> list[str]:
         """Classes by sorted name, as ImageFolder sorts the extracted folders; records in the tree's order."""
@@ -162,9 +157,9 @@ class ListedTarSource(StreamedSource):
             listed.append(i)
 
     def tasks(self) -> Iterator[Task]:
-        found: set[str] = set()
+        read: set[str] = set()
         ended = None
-        yield archive_task(self.shown)
+        yield ArchiveTask(self.shown)
         with open_tar(self.path) as tar:
             try:
                 for member in members(tar):
@@ -172,29 +167,30 @@ class ListedTarSource(StreamedSource):
                     listed = self._wanted.get(path) if path else None
                     if not path or not listed:
                         continue
-                    shown = f"{self.shown}: {member.name}"
-                    if path in found:
-                        yield skip_task(shown, "a second member of the same name; packed once, the first")
+                    shown = where(self.shown, member.name)
+                    second = second_member(path, read)
+                    if second:
+                        yield SkipTask(shown, second)
                         continue
-                    found.add(path)
                     kind = member_kind(member)
                     if kind:
                         entry = self.entries[listed[0]]
                         raise DimdError(f"{self.list_file}:{entry.line}: {entry.path}: {kind} in {self.shown}")
-                    if member.size > MAX_IMAGE_BYTES:
-                        yield from (skip_task(shown, too_large(member.size)) for _ in listed)
+                    too_large = IMAGE_SIZE.problem(member.size)
+                    if too_large:
+                        yield from (SkipTask(shown, too_large) for _ in listed)
                         continue
                     task = image_task(tar, member, "", -1, shown, self.in_place)
                     for i in listed:  # a member listed twice is packed twice, its bytes read once here
-                        yield (self.entries[i].path, self.entries[i].label, *task[2:])
+                        yield task._replace(name=self.entries[i].path, label=self.entries[i].label)
             except ArchiveProblem as problem:
                 ended = problem
-                yield skip_task(f"{self.shown}: {problem.member}" if problem.member else self.shown, problem.reason)
+                yield SkipTask(where(self.shown, problem.member), problem.reason)
         for entry in self.entries:
-            if member_path(entry.path) not in found:
+            if member_path(entry.path) not in read:
                 if ended is None:
                     raise DimdError(f"{self.list_file}:{entry.line}: {entry.path}: no such member in {self.shown}")
-                yield skip_task(f"{self.shown}: {entry.path}", "not read: the archive ends before it")
+                yield SkipTask(where(self.shown, entry.path), "not read: the archive ends before it")
 
     def finish(self, writer: PackWriter) -> list[str]:
         """Records in list order (a name listed twice takes its places in turn)."""

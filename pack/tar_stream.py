@@ -26,6 +26,8 @@ import tarfile
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
+from dimd.errors import describe
+
 #: The read buffer of an uncompressed tar, and the block size of a compressed one's stream: large
 #: enough that a network file system sees few, long reads.
 READ_BUFFER = 1 << 20
@@ -92,10 +94,10 @@ def open_tar(path: str | Path, fileobj: BinaryIO | None = None) -> Iterator[tarf
         try:
             tar = tarfile.open(fileobj=fileobj, mode=mode, bufsize=READ_BUFFER)  # type: ignore[call-overload]
         except tarfile.CompressionError as exc:  # the Python was built without zlib, bz2 or lzma
-            raise ArchiveProblem("", f"cannot be read by this Python's tarfile ({_describe(exc)})",
+            raise ArchiveProblem("", f"cannot be read by this Python's tarfile ({describe(exc)})",
                                  ends=False) from None
         except (tarfile.TarError, EOFError, OSError) as exc:
-            what = "an empty file" if not head else f"not a tar archive ({_describe(exc)})"
+            what = "an empty file" if not head else f"not a tar archive ({describe(exc)})"
             raise ArchiveProblem("", what, ends=False) from None
         stack.callback(tar.close)
         yield tar
@@ -147,9 +149,9 @@ def _next(tar: tarfile.TarFile, previous: tarfile.TarInfo) -> tarfile.TarInfo | 
         raise ArchiveProblem("", f"truncated (end of file inside the header after {previous.name})") from None
     except tarfile.HeaderError as exc:
         raise ArchiveProblem("", f"damaged (no valid member header after {previous.name}: "
-                                 f"{_describe(exc)})") from None
+                                 f"{describe(exc)})") from None
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:  # a corrupt compressed stream, mostly
-        raise ArchiveProblem("", f"damaged after {previous.name} ({_describe(exc)})") from None
+        raise ArchiveProblem("", f"damaged after {previous.name} ({describe(exc)})") from None
 
 
 def read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
@@ -268,6 +270,27 @@ def is_hidden(path: str) -> bool:
     return any(part.startswith(".") for part in path.split("/"))
 
 
+def extracted_file(member: tarfile.TarInfo) -> str | None:
+    """The path of a member as the folder source would list it once ``tar x`` extracted it; None for a
+    folder, a hidden path, the top folder itself, or a path outside it."""
+    path = member_path(member.name)
+    if not path or member.isdir() or is_hidden(path):
+        return None
+    return path
+
+
+SECOND_MEMBER = "a second member of the same name in this tar; packed once, the first"
+
+
+def second_member(path: str, read: set[str]) -> str | None:
+    """Why a member is skipped as the second of its path in one tar (:data:`SECOND_MEMBER`), or None; the
+    path is then one of ``read``."""
+    if path in read:
+        return SECOND_MEMBER
+    read.add(path)
+    return None
+
+
 def tree_key(path: str) -> tuple[tuple[int, str], ...]:
     """Sorts the paths of one class folder as the folder source walks them.
 
@@ -291,7 +314,3 @@ def member_kind(member: tarfile.TarInfo) -> str | None:
     kind = {tarfile.FIFOTYPE: "a FIFO", tarfile.CHRTYPE: "a character device",
             tarfile.BLKTYPE: "a block device"}.get(member.type, f"tar type {member.type!r}")
     return f"not a regular file ({kind})"
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__

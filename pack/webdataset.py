@@ -17,18 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from dimd.pack.config import IMAGE_SIZE, LABEL_SIZE
 from dimd.pack.labels import parse_label
-from dimd.pack.streamed import SourceFile, StreamedSource, Task, archive_task, skip_task
-from dimd.pack.config import MAX_IMAGE_BYTES, too_large
+from dimd.pack.streamed import SourceFile, StreamedSource, where
 from dimd.pack.tar_source import image_task
-from dimd.pack.tar_stream import (ArchiveProblem, is_hidden, member_kind, member_path, members, on_local_disk,
+from dimd.pack.tar_stream import (ArchiveProblem, extracted_file, member_kind, member_path, members, on_local_disk,
                                   open_tar, read_member)
+from dimd.pack.tasks import ArchiveTask, MemberTask, SkipTask, Task
 
 #: The image of a sample: the first of these extensions it has.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "json")
-#: A label member larger than this is not a label (it is not read).
-MAX_LABEL_BYTES = 1 << 20
 _KEY = re.compile(r"^((?:.*/|)[^./][^.]*)\.([^/]+)$")
 
 
@@ -42,7 +41,7 @@ def split_key(path: str) -> tuple[str, str] | None:
 class _Sample:
     key: str
     labels: dict[str, bytes] = field(default_factory=dict)   # "cls" / "json" -> its bytes
-    images: dict[str, Task] = field(default_factory=dict)    # extension -> the image as a task
+    images: dict[str, MemberTask] = field(default_factory=dict)    # extension -> the image as a task
     problem: str | None = None
 
     def has(self, extension: str) -> bool:
@@ -62,7 +61,7 @@ class WebDatasetSource(StreamedSource):
 
     def tasks(self) -> Iterator[Task]:
         for shard in self.shards:
-            yield archive_task(str(shard))
+            yield ArchiveTask(str(shard))
             yield from self._shard(shard)
 
     def _shard(self, shard: Path) -> Iterator[Task]:
@@ -71,8 +70,8 @@ class WebDatasetSource(StreamedSource):
         try:
             with open_tar(shard) as tar:
                 for member in members(tar):
-                    path = member_path(member.name)
-                    split = split_key(path) if path and not member.isdir() and not is_hidden(path) else None
+                    path = extracted_file(member)
+                    split = split_key(path) if path is not None else None
                     if split is None:
                         continue
                     key, extension = split
@@ -86,7 +85,7 @@ class WebDatasetSource(StreamedSource):
             lost = split_key(member_path(problem.member) or "") if problem.member else None
             if sample is not None and lost is not None and lost[0] == sample.key:
                 sample = None   # a member of it is lost: the skip below names that member
-            yield skip_task(f"{shard}: {problem.member}" if problem.member else str(shard), problem.reason)
+            yield SkipTask(where(shard, problem.member), problem.reason)
         if sample is not None:
             yield self._task(shard, sample)
 
@@ -94,32 +93,31 @@ class WebDatasetSource(StreamedSource):
         if sample.has(extension):
             sample.problem = sample.problem or f"two {sample.key}.{extension} members"
             return
-        limit = MAX_IMAGE_BYTES if extension in IMAGE_EXTENSIONS else MAX_LABEL_BYTES
-        problem = member_kind(member) or (too_large(member.size) if member.size > limit else None)
+        limit = IMAGE_SIZE if extension in IMAGE_EXTENSIONS else LABEL_SIZE
+        problem = member_kind(member) or limit.problem(member.size)
         if problem:
             sample.problem = sample.problem or f"{member.name}: {problem}"
         elif extension in LABEL_EXTENSIONS:
             sample.labels[extension] = read_member(tar, member)
         else:  # the label is not known yet: filled in by _task
             sample.images[extension] = image_task(tar, member, f"{shard.name}/{member.name}", -1,
-                                                  f"{shard}: {member.name}", in_place)
+                                                  where(shard, member.name), in_place)
 
     def _task(self, shard: Path, sample: _Sample) -> Task:
-        shown = f"{shard}: {sample.key}"
+        shown = where(shard, sample.key)
         if sample.problem:
-            return skip_task(shown, sample.problem)
+            return SkipTask(shown, sample.problem)
         image = next((e for e in IMAGE_EXTENSIONS if e in sample.images), None)
         if image is None:
-            return skip_task(shown, "no image (" + ", ".join(f".{e}" for e in IMAGE_EXTENSIONS) + ")")
+            return SkipTask(shown, "no image (" + ", ".join(f".{e}" for e in IMAGE_EXTENSIONS) + ")")
         label, problem = self._label(sample)
         if problem is None:
             assert label is not None
             problem = self.label_problem(label)
         if problem:
-            return skip_task(shown, problem)
+            return SkipTask(shown, problem)
         assert label is not None
-        name, _, kind, payload = sample.images[image]
-        return name, label, kind, payload
+        return sample.images[image]._replace(label=label)
 
     def _label(self, sample: _Sample) -> tuple[int | None, str | None]:
         """(label, None), or (None, why the sample has no single label)."""

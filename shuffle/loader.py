@@ -33,7 +33,7 @@ from dimd.shuffle.pinned import page_lock, page_unlock
 from dimd.shuffle.shm import Segment
 from dimd.shuffle.store import DistributedStore
 from dimd.shuffle.streams import SAMPLER, stream
-from dimd.shuffle.workers import DecodeWorkers, Task, int64_bytes
+from dimd.shuffle.workers import DecodeTask, DecodeWorkers, int64_bytes
 
 #: 2: the sampler's and the crops' random streams got their purpose word (dimd.shuffle.streams).
 STATE_VERSION = 2
@@ -308,16 +308,16 @@ class BatchLoader:
         tickets, parts = [], min(self.decode_workers, n)
         for k in range(parts):   # one chunk per worker (plain ints: this runs once per batch, on the rank)
             lo, hi = n * k // parts, n * (k + 1) // parts
-            task = Task(ring=self._ring.key, slot_offset=slot * self._slot_bytes, count=n, lo=lo, hi=hi,
-                        image_size=size, train=self.train, scale=self.crop_scale, crop_ratio=self.crop_ratio,
-                        draw_key=draw_key,
-                        source=self._store_key if paths is None else None,
-                        offsets=None if offsets is None else int64_bytes(offsets[lo:hi]),
-                        lengths=None if lengths is None else int64_bytes(lengths[lo:hi]),
-                        crcs=None if crcs is None else int64_bytes(crcs[lo:hi]),
-                        paths=paths(indices[lo:hi]) if paths is not None else None,
-                        cold=bool(getattr(store, "cold", False)),
-                        records=int64_bytes(records[lo:hi]), data_path=str(store.path))
+            task = DecodeTask(ring=self._ring.key, slot_offset=slot * self._slot_bytes, count=n, lo=lo, hi=hi,
+                              image_size=size, train=self.train, scale=self.crop_scale, crop_ratio=self.crop_ratio,
+                              draw_key=draw_key,
+                              source=self._store_key if paths is None else None,
+                              offsets=None if offsets is None else int64_bytes(offsets[lo:hi]),
+                              lengths=None if lengths is None else int64_bytes(lengths[lo:hi]),
+                              crcs=None if crcs is None else int64_bytes(crcs[lo:hi]),
+                              paths=paths(indices[lo:hi]) if paths is not None else None,
+                              cold=bool(getattr(store, "cold", False)),
+                              records=int64_bytes(records[lo:hi]), data_path=str(store.path))
             worker = (step + k) % self.decode_workers
             tickets.append((worker, self._pool.submit(worker, task)))
         return _Batch(step, slot, indices, labels, tickets, size)

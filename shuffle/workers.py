@@ -58,7 +58,7 @@ class WorkerDied(DimdError):
 
 
 @dataclass(frozen=True)
-class Task:
+class DecodeTask:
     """Decode images ``lo:hi`` of a batch of ``count`` into ``ring``'s slot at byte ``slot_offset``.
 
     ``offsets``/``lengths`` locate each of the batch's ``lo:hi`` records in
@@ -92,12 +92,13 @@ class Task:
 
 
 def int64_bytes(values: np.ndarray) -> bytes:
-    """``values`` as the raw int64 bytes a :class:`Task` carries (``np.frombuffer(b, np.int64)`` reads them)."""
+    """``values`` as the raw int64 bytes a :class:`DecodeTask` carries (``np.frombuffer(b, np.int64)`` reads
+    them)."""
     return np.ascontiguousarray(values, np.int64).tobytes()
 
 
 # ---------------------------------------------------------------------------- the worker process
-def decode_task(task: Task, segments: dict[int, Segment]) -> None:
+def decode_task(task: DecodeTask, segments: dict[int, Segment]) -> None:
     """Decode ``task``'s images into its slot; raises :class:`DecodeError` naming the record."""
     from dimd.shuffle.crop import draw_crops
     from dimd.shuffle.decode import DecodeError, crop_hwc, eval_hwc, to_chw
@@ -127,7 +128,7 @@ def decode_task(task: Task, segments: dict[int, Segment]) -> None:
             raise DecodeError(f"{where}: {why}") from None
 
 
-def _record(task: Task, data: np.ndarray | None, offsets: np.ndarray | None, lengths: np.ndarray | None,
+def _record(task: DecodeTask, data: np.ndarray | None, offsets: np.ndarray | None, lengths: np.ndarray | None,
             k: int) -> bytes | memoryview:
     """The encoded bytes of the task's ``k``-th record: a view of the store's segment, or its file."""
     if task.paths is not None:
@@ -317,7 +318,7 @@ class DecodeWorkers:
             for w in range(self.count):
                 self._send(w, message)
 
-    def submit(self, worker: int, task: Task) -> int:
+    def submit(self, worker: int, task: DecodeTask) -> int:
         with self._lock:
             self._tickets += 1
             self._send(worker, pickle.dumps(("decode", self._tickets, task)))

@@ -6,6 +6,7 @@ shows (the entry point, no traceback, no heavy imports) runs in one.
 
 import os
 
+import pytest
 from conftest import invoke_dimd, run_dimd
 
 from dimd import __version__
@@ -75,3 +76,27 @@ def test_quiet_drops_the_progress_lines_and_keeps_the_results(packed_sample, tmp
     assert quiet.stdout.startswith("ok: 48 records")
     made = run_dimd("sample-data", tmp_path / "sample", "--classes", "2", "--per-class", "2", "--quiet", check=True)
     assert made.stderr == "" and made.stdout.startswith("wrote 4 images")
+
+
+def test_an_exception_inside_a_message_is_one_line_without_the_path_named_already():
+    from dimd.errors import describe
+
+    assert describe(FileNotFoundError(2, "No such file or directory", "/data/x.jpg")) == "No such file or directory"
+    assert describe(ValueError("bad header\nat byte 512\n")) == "bad header"
+    assert describe(EOFError()) == "EOFError"
+
+
+
+def test_a_late_progress_bar_counts_from_its_start_and_an_error_ends_it_without_its_last_line(capsys):
+    from dimd.console import LateProgress
+
+    with LateProgress() as bar:
+        bar.advance(5)                      # before the total is known: not counted
+        bar.start(3, "pack", unit="img", status=lambda: "1 archives")
+        bar.advance(3)
+    assert capsys.readouterr().err.startswith("pack: 3/3 img (100%), 1 archives, ")
+    with pytest.raises(KeyboardInterrupt), LateProgress() as bar:
+        bar.start(3, "pack", unit="img")
+        bar.advance(1)
+        raise KeyboardInterrupt
+    assert capsys.readouterr().err == ""

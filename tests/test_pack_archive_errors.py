@@ -21,6 +21,7 @@ from hostile import jpeg, one_error_line, small_tree, temporaries
 from PIL import Image
 
 from dimd.format import PackedDataset
+from dimd.pack.config import IMAGE_SIZE, LABEL_SIZE
 from dimd.pack.tar_stream import readable_compression
 
 sys.path.insert(0, str(BENCH / "probes"))
@@ -193,6 +194,69 @@ def test_webdataset_samples_without_one_label_are_skipped_and_named(tmp_path):
     strict = pack(shard, "-o", tmp_path / "strict", "--strict")
     assert one_error_line(strict) == (f"{shard}: unlabelled: no label (no unlabelled.cls or unlabelled.json) "
                                       "(--strict stops at the first bad image)")
+
+
+def test_a_label_member_over_the_label_limit_is_skipped_naming_that_limit(tmp_path):
+    """A KEY.cls of 1 MiB and one byte is no label: its skip names the label limit, not the image one."""
+    over = LABEL_SIZE.most + 1
+    shard = write_tar(tmp_path / "shard-0.tar", {"ok.jpg": jpeg((20, 20)), "ok.cls": b"0",
+                                                 "big.jpg": jpeg((20, 20)), "big.cls": b"1".ljust(over)})
+    proc = pack(shard, "-o", tmp_path / "out", "--skipped", tmp_path / "skipped.txt")
+    assert proc.returncode == 0, proc.stderr
+    assert skipped(tmp_path / "skipped.txt") == [
+        [f"{shard}: big", "big.cls: 1,048,577 bytes, more than a label member (KEY.cls or KEY.json) may have "
+                          "(1,048,576)"]]
+    assert PackedDataset(tmp_path / "out").names == ["shard-0.tar/ok.jpg"]
+
+
+def sparse_tar(path: Path, name: str, size: int, then: dict[str, bytes]) -> Path:
+    """A tar whose first member, ``name``, claims ``size`` bytes of zeros, written as a hole (no disk used)."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    with open(path, "wb") as f:
+        f.write(info.tobuf(format=tarfile.GNU_FORMAT))
+        f.seek(-(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE, io.SEEK_CUR)
+        f.write(tar_bytes(then))
+    return path
+
+
+@pytest.mark.parametrize("source", ["folder", "flat tar"])
+def test_an_image_over_the_image_limit_is_skipped_unread_naming_that_limit(tmp_path, source):
+    """A 1 GiB + 1 byte image (a sparse file, or a member claiming that size) is skipped before it is read."""
+    over = IMAGE_SIZE.most + 1
+    (tmp_path / "list.txt").write_text("huge.jpg 0\nsmall.jpg 1\n")
+    if source == "folder":
+        src = tmp_path / "images"
+        src.mkdir()
+        (src / "small.jpg").write_bytes(jpeg((20, 20)))
+        with open(src / "huge.jpg", "wb") as f:
+            f.truncate(over)
+        where = "huge.jpg"
+    else:
+        src = sparse_tar(tmp_path / "val.tar", "huge.jpg", over, {"small.jpg": jpeg((20, 20))})
+        where = f"{src}: huge.jpg"
+    proc = pack(src, "--list", tmp_path / "list.txt", "-o", tmp_path / "out", "--skipped", tmp_path / "skipped.txt")
+    assert proc.returncode == 0, proc.stderr
+    assert skipped(tmp_path / "skipped.txt") == [
+        [where, "1,073,741,825 bytes, more than an image file may have (1,073,741,824)"]]
+    assert PackedDataset(tmp_path / "out").names == ["small.jpg"]
+
+
+@pytest.mark.parametrize("source", ["tar of tars", "flat tar"])
+def test_a_second_member_of_one_name_is_skipped_and_the_first_packed(tmp_path, source):
+    """``x.jpg`` and ``./x.jpg`` extract to one file: the first (20x30, packed 16x24) is the record."""
+    flat = write_tar(tmp_path / "flat.tar", {"x.jpg": jpeg((20, 30)), "./x.jpg": jpeg((30, 20))})
+    if source == "flat tar":
+        (tmp_path / "list.txt").write_text("x.jpg 0\n")
+        src, options, where = flat, ("--list", tmp_path / "list.txt"), f"{flat}: ./x.jpg"
+    else:
+        src, options = write_tar(tmp_path / "train.tar", {"a.tar": flat.read_bytes()}), ()
+        where = f"{src}: a.tar/./x.jpg"
+    proc = pack(src, *options, "-o", tmp_path / "out", "--skipped", tmp_path / "skipped.txt")
+    assert proc.returncode == 0, proc.stderr
+    assert skipped(tmp_path / "skipped.txt") == [
+        [where, "a second member of the same name in this tar; packed once, the first"]]
+    assert PackedDataset(tmp_path / "out").records["height"].tolist() == [24]
 
 
 def test_a_shard_named_twice_is_read_once_or_refused_before_any_work(tmp_path):

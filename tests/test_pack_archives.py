@@ -24,6 +24,8 @@ from PIL import Image
 
 from dimd.format import PackedDataset
 from dimd.pack.locate import expand_braces
+from dimd.pack.streamed import where
+from dimd.pack.tar_stream import extracted_file
 from dimd.pack.packer import PackConfig, pack
 
 sys.path.insert(0, str(BENCH / "probes"))
@@ -220,3 +222,24 @@ def test_the_json_summary_names_each_archive_and_its_size(sample_tree, tmp_path)
 ])
 def test_brace_patterns_expand_as_webdataset_writes_them(pattern, expected):
     assert expand_braces(pattern) == expected
+
+
+@pytest.mark.parametrize("name, kind, extracted", [
+    ("./a/b.jpg", tarfile.REGTYPE, "a/b.jpg"),
+    ("/a/b.jpg", tarfile.REGTYPE, "a/b.jpg"),
+    ("a/.hidden/b.jpg", tarfile.REGTYPE, None),
+    ("a/.b.jpg", tarfile.REGTYPE, None),
+    ("a/b", tarfile.DIRTYPE, None),
+    ("./", tarfile.DIRTYPE, None),
+    ("../b.jpg", tarfile.REGTYPE, None),
+])
+def test_members_are_seen_as_the_folder_source_sees_their_extracted_files(name, kind, extracted):
+    member = tarfile.TarInfo(name)
+    member.type = kind
+    assert extracted_file(member) == extracted
+
+
+def test_a_place_in_an_archive_is_named_archive_colon_path():
+    assert where(Path("train.tar"), "n01.tar", "x.JPEG") == "train.tar: n01.tar/x.JPEG"
+    assert where("data.parquet", "row 7") == "data.parquet: row 7"
+    assert where("train.tar", "") == "train.tar"

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from dimd.console import progress
+from dimd.console import LateProgress, progress
 from dimd.errors import DimdError
 from dimd.options import (OUTPUT_FILE, build_config, cli_message, config_option, json_option,
                           processes_option, quiet_option)
 from dimd.pack.config import PackConfig
 from dimd.units import format_bytes
+
+if TYPE_CHECKING:
+    from dimd.pack.packer import AnySource, PackResult
 
 #: An input file (--list, --classes-file); outputs are OUTPUT_FILE, checked before the work.
 _FILE = click.Path(dir_okay=False, path_type=Path)
@@ -96,59 +98,70 @@ def pack_command(src: tuple[Path, ...], skipped_file: Path | None, json_path: Pa
     from dimd.report import result_document, write_json
 
     config = build_config(PackConfig, src=src[0] if len(src) == 1 else src, **fields)
-    bars = contextlib.ExitStack()
-    bar: list[Callable[[int], None]] = [lambda n: None]   # the progress bar, once the source is known
+    with PackProgress(config, quiet=quiet) as shown:
+        result = pack(config, advance=shown.advance, on_skip=shown.on_skip, on_start=shown.on_start,
+                      on_archive=shown.on_archive)
+    if skipped_file is not None:
+        from dimd.fsutil import atomic_write_text
 
-    def advance(n: int = 1) -> None:
-        bar[0](n)
+        atomic_write_text(skipped_file, "".join(f"{n}\t{cli_message(r)}\n" for n, r in result.skipped))
+    _say_how_it_went(config, result)
+    if json_path is not None:
+        write_json(json_path, result_document("pack", config, result.summary()))
 
-    # Listing a million-file tree on a parallel file system takes a while: say so, but only then.
-    scanning = threading.Timer(SCAN_NOTICE_S, lambda: click.echo(
-        f"scanning {config.shown_src} (listing every image before packing) ...", err=True))
-    scanning.daemon = True
-    if not quiet:
-        scanning.start()
-    bars.callback(scanning.cancel)
 
-    archives_read, archives_total = [0], [0]   # the second known up front for shards and Parquet files
+class PackProgress(LateProgress):
+    """What ``dimd pack`` shows while it works: a line if listing SRC takes a while, a progress bar once the
+    source is known (with the archives read, for a source read front to back), the first skips. A context:
+    the bar ends with it."""
 
-    def status() -> str:
-        return f"{archives_read[0]}/{archives_total[0]} archives" if archives_total[0] else \
-            f"{archives_read[0]} archives"
+    def __init__(self, config: PackConfig, *, quiet: bool) -> None:
+        super().__init__(enabled=not quiet)
+        self.strict = config.strict
+        self.archives_read = 0
+        self.archives: int | None = 0    # the source's: 0 for none, None when known only once read
+        self.skips = 0
+        # Listing a million-file tree on a parallel file system takes a while: say so, but only then.
+        self._scanning = threading.Timer(SCAN_NOTICE_S, lambda: click.echo(
+            f"scanning {config.shown_src} (listing every image before packing) ...", err=True))
+        self._scanning.daemon = True
+        if not quiet:
+            self._scanning.start()
 
-    def on_start(source) -> None:
-        scanning.cancel()
-        archives_total[0] = getattr(source, "archives", None) or 0
-        bar[0] = bars.enter_context(
-            progress(source.count, f"pack ({source.kind})", unit="img", enabled=not quiet,
-                     status=status if hasattr(source, "archives") else None))
+    def __exit__(self, *exc: Any) -> None:
+        self._scanning.cancel()
+        super().__exit__(*exc)
 
-    def on_archive(name: str) -> None:
-        archives_read[0] += 1
+    def on_start(self, source: AnySource) -> None:
+        self._scanning.cancel()
+        self.archives = source.archives
+        self.start(source.count, f"pack ({source.kind})", unit="img",
+                   status=self.status if source.archives != 0 else None)
 
-    skips = [0]
+    def status(self) -> str:
+        return f"{self.archives_read}/{self.archives} archives" if self.archives else f"{self.archives_read} archives"
 
-    def on_skip(name: str, reason: str) -> None:
-        if config.strict:
+    def on_archive(self, name: str) -> None:
+        self.archives_read += 1
+
+    def on_skip(self, name: str, reason: str) -> None:
+        if self.strict:
             return  # the pack stops with one line saying the same
-        skips[0] += 1
-        if skips[0] <= SKIP_LINES:
+        self.skips += 1
+        if self.skips <= SKIP_LINES:
             click.echo(f"dimd: skipped {name}: {cli_message(reason)}", err=True)
-        elif skips[0] == SKIP_LINES + 1:
+        elif self.skips == SKIP_LINES + 1:
             click.echo("dimd: skipping more; the rest are not named here (`--skipped FILE` names every "
                        "one), only counted at the end", err=True)
 
-    with bars:
-        result = pack(config, advance=advance, on_skip=on_skip, on_start=on_start, on_archive=on_archive)
+
+def _say_how_it_went(config: PackConfig, result: PackResult) -> None:
+    """The notes (temporaries removed or left, records put in order) and the summary line."""
     for path in result.stale_removed:
         click.echo(f"dimd: removed {path}, left by a pack that no longer runs", err=True)
     for path in result.stale_foreign:
         click.echo(f"dimd: note: {path} was left by a pack on another host; remove it if that "
                    "pack no longer runs", err=True)
-    if skipped_file is not None:
-        from dimd.fsutil import atomic_write_text
-
-        atomic_write_text(skipped_file, "".join(f"{n}\t{cli_message(r)}\n" for n, r in result.skipped))
     if result.source_info.get("reordered"):
         order = {"tree": "the extracted tree's", "list": "the list's"}[result.source_info["record_order"]]
         click.echo(f"dimd: note: {config.shown_src} is not in {order} order; its records were put in that "
@@ -160,9 +173,6 @@ def pack_command(src: tuple[Path, ...], skipped_file: Path | None, json_path: Pa
                f"{result.workers} worker{'s' if result.workers != 1 else ''}"
                + (f", {result.archives} archive{'s' if result.archives != 1 else ''} read"
                   if result.source_info else ""))
-
-    if json_path is not None:
-        write_json(json_path, result_document("pack", config, result.summary()))
 
 
 @click.command("inspect")
