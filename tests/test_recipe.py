@@ -1,9 +1,15 @@
-"""The training recipe's pieces against their definitions: label smoothing is torch's loss."""
+"""The training recipe's pieces against their definitions and in a run: label smoothing is torch's loss, the EMA is
+evaluated beside the model and resumes, the target stops and records, LARS under S-SGD and SMA, progressive
+resizing epoch by epoch, --compile on two ranks; each bad setting one line naming its flag."""
+
+import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from mpi_case import case, say, world
 
 from dimd.train.learners import Learners
 from dimd.train.sgd import SSGD, make_optimizer
@@ -216,3 +222,56 @@ def test_bad_optimizer_settings_are_refused_in_one_line():
                              (dict(optimizer="lars", precision="16-mixed"), "lars cannot skip an overflowed")):
         with pytest.raises(ConfigError, match=message):
             TrainConfig(train="t", val="v", **options)
+
+
+TINY_MODEL = '''
+from torch import nn
+
+
+def build(num_classes):
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(4, num_classes))
+'''
+
+
+@case
+def compiled_ranks_agree(data: str, model_file: str) -> None:
+    """Two ranks train a compiled replica: the buckets' allreduce keeps them bit-identical, and the weights are
+    the eager run's within float rounding."""
+    from dimd.train.config import SSGDConfig, TrainConfig
+    from dimd.train.engine import Trainer
+
+    comm = world()
+    results = []
+    for compiled in (False, True):
+        config = TrainConfig(train=data, val=data, model=f"{model_file}:build", image_size=16, epochs=1,
+                             batch_size=4, lr=0.05, lr_scaling=False, decode_workers=1, threads=1, seed=3,
+                             allreduce="ring", ssgd=SSGDConfig(compile=compiled, overlap=compiled))
+        trainer = Trainer(config, comm)
+        result = trainer.run()
+        results.append(([t.detach().clone() for t in trainer.model.state_dict().values()], result))
+    (eager, _), (compiled, result) = results
+    close = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(eager, compiled))
+    say(json.dumps({"identical": result.replicas_identical, "close": close,
+                    "overlap": result.allreduce_choice["overlap"]}))
+
+
+@pytest.mark.mpi
+def test_a_compiled_replica_trains_alike_on_two_ranks_and_stays_identical(packed_sample, tmp_path):
+    from conftest import mpi_run
+
+    model_file = tmp_path / "tiny.py"
+    model_file.write_text(TINY_MODEL)
+    proc = mpi_run(compiled_ranks_agree, 2, str(packed_sample), str(model_file), timeout=240, check=True)
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert reports and all(r == {"identical": True, "close": True, "overlap": True} for r in reports)
+
+
+def test_compile_with_cuda_graphs_or_sma_is_refused_in_one_line():
+    from dimd.errors import ConfigError
+    from dimd.train.config import SSGDConfig, TrainConfig
+
+    with pytest.raises(ConfigError, match="cuda_graphs cannot go with `compile`"):
+        TrainConfig(train="t", val="v", device="cuda", cuda_graphs=True, ssgd=SSGDConfig(compile=True))
+    with pytest.raises(ConfigError, match="compile is a setting of S-SGD: SMA's learners are K replicas"):
+        TrainConfig(train="t", val="v", sync="sma", ssgd=SSGDConfig(compile=True))

@@ -22,8 +22,8 @@ from dimd.checks import at_least, finite, in_range, one_of, positive, require
 from dimd.errors import ConfigError
 from dimd.shuffle.crop import EVAL_CROP_RATIO
 from dimd.stall import STALL_TIMEOUT_S
-from dimd.train.rules import (branches_need_graphs, graphs_asked, graphs_need_a_gpu, overlap_cannot_be_captured,
-                              threads_cannot_be_captured)
+from dimd.train.rules import (branches_need_graphs, compile_is_not_captured, graphs_asked, graphs_need_a_gpu,
+                              overlap_cannot_be_captured, threads_cannot_be_captured)
 from dimd.train.schedule import SCHEDULES
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -67,6 +67,7 @@ class SSGDConfig(Section):
     nesterov: bool = False                # Nesterov momentum in the replica's optimizer
     ema: float | None = None              # decay per step of the weights' moving average (dimd.train.ema); None: off
     ema_every: int = EMA_EVERY            # steps between two updates of that average
+    compile: bool = False                 # run the replica's forward and backward as torch.compile's code
 
     #: Why each field is S-SGD's: the end of SMA's refusal.
     WHY: ClassVar[dict[str, str]] = {
@@ -76,6 +77,7 @@ class SSGDConfig(Section):
         "nesterov": "SMA's learners use Polyak momentum, as Crossbow's do",
         "ema": "SMA's central model z is itself an average of the learners' weights",
         "ema_every": "SMA's central model z is itself an average of the learners' weights",
+        "compile": "SMA's learners are K replicas over rows of flat buffers, which dimd does not compile",
     }
 
     def __post_init__(self) -> None:
@@ -83,6 +85,11 @@ class SSGDConfig(Section):
                 "noise scale needs each rank's whole gradient before any bucket is reduced")
         in_range(self, "ema", 0.0, 1.0, low_open=True, high_open=True, optional=True)
         at_least(self, "ema_every", 1)
+        if self.compile:
+            import torch
+
+            require(hasattr(torch, "compile") and hasattr(torch.nn.Module, "compile"), "compile",
+                    f"needs torch.compile, which this torch ({torch.__version__}) lacks: leave it out")
 
 
 @dataclass(frozen=True)
@@ -246,6 +253,7 @@ class TrainConfig:
         if self.cuda_graphs:
             graphs_need_a_gpu(self.device).check()
             overlap_cannot_be_captured(self.ssgd.overlap).check()
+            compile_is_not_captured(self.ssgd.compile).check()
             threads_cannot_be_captured(self.sma.learner_compute).check()
         asked = graphs_asked(self.cuda_graphs, self.device)
         if asked is not None:

@@ -53,6 +53,15 @@ def overlap_cannot_be_captured(overlap: bool | None) -> Rule:
                 "buckets while backward runs; leave one out")
 
 
+def compile_is_not_captured(compiled: bool) -> Rule:
+    """Whether graphs can go with S-SGD's ``compile``: torch.compile's code makes CUDA graphs of its own
+    ("reduce-overhead"), and dimd's capture of a step that runs compiled code has not been shown to hold."""
+    return Rule(not compiled, "the forward runs eagerly" if not compiled else
+                "--compile runs the forward as torch.compile's code, which dimd does not capture",
+                "cuda_graphs", "cannot go with `compile`: torch.compile's code is not captured by dimd's graphs "
+                "(its own mode reduce-overhead makes graphs); leave one out")
+
+
 def branches_need_graphs(learner_compute: str, graphs: tuple[bool, str]) -> Rule:
     """Whether SMA's ``learner_compute`` can run with ``graphs`` (on, and the line saying why): branches is one
     CUDA graph with a branch per learner, so it needs graphs on (and so a GPU)."""
@@ -76,7 +85,7 @@ def graphs_asked(choice: bool | None, device: str) -> tuple[bool, str] | None:
 
 
 def graphs_rule(choice: bool | None, device: str, batch_size: int, image_size: int, *,
-                learner_compute: str, overlap: bool | None = None) -> tuple[bool, str]:
+                learner_compute: str, overlap: bool | None = None, compiled: bool = False) -> tuple[bool, str]:
     """Whether a run's steps replay as CUDA graphs, and why, in one line (it goes into the JSON).
 
     ``device``: the run's device type. The conflicts of an explicit ``--cuda-graphs`` are refused by the
@@ -85,7 +94,8 @@ def graphs_rule(choice: bool | None, device: str, batch_size: int, image_size: i
     asked = graphs_asked(choice, device)
     if asked is not None:
         return asked
-    for rule in (overlap_cannot_be_captured(overlap), threads_cannot_be_captured(learner_compute)):
+    for rule in (overlap_cannot_be_captured(overlap), threads_cannot_be_captured(learner_compute),
+                 compile_is_not_captured(compiled)):
         if not rule.on:
             return False, f"off: {rule.why}"
     pixels = batch_size * image_size * image_size

@@ -150,6 +150,10 @@ def plan_run(config: TrainConfig, comm: Any, *, on_event: Callable[[str], None] 
     tensor_format = memory_format(config.channels_last if config.sync == "ssgd" else False, device, model)
     model.to(device, memory_format=tensor_format)  # type: ignore[call-overload]  # torch's stub lacks it
     broadcast_state(model, comm)   # MPI: every rank starts from rank 0's weights
+    if config.ssgd.compile:
+        # In place: the state dict's names stay (checkpoints, export); the parameters and their gradient hooks
+        # are the module's own, so the buckets, overlap and the flat buffer see the same gradients.
+        model.compile()
     nbytes = gradient_bytes(model)
     model_info = {"name": config.model, "parameters": parameter_count(model), "gradient_bytes": nbytes,
                   "classes": len(store.classes), **recorded_source(config.model)}
@@ -400,8 +404,9 @@ def graphs_choice(config: TrainConfig, device: torch.device, model: torch.nn.Mod
     problem = capture_problem(model)
     if config.cuda_graphs:
         agree_or_raise(comm, problem and f"{problem}: give it a momentum, or leave out `cuda_graphs`")  # MPI: one model
-    on, rule = graphs_rule(config.cuda_graphs, device.type, config.batch_size, config.image_size,
-                           overlap=config.ssgd.overlap, learner_compute=config.sma.learner_compute)
+    on, rule = graphs_rule(config.cuda_graphs, device.type, config.batch_size, config.largest_image_size,
+                           overlap=config.ssgd.overlap, learner_compute=config.sma.learner_compute,
+                           compiled=config.ssgd.compile)
     if on and problem:
         on, rule = False, f"off: {problem}"
     if config.sync == "sma":
