@@ -358,6 +358,16 @@ def test_convergence_on_one_rank_without_mpirun(colour_set, tmp_path):
         assert steps[-1] == (run["updates"] if hits else 2 * per_epoch)   # it stops at the target
 
 
+def test_convergence_trains_its_runs_with_the_optimizer_it_is_given_and_names_it(colour_set, tmp_path):
+    path = tmp_path / "conv_lars.json"
+    proc = run_dimd(*convergence_args(colour_set, "--target-top1", "0.3", "--batch-sizes", "4,16", "--seeds", "1",
+                                      "--max-epochs", "1", "--lr", "2", "--optimizer", "lars", "--lars-trust",
+                                      "0.02", "--json", path))
+    assert proc.returncode == 0 or "reached the target" in proc.stderr, proc.stderr
+    figures = json.loads(path.read_text())["result"]
+    assert {run["optimizer"] for run in figures["runs"]} == {"lars"}
+
+
 def test_convergence_refuses_bad_inputs_in_one_line(colour_set, tmp_path):
     one_line_error(invoke_dimd(*convergence_args(colour_set, "--target-top1", "0.5", "--batch-sizes", "8,8")),
                    "needs at least 2 distinct global batch sizes to fit N_inf and alpha, got 8,8")

@@ -21,7 +21,7 @@ from dimd.commands.mpi_job import mpi_command
 from dimd.console import print_table
 from dimd.options import (ALLREDUCE_ALGORITHM, INT_LIST, OUTPUT_FILE, SIZE, NameListType, build_config,
                           config_option, json_option, quiet_option, shared_option, stall_timeout_option)
-from dimd.train.config import DEVICES, TrainConfig
+from dimd.train.config import DEVICES, OPTIMIZERS, TrainConfig
 from dimd.train.plan.config import (POWERS_OF_TWO_TO_1024, CommFitConfig, ConvergenceConfig, SolveConfig,
                                     StepTimeConfig)
 from dimd.units import format_seconds as seconds
@@ -238,6 +238,10 @@ def _print_comm(figures: dict[str, Any]) -> None:
 @config_option(ConvergenceConfig, "image_size", "--image-size",
                help="Square input size in pixels [default: the size the model is designed for].")
 @shared_option(ConvergenceConfig, "crop_scale", default_from=TrainConfig)
+@config_option(ConvergenceConfig, "optimizer", "--optimizer", type=click.Choice(OPTIMIZERS),
+               help="The runs' optimizer, as dimd train's --optimizer: N_update(M) is fitted per optimizer, and "
+                    "solve names the one it assumes [default: sgd].")
+@config_option(ConvergenceConfig, "lars_trust", "--lars-trust", help="With --optimizer lars [default: dimd train's].")
 @config_option(ConvergenceConfig, "momentum", "--momentum", help="[default: dimd train's]")
 @config_option(ConvergenceConfig, "weight_decay", "--weight-decay", help="[default: dimd train's]")
 @config_option(ConvergenceConfig, "allreduce", "--allreduce", type=ALLREDUCE_ALGORITHM,

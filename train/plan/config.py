@@ -141,7 +141,7 @@ class SolveConfig:
 
 #: The TrainConfig fields ``plan-batch convergence`` passes through when given (None: `dimd train`'s default).
 CONVERGENCE_TRAIN_FIELDS = ("lr", "warmup_epochs", "momentum", "weight_decay", "crop_scale", "allreduce",
-                            "device", "decode_workers")
+                            "device", "decode_workers", "optimizer", "lars_trust")
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,8 @@ class ConvergenceConfig:
     allreduce: str | None = None              # with G >= 2; None: the fastest measured at start-up
     device: str | None = None
     decode_workers: int | None = None
+    optimizer: str | None = None              # None: dimd train's (sgd); the fit is per optimizer
+    lars_trust: float | None = None           # with optimizer lars; None: dimd train's
 
     def __post_init__(self) -> None:
         from dimd.train.models import MODELS
