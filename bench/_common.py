@@ -239,27 +239,34 @@ class SampleSet:
 
 def sample_set(classes: int = 10, per_class: int = 64, val_per_class: int = 8, seed: int = 1,
                work: Path = WORK, log: Callable[[str], None] = lambda line: None,
-               short_side: int = 256) -> SampleSet:
+               short_side: int = 256, large_share: float | None = None,
+               deadline: float | None = None) -> SampleSet:
     """``dimd sample-data`` + ``dimd pack`` at ``short_side`` (cached in the work folder by its parameters).
 
     ``files`` holds each packed record as a file, so reading from files and
     reading from memory decode the very same bytes: the comparison measures
-    where the bytes come from, not a different resize.
+    where the bytes come from, not a different resize. ``large_share``:
+    sample-data's share of images over 1000 px (its default when None; 0 for
+    a set packed small, where they only cost time). ``deadline``
+    (time.monotonic()): no command runs past it.
     """
     root = work / "data" / (f"c{classes}x{per_class}v{val_per_class}s{seed}"
-                            + (f"-side{short_side}" if short_side != 256 else ""))
+                            + (f"-side{short_side}" if short_side != 256 else "")
+                            + (f"-large{large_share:g}" if large_share is not None else ""))
     done = root / ".complete"
     result = SampleSet(root / "images" / "train", root / "train", root / "val", root / "files")
     if done.exists():
         return result
     log(f"generating the sample set in {root} ({classes} classes x {per_class} images)")
     dimd = BIN / "dimd"
-    run([dimd, "sample-data", result.images, "--classes", classes, "--per-class", per_class, "--seed", seed])
-    run([dimd, "sample-data", root / "images" / "val", "--classes", classes, "--per-class", val_per_class,
-         "--seed", seed + 1000])
+    large = ["--large-share", large_share] if large_share is not None else []
+    for folder, count, seeded in ((result.images, per_class, seed), (root / "images" / "val", val_per_class,
+                                                                      seed + 1000)):
+        run([dimd, "sample-data", folder, "--classes", classes, "--per-class", count, "--seed", seeded, *large],
+            timeout=time_left(deadline))
     side = ["--short-side", short_side]
-    run([dimd, "pack", result.images, "-o", result.train, "--force", "--quiet", *side])
-    run([dimd, "pack", root / "images" / "val", "-o", result.val, "--force", "--quiet", *side])
+    for folder, stem in ((result.images, result.train), (root / "images" / "val", result.val)):
+        run([dimd, "pack", folder, "-o", stem, "--force", "--quiet", *side], timeout=time_left(deadline))
     write_records_as_files(result.train, result.files)
     done.touch()
     return result

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import (Context, JobError, Reproduction, dimd_job, gpu_decode_workers, no_cuda_line,
+from _common import (Context, JobError, Reproduction, SampleSet, dimd_job, gpu_decode_workers, no_cuda_line,
                      python_job, sample_set, spread, steady, time_left)
 
 SCRIPT = "bench/cuda_graphs.py"
@@ -93,6 +93,14 @@ class Setup:
     def eager_twin(self) -> str:
         return Setup(self.sync, self.batch, self.learners, "eager").name
 
+    @property
+    def graphs(self) -> int:
+        """The graphs its strategy captures on one rank: S-SGD's step; SMA's learners (one graph of branches, or
+        one graph per learner), their update and the synchronisation."""
+        if not self.graphed:
+            return 0
+        return 1 if self.sync == "ssgd" else (1 if self.how == "branches" else self.learners) + 2
+
 
 def build_setup(setup: Setup, model_name: str, image_size: int, device: Any) -> tuple[Callable[[], Any], Any]:
     """One set-up's step on fixed batches on ``device`` (a function), and its strategy."""
@@ -135,7 +143,12 @@ def build_setup(setup: Setup, model_name: str, image_size: int, device: Any) -> 
     return step, strategy
 
 
-def images_per_s(step: Callable[[], Any], images: int, seconds: float, device: Any, at_least: int = 5) -> float:
+#: The fewest steps a timing takes, however short its ``--seconds``.
+AT_LEAST_STEPS = 5
+
+
+def images_per_s(step: Callable[[], Any], images: int, seconds: float, device: Any,
+                 at_least: int = AT_LEAST_STEPS) -> float:
     """Steps for about ``seconds`` (at least ``at_least``): images per second, the device's queue drained."""
     import torch
 
@@ -167,6 +180,17 @@ def grid_job(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.runs):   # interleaved: the machine's drift hits every set-up alike
         for setup in setups:
             rates[setup.name].append(images_per_s(steps[setup.name], setup.images, args.seconds, device))
+    captures = {name: strategy.figures()["cuda_graphs"] for name, strategy in strategies.items()
+                if "cuda_graphs" in strategy.figures()}
+    return {"device": str(device), **grid_figures(setups, rates, captures),
+            "max_memory_allocated": torch.cuda.max_memory_allocated() if device.type == "cuda" else None}
+
+
+def grid_figures(setups: list[Setup], rates: dict[str, list[float]],
+                 captures: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A grid's figures from each set-up's images/s per run and its graphs' records: the spreads, the ratios
+    taken within a run (graphed over its eager twin, SMA's graphed learners over the largest eager S-SGD batch,
+    K graphs on K streams over one graph of K branches), and what the captures cost."""
     ratios = {}
     for setup in setups:
         twin = setup.eager_twin
@@ -181,12 +205,9 @@ def grid_job(args: argparse.Namespace) -> dict[str, Any]:
                          for how, k in (("loop", 4), ("branches", 4)))
     if streams and branches:
         ratios[f"{streams} / {branches}"] = spread(a / b for a, b in zip(rates[streams], rates[branches]))
-    captures = {name: strategy.figures()["cuda_graphs"] for name, strategy in strategies.items()
-                if "cuda_graphs" in strategy.figures()}
-    return {"device": str(device), "images_per_s": {name: spread(v) for name, v in rates.items()}, "ratios": ratios,
+    return {"images_per_s": {name: spread(v) for name, v in rates.items()}, "ratios": ratios,
             "captures": {name: {"capture_seconds": c["capture_seconds"], "pool_bytes": c["pool_bytes"],
-                                "captures": len(c["captures"])} for name, c in captures.items()},
-            "max_memory_allocated": torch.cuda.max_memory_allocated() if device.type == "cuda" else None}
+                                "captures": len(c["captures"])} for name, c in captures.items()}}
 
 
 def device_versions() -> dict[str, Any]:
@@ -232,10 +253,11 @@ def step_grids(p: dict[str, Any], folder: Path, log: Callable[[str], None], *,
 
 
 def train_runs(p: dict[str, Any], folder: Path, log: Callable[[str], None], work: Path, workers: int, *,
-               deadline: float | None = None) -> dict[str, Any]:
-    """dimd train's set-ups on a 32-px sample set (packed at a short side of ``short_side``)."""
-    data = sample_set(p["classes"], p["per_class"], p["val_per_class"], log=log, short_side=p["short_side"],
-                      work=work)
+               deadline: float | None = None, data: SampleSet | None = None) -> dict[str, Any]:
+    """dimd train's set-ups on a 32-px sample set: ``data``, or one made from ``p`` (packed at a short side of
+    ``short_side``)."""
+    data = data or sample_set(p["classes"], p["per_class"], p["val_per_class"], log=log,
+                              short_side=p["short_side"], work=work)
     chosen = dict(TRAIN_SETUPS)
     runs: dict[str, Any] = {}
     for name in p["train_setups"]:

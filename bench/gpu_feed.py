@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import (Context, JobError, Reproduction, dimd_job, gpu_decode_workers, no_cuda_line,
+from _common import (Context, JobError, Reproduction, SampleSet, dimd_job, gpu_decode_workers, no_cuda_line,
                      python_job, sample_set, spread, steady, time_left)
 
 SCRIPT = "bench/gpu_feed.py"
@@ -219,15 +219,15 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
         raise JobError(problem)
     p = {**ctx.size(FULL, QUICK), "workers": gpu_decode_workers()}
     p["decodes"] = ["cpu", "gpu"] if has_torchvision() else ["cpu"]
-    return p, measure_grid(p, ctx.folder(), ctx.log, ctx.work)
+    return p, {**measure_grid(p, ctx.folder(), ctx.log, ctx.work), **device_versions()}
 
 
 def measure_grid(p: dict[str, Any], folder: Path, log: Any, work: Path, *,
-                 deadline: float | None = None) -> dict[str, Any]:
-    """The grid of ``p``: ``setups`` (model, precision) pairs, or every model in every precision; with
-    ``dataloader`` False no DataLoader runs, with ``loaders_alone`` False no loader-alone runs.
-    ``deadline`` (time.monotonic()): no job runs past it (bench/gpu_check.py's short grid)."""
-    data = sample_set(p["classes"], p["per_class"], p["val_per_class"], log=log, work=work)
+                 deadline: float | None = None, data: SampleSet | None = None) -> dict[str, Any]:
+    """The grid of ``p`` on ``data`` (or a set made from ``p``): ``setups`` (model, precision) pairs, or every
+    model in every precision; with ``dataloader`` False no DataLoader runs, with ``loaders_alone`` False no
+    loader-alone runs. ``deadline`` (time.monotonic()): no job runs past it (bench/gpu_check.py's short grid)."""
+    data = data or sample_set(p["classes"], p["per_class"], p["val_per_class"], log=log, work=work)
     common = ["--image-size", p["image_size"], "--batch-size", p["batch_size"], "--epochs", p["epochs"]]
     pairs = p.get("setups") or [(model, precision) for model in p["models"] for precision in p["precisions"]]
     trained: dict[str, list[float]] = {}
@@ -276,9 +276,7 @@ def measure_grid(p: dict[str, Any], folder: Path, log: Any, work: Path, *,
                 if setup != base and base in runs:
                     ratios[f"{setup} / {base}"] = spread(v / b for v, b in zip(values, runs[base]))
         setups[key] = {"images_per_s": {s: spread(v) for s, v in runs.items()}, "ratios": ratios}
-    figures = {"setups": setups, "loaders_alone": {s: spread(v) for s, v in alone.items()},
-               "records": data.records, **device_versions()}
-    return figures
+    return {"setups": setups, "loaders_alone": {s: spread(v) for s, v in alone.items()}, "records": data.records}
 
 
 def plot(envelope: dict[str, Any]) -> Any:
