@@ -129,10 +129,12 @@ gpu-feed:
 	$(PY) bench/gpu_feed.py
 
 # ---- one GPU: every CUDA path and the headline ratios in one command (bench/gpu_check.py) ---------------
-# `pytest -m cuda`, the CUDA-graphs grid, two ranks sharing the GPU, one rank's --allreduce nccl against the
-# default with bench-allreduce --device cuda, a short gpu_feed grid: one JSON
-# (gpu_check.json in the results folder of bench/) and one table, within 8 minutes on one H100, set-up
-# included. Without CUDA it says so in one line and exits 2. On a machine whose own Python holds a CUDA torch and no package index
+# The sample sets, `pytest -m cuda`, the CUDA-graphs grid, two ranks sharing the GPU, one rank's --allreduce
+# nccl against the default with bench-allreduce --device cuda, a short gpu_feed grid: one JSON (gpu_check.json
+# in the results folder of bench/) and one table, each target measured or not measured. Every job is priced
+# before it runs (bench/gpu_costs.py) and the prices fit 420 s, within 8 minutes on one H100 or H200 with the
+# set-up; `$(PY) bench/gpu_check.py --plan` prints them, without a GPU. Without CUDA the check says so in one
+# line and exits 2. On a machine whose own Python holds a CUDA torch and no package index
 # is reachable, `make gpu-wheels` (where one is) puts the wheels dimd still needs into .whl/, and gpu-check
 # first installs them with this checkout into $(GPU_VENV) (bench/gpu_setup.sh, about 15 s); docs/gpu.md.
 GPU_VENV ?= /tmp/dimd-gpu

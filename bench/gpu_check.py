@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""``make gpu-check``: every CUDA path of dimd and its headline ratios, in one command on one GPU, within 7 minutes.
+"""``make gpu-check``: every CUDA path of dimd and its headline ratios, in one command on one GPU, priced to 7 minutes.
 
     make gpu-check                                  # on a GPU machine
     python bench/gpu_check.py --plan                # its jobs and the seconds each is priced at (no GPU needed)
@@ -10,18 +10,18 @@ Whoever has a GPU machine at hand runs this first. Every job it launches is pric
 (bench/gpu_costs.py), and the prices add up to at most the budget of 420 s. In this order, each in processes
 of its own:
 
-0. ``prepare``: the two generated sample sets, built once (32 px for graphs, ranks and nccl; 224 px for feed);
+0. ``prepare``: the two generated sample sets, built once, side by side (32 px for graphs, ranks and nccl;
+   224 px for feed);
 1. ``tests``: ``pytest -m cuda`` over the test files that hold CUDA tests;
 2. ``graphs``: CUDA graphs (bench/cuda_graphs.py, short): the step grid of resnet20 at 32 px (S-SGD at batch 16
-   and 256, 4 learners of 16 as one graph of branches and as 4 graphs on 4 streams, each eager and graphed) and
-   resnet18 at 224 px (batch 16 and 128, 4 learners of 16), medians of 3 interleaved runs; then ``dimd train``
-   on the 32-px set (S-SGD at batch 16 eager and graphed, 4 graphed learners of 16, S-SGD at batch 256 eager),
-   3 epochs each;
+   and 256, eager and graphed; 4 learners of 16 as one graph of branches and as 4 graphs on 4 streams) and
+   resnet18 at 224 px (batch 16 and 128, the same 4 learners), medians of 3 interleaved runs; then ``dimd
+   train`` on the 32-px set (S-SGD at batch 16 eager and graphed, 4 graphed learners of 16), 3 epochs each;
 3. ``ranks``: two ranks sharing the GPU for one S-SGD epoch (graphed: two graphs around the host allreduce);
 4. ``nccl``: ``dimd bench-allreduce --device cuda`` on one rank (NCCL in device memory, the copies to the host
    and back alone, the host algorithms with them; 1 to 64 MiB and resnet50's gradients), then ``dimd train`` on
    one rank with ``--allreduce nccl`` against the default one-rank run (which skips the reduction): resnet20
-   at 32 px, batch 16 (graphed), 3 epochs, 2 interleaved runs each;
+   at 32 px, batch 16 (graphed), 2 epochs, 2 interleaved runs each;
 5. ``feed``: a short bench/gpu_feed.py grid at 224 px, batch 128: resnet50 in 32-true and resnet18 in
    bf16-mixed, the ceiling, ``dimd train`` and the DataLoader script, one run each.
 

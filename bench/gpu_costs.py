@@ -88,8 +88,9 @@ class Costs:
     #: A dimd command that leaves the GPU alone (sample-data, pack): about 1 s on the development VM; 2 s.
     cli_s: float = 2.0
     #: CPU-seconds per image to generate (``dimd sample-data``; the share of large images at its default, or
-    #: none) and to pack it (at a short side of 36 or 256 px): the development VM, 1,000 images,
-    #: ``time dimd sample-data DIR --classes 10 --per-class 100 [--large-share 0]`` and ``time dimd pack``.
+    #: none) and to pack it (at a short side of 256 px; 0.0012 at 36): the development VM, 1,000 images,
+    #: ``time dimd sample-data DIR --classes 10 --per-class 100 [--large-share 0]`` and ``time dimd pack``
+    #: (user + sys, under other sessions' load; the processes' start included).
     generate_cpu_s: float = 0.022
     generate_small_cpu_s: float = 0.0076
     pack_cpu_s: float = 0.0022

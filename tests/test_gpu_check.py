@@ -41,6 +41,7 @@ def test_the_plan_prints_each_parts_jobs_and_fits_the_budget_without_a_gpu(bench
     assert plan.total <= plan.budget and plan.mark("feed") == plan.total
     assert all(job.seconds > 0 for jobs in plan.steps.values() for job in jobs)
     assert list(check.make_plan(["tests"], 420, check.COSTS, check.SETS).steps) == ["tests"]   # no set: no prepare
+    assert check.make_plan(["nccl", "ranks"], 420, check.COSTS, check.SETS).sets == ("32 px",)
 
 
 # ----------------------------------------------------------------------------- the whole check, device stubbed
