@@ -377,7 +377,7 @@ class Plan:
         out = []
         for step, jobs in self.steps.items():
             out.append(f"{step}: {math.ceil(self.seconds(step))} s")
-            out += [f"  {job.seconds:5.0f} s  {job.what}" for job in jobs]
+            out += [f"  {math.ceil(job.seconds):5d} s  {job.what}" for job in jobs]   # rounded up, as the total
         over = f" (over it by {math.ceil(self.total - self.budget)} s)" if self.total > self.budget else ""
         out.append(f"total {math.ceil(self.total)} s of a {self.budget:.0f} s budget{over}")
         return out

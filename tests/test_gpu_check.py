@@ -157,7 +157,7 @@ class Harness:
         monkeypatch.setattr(gpu_feed, "has_torchvision", lambda: True)   # its DataLoader jobs run, as planned
         monkeypatch.setattr(self.check, "WORK", folder / "work")
         monkeypatch.setitem(self.check.GRAPHS, "seconds", 0.01)
-        self.costs = bench("gpu_costs").Costs(process_s=0.3, mpi_s=0.1, train_start_s=0.2, setup_s=0.02,
+        self.costs = bench("gpu_costs").Costs(process_s=0.5, mpi_s=0.1, train_start_s=0.2, setup_s=0.02,
                                               capture_s=0.02, dataloader_start_s=0.1, allreduce_row_s=0.01,
                                               cuda_test_s=0.02, cli_s=4.0)
         self.sets = {name: self.check.SetSpec(**TINY) for name in self.check.SETS}
