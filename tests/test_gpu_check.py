@@ -262,6 +262,9 @@ def test_the_graphs_step_grid_runs_its_set_ups_on_the_cpu_stand_in(bench, tmp_pa
                                      "SMA 2x2 graphed (branches) / SMA 2x2 eager"}
     assert result["captures"]["SMA 2x2 graphed (branches)"]["captures"] == 3     # learners, update, sync
     assert [cuda_graphs.Setup.parse(text).graphs for text in ("ssgd:2:graphed", "sma:2x2:branches")] == [1, 3]
+    words = ["python", "bench/cuda_graphs.py", "--job", "grid", "--setups", "ssgd:2:eager,sma:2x2:branches",
+             "--runs", "2"]
+    assert set(DeviceStandIn(RuntimeError).grid(words)) <= set(result)   # the harness test's stand-in says no more
 
 
 def test_the_nccl_parts_one_rank_runs_work_end_to_end_on_the_cpu_through_gloo(bench, packed_sample, tmp_path):
@@ -278,6 +281,10 @@ def test_the_nccl_parts_one_rank_runs_work_end_to_end_on_the_cpu_through_gloo(be
     assert all(rate["median"] > 0 for rate in runs["train"].values()) and runs["over_default"]["median"] > 0
     assert runs["choices"]["--allreduce gloo"]["allreduce"] == "gloo"
     assert runs["choices"]["default (one rank skips the reduction)"]["how"] == "single rank"
+    real = json.loads((tmp_path / "train_gloo_run0.json").read_text())["result"]   # what the stand-in imitates
+    stood_in = DeviceStandIn(RuntimeError).train(["dimd", "train", "--batch-size", "8", "--epochs", "2"])
+    assert set(stood_in) <= set(real) and set(stood_in["history"][0]) <= set(real["history"][0])
+    assert set(stood_in["allreduce_choice"]) <= set(real["allreduce_choice"])
 
 
 if __name__ == "__main__":
