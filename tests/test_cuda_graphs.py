@@ -130,7 +130,7 @@ def test_graphed_sma_learners_on_the_gpu_match_the_eager_learners(compute):
                  (eager.learner_group.B, graph.learner_group.B)):
         torch.testing.assert_close(b, a, rtol=STEP_TOLERANCE[0], atol=STEP_TOLERANCE[1])
     parts = [c["graph"] for c in graph.figures()["cuda_graphs"]["captures"]]
-    assert parts == (["learners"] if compute == "branches" else [f"learner {j}" for j in range(4)]) + ["sync"]
+    assert parts == (["learners"] if compute == "branches" else [f"learner {j}" for j in range(4)]) + ["update", "sync"]
 
 
 class HalfOfTwoRanks:
@@ -213,7 +213,7 @@ def test_sma_with_graphed_learners_trains_as_the_eager_learners(packed_sample, t
     sma = ["--epochs", "1", "--sync", "sma", "--learners", "2"]
     graphed = train(packed_sample, tmp_path / "graphed", *sma, "--cuda-graphs", "--learner-compute", "branches")
     eager = train(packed_sample, tmp_path / "eager", *sma, "--no-cuda-graphs")
-    assert [c["graph"] for c in graphed["cuda_graphs"]["captures"]] == ["learners", "sync"]
+    assert [c["graph"] for c in graphed["cuda_graphs"]["captures"]] == ["learners", "update", "sync"]
     assert graphed["compute"] == "branches" and eager["compute"] == "loop"
     assert_runs_close(graphed, eager)
 
@@ -236,5 +236,7 @@ def test_the_auto_tuner_re_captures_the_learners_it_adds_and_says_so():
     decisions = sma.tuner.decisions
     assert decisions and decisions[0].learners_after == 2 and any("adding a learner" in e for e in events)
     captures = sma.figures()["cuda_graphs"]["captures"]
-    assert [c["reason"] for c in captures[:4]] == ["first capture"] * 2 + ["learners per rank 1 -> 2"] * 2
-    assert captures[2]["shape"] == "2 x 16x3x32x32"
+    # learner 0, update, sync; then learners 0 and 1, update, sync again for the new learner count
+    assert [c["reason"] for c in captures[:7]] == ["first capture"] * 3 + ["learners per rank 1 -> 2"] * 4
+    assert [c["graph"] for c in captures[3:7]] == ["learner 0", "learner 1", "update", "sync"]
+    assert captures[3]["shape"] == "2 x 16x3x32x32"
