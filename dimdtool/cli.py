@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "bench-io": "dimd.commands.bench_io:bench_io",
     "bench-allreduce": "dimd.commands.bench_allreduce:bench_allreduce",
     "train": "dimd.commands.train:train",
+    "eval": "dimd.commands.eval_checkpoint:eval_command",
     "plan-batch": "dimd.commands.plan_batch:plan_batch",
 }
 
