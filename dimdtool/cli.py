@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "bench-allreduce": "dimd.commands.bench_allreduce:bench_allreduce",
     "train": "dimd.commands.train:train",
     "eval": "dimd.commands.eval_checkpoint:eval_command",
+    "export": "dimd.commands.export:export_command",
     "plan-batch": "dimd.commands.plan_batch:plan_batch",
 }
 
@@ -76,7 +77,7 @@ class LazyGroup(click.Group):
 
             command = self.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None
             click.echo(f"dimd: error: {cli_message(str(exc), command.callback if command else None)}", err=True)
-            ctx.exit(1)
+            ctx.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
             message, code = signals.interrupt_exit(exc)
             click.echo(f"dimd: {message}", err=True)

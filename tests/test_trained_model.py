@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from conftest import invoke_dimd, pack_tree_as_is, run_mpi_dimd
 
 EPOCHS = 3
+#: Every test reads the module's training run, which starts MPI ranks.
+pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,6 @@ def logged_epoch(run: Path) -> dict:
     return json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
 
 
-@pytest.mark.mpi
 def test_eval_on_the_runs_ranks_gives_the_logged_figures_to_the_image(trained, colour_set, tmp_path):
     run_mpi_dimd(2, "eval", last_checkpoint(trained), colour_set, "--threads", "1", "--decode-workers", "1",
                  "--json", tmp_path / "eval.json", timeout=120, check=True)
@@ -80,3 +82,128 @@ def test_eval_refuses_a_validation_set_of_other_classes_before_loading_it(traine
     proc = invoke_dimd("eval", last_checkpoint(trained), other)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "4 of its 4 classes are not classes of" in proc.stderr and str(other) in proc.stderr
+
+
+# -- dimd export -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "model"
+    invoke_dimd("export", last_checkpoint(trained), "-o", out, "--torchvision", "--onnx", check=True)
+    return out
+
+
+def test_torchvision_loads_the_exported_resnet18_strictly_and_gives_dimds_logits(trained, exported):
+    import torch
+
+    from dimd.train.checkpoint_eval import read_trained_model
+    from torchvision_reference import pil_is_pillow_simd, torchvision_resnet
+
+    reference = torchvision_resnet("resnet18")(num_classes=4).eval()
+    state = torch.load(exported / "model.pt", weights_only=True)
+    reference.load_state_dict(state, strict=True)
+    ours = read_trained_model(last_checkpoint(trained)).build()
+    images = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(reference(images), ours(images), atol=1e-5)
+        with warnings.catch_warnings():   # torch deprecates TorchScript
+            warnings.simplefilter("ignore", DeprecationWarning)
+            scripted = torch.jit.load(str(exported / "model.ts"))
+        assert torch.allclose(scripted(images), ours(images), atol=1e-5)
+    assert pil_is_pillow_simd()
+
+
+def test_the_export_says_how_to_feed_the_model_and_what_it_scored(trained, exported):
+    import onnx
+
+    meta = json.loads((exported / "meta.json").read_text())
+    logged = logged_epoch(trained)
+    assert meta["classes"] == ["red", "green", "blue", "grey"] and meta["torchvision"] == "resnet18"
+    assert (meta["input_size"], meta["resize_shorter_side"], meta["centre_crop"]) == (16, 18, 16)
+    assert meta["normalize"]["mean"] == pytest.approx([0.485, 0.456, 0.406])
+    assert meta["epoch"] == EPOCHS and meta["val_top1"] == logged["val_top1"] and meta["dimd_version"]
+    assert sorted(p.name for p in exported.parent.iterdir()) == ["model"]   # no temporary left beside it
+    onnx.checker.check_model(onnx.load(str(exported / "model.onnx")))
+
+
+def rewritten(trained: Path, path: Path, change) -> Path:
+    """The run's last checkpoint with ``change`` applied to its document, saved at ``path``."""
+    import torch
+
+    torch.save(change(torch.load(last_checkpoint(trained), weights_only=True)), path)
+    return path
+
+
+def old_name(key):
+    if isinstance(key, str) and key.startswith(("conv1.", "bn1.")):
+        return ("stem.0." if key.startswith("conv1.") else "stem.1.") + key.split(".", 1)[1]
+    return key
+
+
+def old_names(value):
+    """Checkpoint version 5's names of the ImageNet ResNets' stem, in any state dict of ``value``."""
+    if isinstance(value, dict):
+        return {old_name(k): old_names(v) for k, v in value.items()}
+    return [old_names(v) for v in value] if isinstance(value, list) else value
+
+
+def test_a_checkpoint_of_the_old_resnet_names_is_read_through_the_renaming(trained, colour_set, tmp_path):
+    """Version 5 named the ResNet stem ``stem.0``/``stem.1``: such a checkpoint evaluates and exports as before."""
+    import torch
+
+    old = rewritten(trained, tmp_path / "old.pt", lambda document: {**old_names(document), "version": 5})
+    assert "stem.0.weight" in torch.load(old, weights_only=True)["model"]
+    for name, path in (("old", old), ("new", last_checkpoint(trained))):
+        invoke_dimd("eval", path, colour_set, "--threads", "1", "--decode-workers", "1",
+                    "--json", tmp_path / f"{name}.json", check=True)
+    new, renamed = (json.loads((tmp_path / f"{name}.json").read_text())["result"] for name in ("new", "old"))
+    assert (renamed["top1"], renamed["loss"]) == (new["top1"], new["loss"])
+    invoke_dimd("export", old, "-o", tmp_path / "model", "--torchvision", check=True)
+    assert "conv1.weight" in torch.load(tmp_path / "model" / "model.pt", weights_only=True)
+
+
+def test_export_refuses_a_folder_that_exists_without_force_and_replaces_it_with(trained, tmp_path):
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    proc = invoke_dimd("export", last_checkpoint(trained), "-o", out)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"dimd: error: {out}: exists (set --force to replace it)"]
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    invoke_dimd("export", last_checkpoint(trained), "-o", out, "--force", check=True)
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "model.pt", "model.ts"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_export_refuses_torchvision_names_for_a_model_torchvision_has_not(trained, tmp_path):
+    from dimd.train.models import build_model
+
+    resnet20 = rewritten(trained, tmp_path / "resnet20.pt", lambda document: {
+        **document, "model_name": "resnet20", "model": build_model("resnet20", 4).state_dict()})
+    proc = invoke_dimd("export", resnet20, "-o", tmp_path / "model", "--torchvision")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"dimd: error: {resnet20}: model 'resnet20' has no torchvision counterpart whose names its state dict "
+        "could take; --torchvision names are for resnet18, resnet50"]
+    invoke_dimd("export", resnet20, "-o", tmp_path / "model", check=True)   # with dimd's own names
+    assert not (tmp_path / "model" / "meta.json").read_text().count('"torchvision": "')
+
+
+def test_a_checkpoint_whose_weights_are_not_its_models_is_refused_by_eval_and_export(trained, colour_set, tmp_path):
+    three = rewritten(trained, tmp_path / "three.pt",
+                      lambda document: {**document, "classes": ["red", "green", "blue"]})
+    for proc in (invoke_dimd("eval", three, colour_set), invoke_dimd("export", three, "-o", tmp_path / "model")):
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+        assert f"{three}: does not fit model 'resnet18' with 3 classes (" in proc.stderr
+    assert not (tmp_path / "model").exists()
+
+
+def test_export_without_the_onnx_package_refuses_onnx_in_one_line(trained, tmp_path, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else find_spec(name, *a))
+    proc = invoke_dimd("export", last_checkpoint(trained), "-o", tmp_path / "model", "--onnx")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "dimd: error: --onnx needs the onnx package: pip install 'dimd[onnx]'"]
+    assert not (tmp_path / "model").exists()
