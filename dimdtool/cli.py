@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "train": "dimd.commands.train:train",
     "eval": "dimd.commands.eval_checkpoint:eval_command",
     "export": "dimd.commands.export:export_command",
+    "predict": "dimd.commands.predict:predict_command",
     "plan-batch": "dimd.commands.plan_batch:plan_batch",
 }
 

@@ -207,3 +207,71 @@ def test_export_without_the_onnx_package_refuses_onnx_in_one_line(trained, tmp_p
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "dimd: error: --onnx needs the onnx package: pip install 'dimd[onnx]'"]
     assert not (tmp_path / "model").exists()
+
+
+# -- dimd predict -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def image_files(colour_set, tmp_path_factory) -> tuple[list[Path], list[str]]:
+    """The colour set's 48 records as the JPEG files they were packed from, and each one's class."""
+    from dimd.format import PackedDataset
+
+    folder = tmp_path_factory.mktemp("images")
+    packed = PackedDataset(colour_set)
+    paths, labels = [], []
+    for i in range(len(packed)):
+        path = folder / packed.name(i).replace("/", "-")
+        path.write_bytes(bytes(packed.record(i)))
+        paths.append(path)
+        labels.append(packed.classes[packed.label(i)])
+    return paths, labels
+
+
+def test_predict_gives_each_image_the_probabilities_of_evals_batches(trained, exported, colour_set, image_files,
+                                                                     world, tmp_path):
+    """The files hold the packed records' bytes: predict's probabilities are those of the model on the batches
+    evaluation's loader makes of the records (the same crop, resize and normalisation), image for image."""
+    import torch
+
+    from dimd.shuffle import Normalize, open_loader
+    from dimd.train.checkpoint_eval import read_trained_model
+
+    paths, labels = image_files
+    invoke_dimd("predict", exported, *paths, "--json", tmp_path / "predict.json", check=True)
+    predictions = json.loads((tmp_path / "predict.json").read_text())["predictions"]
+    assert [p["image"] for p in predictions] == list(map(str, paths))
+    predicted = torch.tensor([[{row["class"]: row["probability"] for row in p["top"]}[name]
+                               for name in ("red", "green", "blue", "grey")] for p in predictions])
+    loader = open_loader(str(colour_set), world, 16, image_size=16, train=False, decode_workers=1)
+    model, normalize = read_trained_model(last_checkpoint(trained)).build(), Normalize(torch.device("cpu"))
+    try:
+        with torch.no_grad():
+            evaluated = torch.cat([torch.softmax(model(normalize(images)), dim=1) for images, _ in loader.epoch(0)])
+    finally:
+        loader.close()
+    assert torch.allclose(predicted, evaluated, atol=1e-6)
+    assert [p["top"][0]["class"] for p in predictions] == [["red", "green", "blue", "grey"][i]
+                                                           for i in evaluated.argmax(dim=1).tolist()]
+
+
+def test_predict_takes_a_png_of_any_size_and_goes_on_past_an_image_it_cannot_decode(exported, image_files, tmp_path):
+    from PIL import Image
+
+    paths, labels = image_files
+    with Image.open(paths[0]) as image:
+        image.convert("RGBA").resize((40, 24)).save(tmp_path / "wide.png")
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8 not a JPEG")
+    proc = invoke_dimd("predict", exported, tmp_path / "wide.png", tmp_path / "broken.jpg", paths[1], "--top", "2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"dimd: error: {tmp_path / 'broken.jpg'}: not a decodable image "
+                                                "(no image format recognised)"]
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [str(tmp_path / "wide.png"), str(paths[1])]
+    assert all(line.count("%") == 2 for line in lines)
+
+
+def test_predict_refuses_a_folder_that_is_no_export_in_one_line(tmp_path, image_files):
+    proc = invoke_dimd("predict", tmp_path, image_files[0][0])
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"dimd: error: {tmp_path / 'meta.json'}: not found (is {tmp_path} a `dimd export` folder?)"]
