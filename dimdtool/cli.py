@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "eval": "dimd.commands.eval_checkpoint:eval_command",
     "export": "dimd.commands.export:export_command",
     "predict": "dimd.commands.predict:predict_command",
+    "plot": "dimd.commands.plot:plot_command",
     "plan-batch": "dimd.commands.plan_batch:plan_batch",
 }
 

@@ -24,12 +24,12 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dimd.errors import BadInput, bad_input
-from dimd.train.checkpoint_eval import TrainedModel, read_trained_model
+
+if TYPE_CHECKING:   # torch loads when an export is written, not for `dimd --help`
+    from dimd.train.checkpoint_eval import TrainedModel
 
 META = "meta.json"
 
@@ -83,7 +83,10 @@ def export_problem(config: ExportConfig, trained: TrainedModel) -> str | None:
 
 def export_model(config: ExportConfig) -> dict[str, Any]:
     """Write the export folder ``config.out`` (see the module's docstring); returns its meta.json."""
+    import torch
+
     from dimd import __version__
+    from dimd.train.checkpoint_eval import read_trained_model
 
     with bad_input():
         trained = read_trained_model(config.checkpoint)
