@@ -1,4 +1,5 @@
-"""After training: `dimd eval` scores a checkpoint as the run did, on the run's ranks or any others."""
+"""After training: `dimd eval` scores a checkpoint as the run did, `dimd export` writes it for torchvision and
+TorchScript, `dimd predict` classifies image files with the export, and `--tensorboard` recorded the run."""
 
 from __future__ import annotations
 
@@ -17,14 +18,15 @@ pytestmark = pytest.mark.mpi
 
 @pytest.fixture(scope="module")
 def trained(colour_set, tmp_path_factory) -> Path:
-    """resnet18 (torchvision's layout) trained for three epochs on 2 ranks, at 16 px: its last checkpoint and
-    its metrics, in one folder."""
+    """resnet18 (torchvision's layout) trained for three epochs on 2 ranks, at 16 px: its last checkpoint,
+    its metrics and its TensorBoard files, in one folder."""
     out = tmp_path_factory.mktemp("trained")
     run_mpi_dimd(2, "train", colour_set, "--val", colour_set, "--model", "resnet18", "--image-size", "16",
                  "--epochs", str(EPOCHS), "--batch-size", "8", "--lr", "0.05", "--no-lr-scaling",
                  "--schedule", "constant", "--decode-workers", "1", "--threads", "1", "--allreduce", "ring",
                  "--checkpoint-dir", out / "checkpoints", "--keep-checkpoints", "1", "--metrics",
-                 out / "metrics.jsonl", "-q", timeout=180, check=True)
+                 out / "metrics.jsonl", "--tensorboard", out / "tensorboard", "--tensorboard-every", "2", "-q",
+                 timeout=180, check=True)
     return out
 
 
@@ -275,3 +277,44 @@ def test_predict_refuses_a_folder_that_is_no_export_in_one_line(tmp_path, image_
     proc = invoke_dimd("predict", tmp_path, image_files[0][0])
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"dimd: error: {tmp_path / 'meta.json'}: not found (is {tmp_path} a `dimd export` folder?)"]
+
+
+# -- dimd train --tensorboard ------------------------------------------------------------------------
+
+
+def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the TensorBoard event files of ``folder``, read back by TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_holds_the_steps_figures_and_each_epochs_validation(trained):
+    found = scalars(trained / "tensorboard")
+    epochs = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    assert [step for step, _ in found["val/top1"]] == [3, 6, 9]   # 3 steps per epoch
+    assert [value for _, value in found["val/top1"]] == pytest.approx([e["val_top1"] for e in epochs])
+    assert [value for _, value in found["val/loss"]] == pytest.approx([e["val_loss"] for e in epochs], rel=1e-6)
+    assert [step for step, _ in found["train/loss"]] == [2, 4, 6, 8]   # --tensorboard-every 2
+    assert all(0 <= value <= 1 for _, value in found["train/top1"])
+    assert [value for _, value in found["train/lr"]] == pytest.approx([0.05] * 4)
+    assert {"step_time/data", "step_time/compute", "step_time/allreduce", "step_time/optimizer"} <= set(found)
+    assert "step_time/sync" not in found and not any(tag.startswith("sma/") for tag in found)   # S-SGD
+    assert all(value > 0 for _, value in found["train/images_per_s"])
+
+
+def test_tensorboard_has_smas_learners_and_synchronisations(tmp_path):
+    from dimd.train.results import EpochMetrics
+    from dimd.train_board import TrainingBoard
+
+    board = TrainingBoard(tmp_path, every=1)
+    board.epoch(EpochMetrics(epoch=1, step=12, lr=0.1, train_loss=1.0, train_top1=0.5, val_loss=0.9, val_top1=0.6,
+                             val_top5=1.0, images=96, images_per_s=50.0, seconds=2.0, train_seconds=1.9,
+                             eval_seconds=0.1, shuffle_seconds=0.0, time_split={}, sync="sma", learners_per_rank=3,
+                             alpha=1 / 6, synchronisations=12))
+    board.close()
+    found = scalars(tmp_path)
+    assert found["sma/learners_per_rank"] == [(12, 3.0)] and found["sma/synchronisations"] == [(12, 12.0)]
+    assert found["sma/alpha"][0][1] == pytest.approx(1 / 6)
