@@ -307,7 +307,7 @@ def test_tensorboard_holds_the_steps_figures_and_each_epochs_validation(trained)
 
 def test_tensorboard_has_smas_learners_and_synchronisations(tmp_path):
     from dimd.train.results import EpochMetrics
-    from dimd.train_board import TrainingBoard
+    from dimd.train.board import TrainingBoard
 
     board = TrainingBoard(tmp_path, every=1)
     board.epoch(EpochMetrics(epoch=1, step=12, lr=0.1, train_loss=1.0, train_top1=0.5, val_loss=0.9, val_top1=0.6,

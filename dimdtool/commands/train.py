@@ -298,7 +298,7 @@ def open_board(comm, folder: Path | None, every: int):
     """Collective: rank 0's TensorBoard writer for ``folder`` (a silent one elsewhere, or without a folder);
     one line on every rank where the tensorboard extra is missing."""
     from dimd.mpi import agree_or_raise
-    from dimd.train_board import TrainingBoard, tensorboard_problem
+    from dimd.train.board import TrainingBoard, tensorboard_problem
 
     if folder is not None:
         agree_or_raise(comm, tensorboard_problem())   # MPI: every rank has the same flag
