@@ -115,6 +115,8 @@ def main() -> None:
       mpirun -n 64 dimd bench-allreduce --model resnet50 --json allreduce.json
       mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --model resnet50
       mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --sync sma --learners auto
+      mpirun -n 64 dimd eval ckpt/checkpoint-e0090-s00450360.pt /scratch/in1k/val --tta flip
+      dimd export ckpt/checkpoint-e0090-s00450360.pt -o model && dimd predict model photo.jpg
       dimd plan-batch solve --step step.json --comm comm.json --convergence conv.json
     """
 
