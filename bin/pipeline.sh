@@ -117,8 +117,9 @@ for s in $STEPS; do
         mpi_step "$work/eval.json" $DIMD eval "$checkpoint" "$work/val" --json "$work/eval.json"
         step "export -> $work/model, predict 3 validation images"
         $DIMD export "$checkpoint" -o "$work/model" --force
-        mapfile -t images < <(find "$val_src" -type f \( -iname '*.jpg' -o -iname '*.jpeg' -o -iname '*.png' \) |
-            sort | head -n 3)
+        mapfile -t images < <(find "$val_src" -type f \( -iname '*.jpg' -o -iname '*.jpeg' -o -iname '*.png' \) | sort)
+        n=${#images[@]}   # three spread over the set, so that they are of different classes where it is sorted
+        ((n > 3)) && images=("${images[0]}" "${images[n / 3]}" "${images[2 * n / 3]}")
         $DIMD predict "$work/model" "${images[@]}" --top 3 --json "$work/predict.json"
         ;;
     plot)
