@@ -71,12 +71,14 @@ def test_eval_with_flip_averages_each_image_with_its_mirror(trained, colour_set,
     assert flip["loss"] != plain["loss"]   # the mirror images' logits count too
 
 
-def test_eval_refuses_a_file_that_is_no_dimd_checkpoint_in_one_line(trained, colour_set):
-    proc = invoke_dimd("eval", trained / "metrics.jsonl", colour_set)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"dimd: error: {trained / 'metrics.jsonl'}: not a readable dimd "
-                                                "checkpoint (not the zip archive torch.save writes: truncated, "
-                                                "overwritten or another kind of file)"]
+def test_eval_and_export_refuse_a_file_that_is_no_dimd_checkpoint_in_one_line(trained, colour_set, tmp_path):
+    for proc in (invoke_dimd("eval", trained / "metrics.jsonl", colour_set),
+                 invoke_dimd("export", trained / "metrics.jsonl", "-o", tmp_path / "model")):
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines() == [f"dimd: error: {trained / 'metrics.jsonl'}: not a readable dimd "
+                                                    "checkpoint (not the zip archive torch.save writes: truncated, "
+                                                    "overwritten or another kind of file)"]
+    assert not (tmp_path / "model").exists()
 
 
 def test_eval_refuses_a_validation_set_of_other_classes_before_loading_it(trained, sample_tree, tmp_path):
