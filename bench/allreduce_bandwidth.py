@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 from _common import Context, Reproduction, dimd_job, spread
-from plotting import format_bytes
+from dimd.plotting import format_bytes
 
 FULL = {"ranks": [2, 4], "runs": 3, "min_bytes": 4, "max_bytes": 64 << 20, "factor": 4}
 QUICK = {"max_bytes": 1 << 20, "factor": 16}
@@ -48,7 +48,7 @@ def summarise(ranks: int, docs: list[dict]) -> dict[str, Any]:
 
 
 def plot(envelope: dict[str, Any]):
-    import plotting
+    from dimd import plotting
 
     panels = envelope["result"]["panels"]
     fig, axes = plotting.figure(len(panels), 2, width=5.6, height=3.9)

@@ -47,7 +47,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def plot(envelope: dict[str, Any]):
-    import plotting
+    from dimd import plotting
 
     rows = envelope["result"]["rows"]
     ranks = sorted({r["ranks"] for r in rows})

@@ -74,7 +74,7 @@ def draw_cost_model(ax: Any, model: dict[str, Any], nbytes: int) -> bool:
     Draws ``fit["algorithms"][name]["predictions"]`` (a list of ``{"ranks", "seconds"}``
     for the gradient size the fit was asked about), and nothing when the shape differs.
     """
-    import plotting
+    from dimd import plotting
 
     fits = model.get("fit", {}).get("algorithms") if model.get("status") == "fitted" else None
     if not isinstance(fits, dict):
@@ -93,7 +93,7 @@ def draw_cost_model(ax: Any, model: dict[str, Any], nbytes: int) -> bool:
 
 
 def plot(envelope: dict[str, Any]):
-    import plotting
+    from dimd import plotting
 
     result = envelope["result"]
     nbytes = result["gradient_bytes"]

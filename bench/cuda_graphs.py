@@ -306,7 +306,7 @@ def table(figures: dict[str, Any]) -> list[str]:
 
 
 def plot(envelope: dict[str, Any]) -> Any:
-    import plotting
+    from dimd import plotting
 
     grids = envelope["result"]["step_grid"]
     fig, axes = plotting.figure(1, len(grids), width=5.4, height=4.4)

@@ -62,7 +62,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def plot(envelope: dict[str, Any]):
-    import plotting
+    from dimd import plotting
 
     result = envelope["result"]
     rows = result["rows"]

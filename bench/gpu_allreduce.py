@@ -94,7 +94,7 @@ def measure(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def plot(envelope: dict[str, Any]) -> Any:
-    import plotting
+    from dimd import plotting
 
     result = envelope["result"]
     fig, axes = plotting.figure(1, 2, width=6.4, height=4.2, gridspec_kw={"width_ratios": [3, 1]})

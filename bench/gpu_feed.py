@@ -280,7 +280,7 @@ def measure_grid(p: dict[str, Any], folder: Path, log: Any, work: Path, *,
 
 
 def plot(envelope: dict[str, Any]) -> Any:
-    import plotting
+    from dimd import plotting
 
     result = envelope["result"]
     fig, axes = plotting.figure(1, 2, width=6.0, height=4.6, gridspec_kw={"width_ratios": [3, 1]})

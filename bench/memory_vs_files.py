@@ -111,7 +111,7 @@ def saving(row: dict, base: dict) -> float:
 
 
 def plot(envelope: dict[str, Any]):
-    import plotting
+    from dimd import plotting
 
     panels = envelope["result"]["panels"]
     fig, axes = plotting.figure(1, len(panels) + 1, width=4.3, height=4.1)

@@ -302,7 +302,7 @@ def summarise_loading(loading: dict[str, list[dict]]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- the figure
 def plot(envelope: dict[str, Any]):
-    import plotting
+    from dimd import plotting
 
     result = envelope["result"]
     loading, packing = result["loading"], result["packing"]

@@ -417,7 +417,7 @@ SET_COLOURS = {"mnist": "#1f77b4", "demo": "#ff7f0e"}
 
 
 def plot(envelope: dict[str, Any]) -> Any:
-    import plotting
+    from dimd import plotting
 
     figures = envelope["result"]
     fig, axes = plotting.figure(2, 2, width=6.0, height=4.2)
@@ -459,7 +459,7 @@ def _inverse_law(ax: Any, name: str, s: dict[str, Any], colour: str) -> None:
 
 
 def _check(ax: Any, check: dict[str, Any] | None, ranks: int) -> None:
-    import plotting
+    from dimd import plotting
 
     ax.set_title(f"MNIST-5k, LeNet, P = {ranks}: time to the target, T_C against measured")
     if not check:

@@ -94,7 +94,7 @@ def _comm(figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def plot(envelope: dict[str, Any]) -> Any:
-    import plotting
+    from dimd import plotting
 
     from dimd.train.plan.plot import draw_communication, draw_step_time, draw_time_to_target, draw_updates
 

@@ -95,7 +95,7 @@ def measure_on_gpu(reproduction: Reproduction, quick: bool, problem: str | None,
 
 
 def draw_one(reproduction: Reproduction, results: Path) -> Path | None:
-    import plotting
+    from dimd import plotting
 
     path = results / f"{reproduction.name}.json"
     if not path.exists():
@@ -163,7 +163,7 @@ to `MODULES` in bench/reproduce.py; the runner then measures it, writes `results
   in bench/), repeats each measurement `runs` (at least 3) times, interleaved, and returns
   `(parameters, figures)` with every repeated figure summarised by `dimd.report.spread`;
   `ctx.size(FULL, QUICK)` picks the parameters for full or `--quick` size;
-- `plot(envelope)` returns a matplotlib figure drawn with bench/plotting.py (units on every axis,
+- `plot(envelope)` returns a matplotlib figure drawn with dimdtool/plotting.py (units on every axis,
   `plotting.baseline` / `baseline_level` for the baseline, `bytes_axis` for sizes); the runner adds
   the title and the footnote (machine, commit, date, load, size) and writes the PNG through pillow-simd;
 - `findings(envelope)` returns the Markdown paragraph "Here." from the figures, not from prose
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown reproduction(s) {', '.join(unknown)}; choose from {', '.join(reproductions)}")
     chosen = args.names or [n for n, r in reproductions.items() if r.default]
 
-    import plotting
+    from dimd import plotting
 
     plotting.pyplot()   # matplotlib and pillow-simd present before any measuring starts
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # SystemExit: children get SIGTERM, clean up

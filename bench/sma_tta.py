@@ -158,7 +158,7 @@ SETUP_COLORS = {"ssgd-b": "#555555", "ssgd-2b": "#999999", "ssgd-4b": "#999999",
 def draw(comparisons: list[dict[str, Any]]) -> Any:
     """Per (data set, batch): validation top-1 against wall time (every seed, the first bold), and the
     median time to the target per set-up with its min-max spread (Crossbow's figures 9-10, as bars)."""
-    import plotting
+    from dimd import plotting
 
     fig, axes = plotting.figure(len(comparisons), 2, width=5.6, height=4.3)
     for (curves, times), comparison in zip(axes, comparisons):
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
                                                 {"comparisons": comparisons, "machine": machine()}))
     say(f"wrote {args.json}")
     try:
-        import plotting
+        from dimd import plotting
 
         plotting.save(draw(comparisons), args.json.with_suffix(".png"), json.loads(args.json.read_text()),
                       title="Time to accuracy: S-SGD against SMA")

@@ -229,7 +229,7 @@ def steady(history: list[dict]) -> dict[str, Any]:
 
 
 def plot(envelope: dict[str, Any]):
-    import plotting
+    from dimd import plotting
 
     setups = envelope["result"]["setups"]
     names = list(setups)

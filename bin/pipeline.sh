@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The dimd pipeline as workflow steps chained by files:
 #   pack train and val -> inspect -> shuffle --verify -> bench-allreduce -> train
+#   -> export (eval the last checkpoint, export it to WORKDIR/model, predict 3 validation images)
+#   -> plot (WORKDIR/run.png from the metrics; needs matplotlib: `make plots-setup`; not run by default)
 #
 # usage: bin/pipeline.sh TRAIN_SRC VAL_SRC WORKDIR [extra `dimd train` options...]
 #
@@ -15,7 +17,7 @@
 #   VAL_CLASSES            class names for VAL_LIST's labels, one per line
 #   FRESH=1                start training afresh instead of resuming from WORKDIR/checkpoints
 #   MODEL=resnet50 IMAGE_SIZE=224 EPOCHS=90 BATCH_SIZE=64 LR=0.1
-#   STEPS="pack shuffle bench train"  the steps to run, in this order
+#   STEPS="pack shuffle bench train export"  the steps to run, in this order (of these and plot)
 #
 # Every step writes its outputs under WORKDIR; a step that fails stops the pipeline, and so does an MPI
 # step whose launcher exits 0 though dimd did not write the step's JSON (its last act).
@@ -40,8 +42,8 @@ IMAGE_SIZE=${IMAGE_SIZE:-224}
 EPOCHS=${EPOCHS:-90}
 BATCH_SIZE=${BATCH_SIZE:-64}
 LR=${LR:-0.1}
-ALL_STEPS="pack shuffle bench train"
-STEPS=${STEPS:-$ALL_STEPS}
+ALL_STEPS="pack shuffle bench train export plot"
+STEPS=${STEPS:-pack shuffle bench train export}
 for s in $STEPS; do   # every name checked before the first step runs: a typo costs no pack
     [[ " $ALL_STEPS " == *" $s "* ]] || {
         echo "pipeline.sh: unknown step '$s' in STEPS='$STEPS' (steps: $ALL_STEPS)" >&2
@@ -107,6 +109,22 @@ for s in $STEPS; do
             --image-size "$IMAGE_SIZE" --epochs "$EPOCHS" --batch-size "$BATCH_SIZE" --lr "$LR" \
             --checkpoint-dir "$work/checkpoints" --resume \
             --metrics "$work/metrics.jsonl" --json "$work/train.json" "$@"
+        ;;
+    export)
+        checkpoint=$(find "$work/checkpoints" -name 'checkpoint-*.pt' | sort | tail -n 1)
+        [[ -n $checkpoint ]] || { echo "pipeline.sh: no checkpoint in $work/checkpoints (run the train step)" >&2; exit 1; }
+        step "eval $checkpoint on $NP ranks"
+        mpi_step "$work/eval.json" $DIMD eval "$checkpoint" "$work/val" --json "$work/eval.json"
+        step "export -> $work/model, predict 3 validation images"
+        $DIMD export "$checkpoint" -o "$work/model" --force
+        mapfile -t images < <(find "$val_src" -type f \( -iname '*.jpg' -o -iname '*.jpeg' -o -iname '*.png' \) | sort)
+        n=${#images[@]}   # three spread over the set, so that they are of different classes where it is sorted
+        ((n > 3)) && images=("${images[0]}" "${images[n / 3]}" "${images[2 * n / 3]}")
+        $DIMD predict "$work/model" "${images[@]}" --top 3 --json "$work/predict.json"
+        ;;
+    plot)
+        step "plot $work/metrics.jsonl -> $work/run.png"
+        $DIMD plot "$work/metrics.jsonl" -o "$work/run.png" --label "$MODEL on $NP ranks"
         ;;
     esac
 done

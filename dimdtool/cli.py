@@ -26,6 +26,10 @@ COMMANDS: dict[str, str] = {
     "bench-io": "dimd.commands.bench_io:bench_io",
     "bench-allreduce": "dimd.commands.bench_allreduce:bench_allreduce",
     "train": "dimd.commands.train:train",
+    "eval": "dimd.commands.eval_checkpoint:eval_command",
+    "export": "dimd.commands.export:export_command",
+    "predict": "dimd.commands.predict:predict_command",
+    "plot": "dimd.commands.plot:plot_command",
     "plan-batch": "dimd.commands.plan_batch:plan_batch",
 }
 
@@ -75,7 +79,7 @@ class LazyGroup(click.Group):
 
             command = self.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None
             click.echo(f"dimd: error: {cli_message(str(exc), command.callback if command else None)}", err=True)
-            ctx.exit(1)
+            ctx.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
             message, code = signals.interrupt_exit(exc)
             click.echo(f"dimd: {message}", err=True)
@@ -111,6 +115,8 @@ def main() -> None:
       mpirun -n 64 dimd bench-allreduce --model resnet50 --json allreduce.json
       mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --model resnet50
       mpirun -n 64 dimd train /scratch/in1k/train --val /scratch/in1k/val --sync sma --learners auto
+      mpirun -n 64 dimd eval ckpt/checkpoint-e0090-s00450360.pt /scratch/in1k/val --tta flip
+      dimd export ckpt/checkpoint-e0090-s00450360.pt -o model && dimd predict model photo.jpg
       dimd plan-batch solve --step step.json --comm comm.json --convergence conv.json
     """
 

@@ -3,6 +3,9 @@ exception is named inside such a message."""
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 
 class DimdError(Exception):
     """A user-facing error: bad input, a missing file, a mismatch.
@@ -10,6 +13,27 @@ class DimdError(Exception):
     The message names the file (or setting) and the problem, in one line, so a
     user can act on it without a traceback.
     """
+
+    #: The CLI's exit status for it.
+    exit_code = 1
+
+
+class BadInput(DimdError):
+    """A file or value given to a command that it cannot take (a foreign checkpoint, an image that does not
+    decode): the CLI exits 2, as for a usage error."""
+
+    exit_code = 2
+
+
+@contextlib.contextmanager
+def bad_input() -> Iterator[None]:
+    """Inside it, a :class:`DimdError` is about what the user gave: it leaves as a :class:`BadInput`."""
+    try:
+        yield
+    except BadInput:
+        raise
+    except DimdError as exc:
+        raise BadInput(str(exc)) from None
 
 
 class ConfigError(DimdError):

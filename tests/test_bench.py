@@ -54,7 +54,8 @@ def test_committed_results_plot_and_read(bench, tmp_path):
     as a PNG through pillow-simd (needs matplotlib). Laying out and rendering every figure would take
     ~12 s of the suite; `bench/reproduce.py --plot-only` renders them all."""
     pytest.importorskip("matplotlib")
-    reproduce, plotting = bench("reproduce"), bench("plotting")
+    reproduce = bench("reproduce")
+    from dimd import plotting
     results = tmp_path / "results"
     shutil.copytree(BENCH / "results", results, ignore=shutil.ignore_patterns("*.png"))
     found = [r for r in reproduce.registry().values() if (results / f"{r.name}.json").exists()]
@@ -153,7 +154,8 @@ def test_netfs_serves_the_files_and_cleans_up_on_sigterm(tmp_path):
 
 def test_the_cost_model_hook_draws_plan_batch_predictions_and_nothing_else(bench):
     pytest.importorskip("matplotlib")
-    plotting, comm = bench("plotting"), bench("comm_vs_ranks")
+    comm = bench("comm_vs_ranks")
+    from dimd import plotting
     fig, axes = plotting.figure()
     ax = axes[0][0]
     fitted = {"status": "fitted", "fit": {"algorithms": {

@@ -275,3 +275,33 @@ def test_compile_with_cuda_graphs_or_sma_is_refused_in_one_line():
         TrainConfig(train="t", val="v", device="cuda", cuda_graphs=True, ssgd=SSGDConfig(compile=True))
     with pytest.raises(ConfigError, match="compile is a setting of S-SGD: SMA's learners are K replicas"):
         TrainConfig(train="t", val="v", sync="sma", ssgd=SSGDConfig(compile=True))
+
+
+def test_the_weight_average_is_evaluated_again_and_exported_where_it_scored_better(packed_sample, world, tmp_path):
+    """dimd eval --ema scores the average as training logged it; export takes the average when the last epoch
+    scored it above the model (here made so by editing that record), and meta.json says which."""
+    from dimd.train.checkpoint import load_checkpoint, save_checkpoint
+    from dimd.train.checkpoint_eval import evaluate_checkpoint, input_problem
+    from dimd.train.config import SSGDConfig
+    from dimd.train.engine import Trainer
+    from dimd.train.eval_config import EvalConfig
+    from dimd.train.export import ExportConfig, export_model
+
+    Trainer(run_config(packed_sample, epochs=2, ssgd=SSGDConfig(ema=0.9, ema_every=1),
+                       checkpoint_dir=str(tmp_path / "run")), world).run()
+    checkpoint = str(sorted((tmp_path / "run").glob("*.pt"))[-1])
+    trained, problem = input_problem(EvalConfig(checkpoint=checkpoint, val=str(packed_sample), ema=True), world)
+    assert problem is None and trained is not None
+    scored = evaluate_checkpoint(EvalConfig(checkpoint=checkpoint, val=str(packed_sample), ema=True,
+                                            decode_workers=1), trained, world).result
+    logged = load_checkpoint(checkpoint)["history"][-1]
+    assert scored.top1 == pytest.approx(logged["ema_val_top1"]) and scored.loss == pytest.approx(logged["ema_val_loss"])
+
+    document = load_checkpoint(checkpoint)
+    document["history"][-1].update(val_top1=0.1, ema_val_top1=0.9)   # the average scored better
+    better = str(save_checkpoint(tmp_path / "edited", document))
+    meta = export_model(ExportConfig(checkpoint=better, out=str(tmp_path / "export")))
+    exported = torch.load(tmp_path / "export" / "model.pt", weights_only=True)
+    averaged = document["strategy"]["ema"]["averaged"]
+    assert "weight average" in meta["weights"] and meta["val_top1"] == 0.9
+    assert all(torch.equal(exported[name], averaged[f"module.{name}"]) for name in exported)

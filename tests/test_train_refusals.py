@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from conftest import run_dimd
+from conftest import invoke_dimd, run_dimd
 
 from dimd.console import format_rate, progress
 
@@ -25,3 +25,16 @@ def test_a_rate_below_one_per_second_keeps_its_digits():
     with progress(10, "train", unit="step", stream=log) as advance:
         advance(1)
     assert log.getvalue().endswith("\n") and " 0 step/s" not in log.getvalue()
+
+
+def test_tensorboard_without_its_extra_is_refused_in_one_line_before_the_data_loads(tmp_path, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard" else find_spec(name, *a))
+    proc = invoke_dimd("train", tmp_path / "missing", "--val", tmp_path / "missing", "--tensorboard", tmp_path / "tb")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "dimd: error: --tensorboard needs the tensorboard extra: `make tensorboard-setup` installs tensorboard "
+        "without the plain Pillow it asks for, and dimd[tensorboard] its other dependencies"]

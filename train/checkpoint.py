@@ -48,8 +48,17 @@ FORMAT = "dimd-checkpoint"
 #: 4: one random stream per purpose (dimd.shuffle.streams): the same position holds other records and crops.
 #: 5: SMA's cadence (steps since its last synchronisation, milestones passed) is in its strategy state;
 #:    the world size is the layout's alone, and no learning rate is written (the schedule gives it).
-#: 6: the config's S-SGD settings (overlap, noise_scale, nesterov) are a section of their own, ``ssgd``.
+#: 6: the config's S-SGD settings (overlap, noise_scale, nesterov) are a section of their own, ``ssgd``; the
+#:    ImageNet ResNets' modules have torchvision's names (the stem's convolution and batch norm were
+#:    ``stem.0`` and ``stem.1``).
 VERSION = 6
+#: Older versions still read: each model's parameter names then, as prefixes, and now. A key of any
+#: state dict in the checkpoint (the model, a rank's buffers, a learner's) is renamed.
+RENAMED: dict[int, dict[str, tuple[tuple[str, str], ...]]] = {
+    5: {name: (("stem.0.", "conv1."), ("stem.1.", "bn1.")) for name in ("resnet18", "resnet50")},
+}
+#: Older versions still read: the config fields that moved into a section, by version.
+MOVED_FIELDS: dict[int, dict[str, tuple[str, ...]]] = {5: {"ssgd": ("overlap", "noise_scale", "nesterov")}}
 #: What a resume reads from every checkpoint: a file without one of them is refused in one line.
 REQUIRED = ("run_id", "sync", "model_name", "classes", "config", "layout", "epoch", "step", "position",
             "images", "train_seconds", "next_eval_images", "model", "strategy", "ranks", "store_round", "tally",
@@ -139,14 +148,40 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise DimdError(f"{path}: not a dimd checkpoint")
     version = int(document.get("version", 1))   # version 1 wrote no number
-    if version != VERSION:
-        raise DimdError(f"{path}: checkpoint version {version}; this dimd reads version {VERSION} only "
-                        f"(start the run afresh without `resume`)")
+    if version != VERSION and version not in RENAMED:
+        older = " and ".join(str(v) for v in sorted(RENAMED))
+        raise DimdError(f"{path}: checkpoint version {version}; this dimd reads version {VERSION} (and {older}) "
+                        f"only (start the run afresh without `resume`)")
+    if version in RENAMED:
+        document = _renamed(document, RENAMED[version].get(str(document.get("model_name")), ()))
+        config = document.get("config")
+        if isinstance(config, dict):   # the fields a section took over move into it
+            for section, names in MOVED_FIELDS.get(version, {}).items():
+                config[section] = {**{name: config.pop(name) for name in names if name in config},
+                                   **config.get(section, {})}
     missing = [key for key in REQUIRED if key not in document]
     if missing:
         raise DimdError(f"{path}: a damaged checkpoint: it has no {', '.join(repr(k) for k in missing[:3])}"
                         f"{' ...' if len(missing) > 3 else ''} (start the run afresh without `resume`)")
     return decode(document)
+
+
+def _renamed(value: Any, prefixes: tuple[tuple[str, str], ...]) -> Any:
+    """``value`` with every dict key that starts with an old prefix renamed to the new one, at any depth."""
+    if not prefixes:
+        return value
+    if isinstance(value, dict):
+        return {_new_name(k, prefixes): _renamed(v, prefixes) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renamed(v, prefixes) for v in value]
+    return value
+
+
+def _new_name(key: Any, prefixes: tuple[tuple[str, str], ...]) -> Any:
+    for old, new in prefixes:
+        if isinstance(key, str) and key.startswith(old):
+            return new + key[len(old):]
+    return key
 
 
 def _reason(exc: Exception) -> str:

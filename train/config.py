@@ -40,6 +40,8 @@ LEARNER_COMPUTES = ("loop", "threads", "branches")
 DECODES = ("cpu", "gpu")
 #: How the step computes, in Lightning's names (dimd.train.precision).
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+#: Test-time augmentations of the evaluation: ``flip`` averages the logits of each image and of its mirror image.
+TTA = ("flip",)
 #: Steps between two updates of the weights' moving average (``ema_every``; torchvision's reference: 32).
 EMA_EVERY = 32
 #: The optimizers a run may use (dimd.train.optimizers builds them).
@@ -136,6 +138,7 @@ class TrainConfig:
     image_size_schedule: str | None = None   # START:END[:FIRST:LAST]: the training crop grows (progressive resizing)
     val_image_size: int | None = None     # the validation centre crop; None: image_size (the schedule's end)
     val_crop_ratio: float = EVAL_CROP_RATIO   # the validation crop over the resized shorter side (224/256)
+    tta: str | None = None                # the validation's test-time augmentation ("flip"); None: none
     crop_scale: float = 0.08              # smallest area share of a random-resized training crop
     epochs: int = 90
     target_top1: float | None = None      # percent: stop at the first evaluation at or above it
@@ -199,6 +202,7 @@ class TrainConfig:
                 "lars cannot skip an overflowed 16-mixed step on the device yet; use bf16-mixed or 32-true")
         at_least(self, "val_image_size", 8, optional=True)
         in_range(self, "val_crop_ratio", 0.0, 1.0, low_open=True)
+        one_of(self, "tta", TTA, optional=True)
         if self.image_size_schedule is not None:
             self.size_schedule   # noqa: B018  (parsed and checked once: a ConfigError names the field)
         in_range(self, "target_top1", 0.0, 100.0, low_open=True, optional=True)

@@ -273,7 +273,8 @@ class Trainer:
         with plan.precision.autocast():
             for batch in self.val_loader.epoch(0):
                 for scores, model in zip(counts, models):
-                    scores += local_counts(model, [batch], plan.normalize, label_map=plan.val_label_map)
+                    scores += local_counts(model, [batch], plan.normalize, label_map=plan.val_label_map,
+                                           tta=self.config.tta)
         with self.watchdog.waiting(f"the evaluation's allreduce after step {self.state.step}"):
             self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)   # MPI: every rank scored its share
         seconds = time.perf_counter() - t0

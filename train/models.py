@@ -1,5 +1,8 @@
 """The model zoo: the networks of the four papers, in plain torch.nn (no torchvision).
 
+``resnet18`` and ``resnet50`` have torchvision's module names, parameters and buffers, so that
+``torchvision.models.resnet50(num_classes=N)`` loads their state dict as it is.
+
 CIFAR-style models (``lenet``, ``resnet20/32/56``, ``vgg16``) suit small images
 (32 px); ImageNet-style ones (``resnet18``, ``resnet50``, ``nin``,
 ``googlenet-bn``) suit 224 px but accept smaller ones (they end in global
@@ -148,13 +151,16 @@ class ResNet(nn.Module):
                  num_classes: int = 1000, zero_init_residual: bool = False) -> None:
         super().__init__()
         self.inplanes = 64
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
-                                  nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1))
+        # torchvision's module names, so that its resnet18/resnet50 load the state dict as it is (dimd export).
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
         self.layer1 = self._stage(block, 64, layers[0], 1)
         self.layer2 = self._stage(block, 128, layers[1], 2)
         self.layer3 = self._stage(block, 256, layers[2], 2)
         self.layer4 = self._stage(block, 512, layers[3], 2)
-        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(512 * block.expansion, num_classes)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
@@ -176,8 +182,9 @@ class ResNet(nn.Module):
         return nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.layer4(self.layer3(self.layer2(self.layer1(self.stem(x)))))
-        return self.fc(torch.flatten(self.pool(x), 1))
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
 # ----------------------------------------------------------------------------- VGG-16 (CIFAR)
@@ -299,6 +306,7 @@ class ModelSpec:
     description: str
     has_batch_norm: bool = True
     smallest_image: int = 8  # below it a pooling stage has no pixel left (found by building each model)
+    torchvision: str | None = None   # torchvision's builder whose state dict this model's is, key for key
 
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
@@ -311,10 +319,10 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
               32, "CIFAR ResNet-56 (He et al.)"),
     ModelSpec("resnet18", lambda c, zero_init_residual=False: ResNet(BasicBlock, (2, 2, 2, 2), c,
                                                                      zero_init_residual),
-              224, "ImageNet ResNet-18"),
+              224, "ImageNet ResNet-18", torchvision="resnet18"),
     ModelSpec("resnet50", lambda c, zero_init_residual=False: ResNet(Bottleneck, (3, 4, 6, 3), c,
                                                                      zero_init_residual),
-              224, "ImageNet ResNet-50 v1.5 (DIMD, Goyal et al.)"),
+              224, "ImageNet ResNet-50 v1.5 (DIMD, Goyal et al.)", torchvision="resnet50"),
     ModelSpec("vgg16", lambda c, **_: VGG(c), 32, "VGG-16 with batch norm, CIFAR variant"),
     ModelSpec("nin", lambda c, **_: NiN(c), 224, "Network in Network (FireCaffe)", False, 39),
     ModelSpec("googlenet-bn", lambda c, **_: GoogLeNetBN(c), 224,

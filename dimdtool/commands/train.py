@@ -16,10 +16,10 @@ from typing import Any, Callable
 import click
 
 from dimd.console import progress
-from dimd.options import (ALLREDUCE_ALGORITHM, FLOAT_LIST, OUTPUT_FILE, SIZE, RegistryChoice, SectionedCommand,
-                          build_config, config_option, defer_output_checks, json_option, option_group,
-                          quiet_option, shared_option, stall_timeout_option)
-from dimd.train.config import (DECODES, DEVICES, LEARNER_COMPUTES, OPTIMIZERS, PRECISIONS, READ_FROM, SYNCS,
+from dimd.options import (ALLREDUCE_ALGORITHM, FLOAT_LIST, OUTPUT_DIR, OUTPUT_FILE, SIZE, RegistryChoice,
+                          SectionedCommand, build_config, config_option, defer_output_checks, json_option,
+                          option_group, quiet_option, shared_option, stall_timeout_option)
+from dimd.train.config import (DECODES, DEVICES, LEARNER_COMPUTES, OPTIMIZERS, PRECISIONS, READ_FROM, SYNCS, TTA,
                                SMAConfig, SSGDConfig, TrainConfig)
 from dimd.train.schedule import SCHEDULES
 
@@ -124,6 +124,9 @@ def print_models() -> None:
 @config_option(TrainConfig, "val_image_size", metavar="PX",
                help="The validation centre crop, e.g. larger than a progressive run's last size (the "
                     "train-test resolution effect) [default: --image-size].")
+@config_option(TrainConfig, "tta", type=click.Choice(TTA),
+               help="Test-time augmentation of every evaluation: flip averages the logits of each image and of "
+                    "its mirror image.")
 @config_option(TrainConfig, "val_crop_ratio", metavar="RATIO",
                help="The validation crop over the resized shorter side (torchvision's --val-crop-size / "
                     "--val-resize-size).")
@@ -232,11 +235,17 @@ def print_models() -> None:
                     "dimd pack].")
 @click.option("--metrics", "metrics_path", type=OUTPUT_FILE, default=None,
               help="Append one JSON line per epoch here.")
+@click.option("--tensorboard", "tensorboard_dir", type=OUTPUT_DIR, default=None, metavar="DIR",
+              help="Write TensorBoard scalars here (rank 0): the loss, top-1, rate, lr and step split every "
+                   "--tensorboard-every steps, the validation figures every epoch (the tensorboard extra).")
+@click.option("--tensorboard-every", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
+              help="Steps between --tensorboard's training scalars.")
 @json_option("the run's summary")
 @quiet_option()
 @defer_output_checks  # --metrics and --json: checked on rank 0 once MPI is up (mpi_command)
 def train(train_set: str | None, val_set: str | None, list_models: bool, metrics_path: Path | None,
-          json_path: Path | None, quiet: bool, **fields: Any) -> None:
+          tensorboard_dir: Path | None, tensorboard_every: int, json_path: Path | None, quiet: bool,
+          **fields: Any) -> None:
     """Synchronous data-parallel SGD or model averaging on packed data held in memory (run under mpirun).
 
     Every rank holds its share of TRAIN (a `dimd pack` output) in memory,
@@ -276,7 +285,7 @@ def train(train_set: str | None, val_set: str | None, list_models: bool, metrics
     # The stop signals (a scheduler's warning, scancel) are caught from MPI's start-up on.
     mpi_command("serialized", install_handlers=install_stop_handlers)(_run)(
         train_set=train_set, val_set=val_set, metrics_path=metrics_path, json_path=json_path, quiet=quiet,
-        fields=fields)
+        fields=fields, board=(tensorboard_dir, tensorboard_every))
 
 
 def _epoch_line(m, epochs: int) -> str:
@@ -366,8 +375,20 @@ class RunProgress:
                 f.write(metrics_line(metrics, self.run_id))
 
 
+def open_board(comm, folder: Path | None, every: int):
+    """Collective: rank 0's TensorBoard writer for ``folder`` (a silent one elsewhere, or without a folder);
+    one line on every rank where the tensorboard extra is missing."""
+    from dimd.mpi import agree_or_raise
+    from dimd.train.board import TrainingBoard, tensorboard_problem
+
+    if folder is not None:
+        agree_or_raise(comm, tensorboard_problem())   # MPI: every rank has the same flag
+    return TrainingBoard(folder if comm.Get_rank() == 0 else None, every)
+
+
 def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | None,
-         json_path: Path | None, quiet: bool, fields: dict[str, Any]) -> None:
+         json_path: Path | None, quiet: bool, fields: dict[str, Any],
+         board: tuple[Path | None, int] = (None, 1)) -> None:
     from dimd.commands.mpi_job import check_outputs
     from dimd.report import result_document, write_json
     from dimd.train.engine import Trainer
@@ -375,6 +396,7 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
     from dimd.train.signals import stop_request
 
     config = build_config(TrainConfig, train=train_set, val=val_set, **fields)
+    tensorboard = open_board(comm, *board)   # MPI: the extra's absence stops every rank, before the data loads
     check_outputs(comm, ("--checkpoint-dir", config.checkpoint_dir, "folder"))  # before the data loads
     # One run per checkpoint folder, and a fresh one never over an earlier run's checkpoints.
     lock = claim_checkpoint_folder(comm, config.checkpoint_dir, resume=bool(config.resume or config.resume_from),
@@ -384,10 +406,11 @@ def _run(train_set: str, val_set: str, comm, mpi_setup, metrics_path: Path | Non
     # The flag mpi_command's handlers set since MPI started: a signal while loading is not lost.
     try:
         with stop_request() as stop:
-            trainer = Trainer(config, comm, stop=stop, hooks=run_progress.hooks())
+            trainer = Trainer(config, comm, stop=stop, hooks=tensorboard.hooks(run_progress.hooks()))
             with run_progress:
                 result = trainer.run()
     finally:
+        tensorboard.close()
         if lock is not None:
             lock.release()
     say = run_progress.say

@@ -1,9 +1,8 @@
-"""The common look of bench/'s figures: units on every axis, log scales where sizes span decades,
-the baseline drawn the same way everywhere, and the machine and commit in a footnote.
+"""The common look of dimd's figures (bench/'s, ``dimd plot``'s): units on every axis, log scales where sizes
+span decades, the baseline drawn the same way everywhere, and the machine and commit in a footnote.
 
-matplotlib is an optional extra (``make plots-setup``), never imported by dimd
-itself; it writes PNGs through Pillow, which here must be pillow-simd
-(:func:`check_pillow_simd` refuses a plain Pillow).
+matplotlib is an optional extra (``make plots-setup``), imported only by what draws; it writes PNGs through
+Pillow, which here must be pillow-simd (:func:`check_pillow_simd` refuses a plain Pillow).
 """
 
 from __future__ import annotations
@@ -168,12 +167,14 @@ def footnote_text(envelope: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def save(fig: Any, path: Path, envelope: dict[str, Any], *, title: str | None = None) -> Path:
-    """Add the title and footnote, write the PNG (through pillow-simd) and close the figure."""
+def save(fig: Any, path: Path, envelope: dict[str, Any], *, title: str | None = None,
+         footnote: str | None = None) -> Path:
+    """Add the title and footnote (``footnote``, else the envelope's machine and commit), write the PNG
+    (through pillow-simd) and close the figure."""
     if title:
         fig.suptitle(title, fontsize=11, fontweight="bold")
-    fig.text(0.005, 0.004, footnote_text(envelope), fontsize=6.5, color="#555555", ha="left", va="bottom",
-             wrap=True)
+    fig.text(0.005, 0.004, footnote_text(envelope) if footnote is None else footnote, fontsize=6.5,
+             color="#555555", ha="left", va="bottom", wrap=True)
     fig.tight_layout(rect=(0, 0.025, 1 - getattr(fig, "dimd_legend_width", 0.0), 0.97 if title else 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
