@@ -90,6 +90,16 @@ def unscale_and_find_non_finite_(grads: Any, found: Any, inverse_scale: Any) -> 
     torch._amp_foreach_non_finite_check_and_unscale_([grads], found, inverse_scale)
 
 
+def foreach(op: str) -> Callable[..., Any]:
+    """torch's multi-tensor op ``torch._foreach_<op>`` (``norm``, ``mul``, ``add_``...): one kernel launch over
+    a list of tensors, which torch's own optimizers run (documented as a beta API, named as a private one).
+    LARS's per-layer norms and updates take no Python loop over the layers through them."""
+    _written_for("torch")
+    import torch
+
+    return getattr(torch, f"_foreach_{op}")
+
+
 def dataloader_worker_pids(loader: Any) -> list[int]:
     """The process ids of a ``torch.utils.data.DataLoader``'s workers (none before its first iteration).
 

@@ -59,6 +59,16 @@ def test_unscaling_divides_in_place_and_flags_a_non_finite_gradient():
     assert found.item() == 1
 
 
+def test_the_multi_tensor_ops_act_on_every_tensor_of_a_list():
+    tensors = [torch.tensor([3.0, 4.0]), torch.tensor([[1.0, 0.0], [0.0, 0.0]])]
+    assert [float(n) for n in private_apis.foreach("norm")(tensors)] == [5.0, 1.0]
+    scaled = private_apis.foreach("mul")(tensors, [torch.tensor(2.0), torch.tensor(3.0)])
+    assert torch.equal(scaled[0], torch.tensor([6.0, 8.0])) and torch.equal(scaled[1], 3 * tensors[1])
+    private_apis.foreach("add_")(tensors, scaled, alpha=-0.5)
+    assert torch.equal(tensors[0], torch.tensor([0.0, 0.0]))
+    assert torch.equal(tensors[1], torch.tensor([[-0.5, 0.0], [0.0, 0.0]]))
+
+
 def test_a_dataloaders_worker_pids_are_its_running_workers():
     loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=2, persistent_workers=True)
     assert private_apis.dataloader_worker_pids(loader) == []

@@ -152,12 +152,25 @@ def old_names(value):
     return [old_names(v) for v in value] if isinstance(value, list) else value
 
 
+def version_5(document):
+    """A checkpoint as version 5 wrote it: the ResNet stem's old names, S-SGD's settings not yet a section."""
+    old = {**old_names(document), "version": 5}
+    config = dict(old["config"])
+    old["config"] = {**{k: v for k, v in config.items() if k != "ssgd"}, **config["ssgd"]}
+    return old
+
+
 def test_a_checkpoint_of_the_old_resnet_names_is_read_through_the_renaming(trained, colour_set, tmp_path):
-    """Version 5 named the ResNet stem ``stem.0``/``stem.1``: such a checkpoint evaluates and exports as before."""
+    """Version 5 named the ResNet stem ``stem.0``/``stem.1`` and kept S-SGD's settings at the config's top
+    level: such a checkpoint evaluates and exports as before."""
     import torch
 
-    old = rewritten(trained, tmp_path / "old.pt", lambda document: {**old_names(document), "version": 5})
-    assert "stem.0.weight" in torch.load(old, weights_only=True)["model"]
+    from dimd.train.checkpoint import load_checkpoint
+
+    old = rewritten(trained, tmp_path / "old.pt", version_5)
+    stored = torch.load(old, weights_only=True)
+    assert "stem.0.weight" in stored["model"] and "nesterov" in stored["config"]
+    assert load_checkpoint(old)["config"]["ssgd"]["nesterov"] is False   # moved into its section on reading
     for name, path in (("old", old), ("new", last_checkpoint(trained))):
         invoke_dimd("eval", path, colour_set, "--threads", "1", "--decode-workers", "1",
                     "--json", tmp_path / f"{name}.json", check=True)

@@ -269,12 +269,9 @@ class Trainer:
         average = getattr(self.strategy, "average", None)
         models = [self.strategy.eval_model()] + ([average.module] if average is not None else [])
         plan = self.plan
-        counts = np.zeros((len(models), 4))
         with plan.precision.autocast():
-            for batch in self.val_loader.epoch(0):
-                for scores, model in zip(counts, models):
-                    scores += local_counts(model, [batch], plan.normalize, label_map=plan.val_label_map,
-                                           tta=self.config.tta)
+            counts = local_counts(models, self.val_loader.epoch(0), plan.normalize, label_map=plan.val_label_map,
+                                  tta=self.config.tta)
         with self.watchdog.waiting(f"the evaluation's allreduce after step {self.state.step}"):
             self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)   # MPI: every rank scored its share
         seconds = time.perf_counter() - t0

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -56,28 +56,32 @@ def logits_of(model: nn.Module, x: torch.Tensor, tta: str | None = None) -> torc
 
 
 @torch.no_grad()
-def local_counts(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+def local_counts(model: nn.Module | Sequence[nn.Module], batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
                  normalize: Callable[[torch.Tensor], torch.Tensor], *,
                  label_map: torch.Tensor | None = None, tta: str | None = None, classes: int = 0) -> np.ndarray:
     """[loss sum, top-1 hits, top-5 hits, samples] over this rank's batches; with ``classes`` C, then each
     class's top-1 hits and each class's samples (2C more), so that they sum over ranks as the rest do.
+    Several models (the run's and its weight average) are scored on one pass over the batches: a row each.
 
     ``label_map`` translates the batches' labels into the model's (by class name); ``tta`` see :func:`logits_of`.
     """
-    model.eval()
-    counts = np.zeros(_SUMS + 2 * classes, np.float64)
+    models = [model] if isinstance(model, nn.Module) else list(model)
+    for each in models:
+        each.eval()
+    counts = np.zeros((len(models), _SUMS + 2 * classes), np.float64)
     for images, labels in batches:
         x = normalize(images)
         y = (labels if label_map is None else label_map[labels]).to(x.device)
-        logits = logits_of(model, x, tta)
-        counts[0] += float(F.cross_entropy(logits, y, reduction="sum"))
-        top1, top5 = topk_correct(logits, y)
-        counts[1:_SUMS] += (top1, top5, y.numel())
-        if classes:
-            hit = logits.argmax(dim=1) == y
-            counts[_SUMS:_SUMS + classes] += torch.bincount(y[hit], minlength=classes).cpu().numpy()
-            counts[_SUMS + classes:] += torch.bincount(y, minlength=classes).cpu().numpy()
-    return counts
+        for row, each in zip(counts, models):
+            logits = logits_of(each, x, tta)
+            row[0] += float(F.cross_entropy(logits, y, reduction="sum"))
+            top1, top5 = topk_correct(logits, y)
+            row[1:_SUMS] += (top1, top5, y.numel())
+            if classes:
+                hit = logits.argmax(dim=1) == y
+                row[_SUMS:_SUMS + classes] += torch.bincount(y[hit], minlength=classes).cpu().numpy()
+                row[_SUMS + classes:] += torch.bincount(y, minlength=classes).cpu().numpy()
+    return counts[0] if isinstance(model, nn.Module) else counts
 
 
 def summarize(counts: np.ndarray, seconds: float) -> EvalResult:

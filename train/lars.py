@@ -24,7 +24,7 @@ and MLPerf put it inside): the same steps at a constant rate, and a changed
 rate takes effect at once. The rate may be a 0-d tensor on the parameters'
 device, which a CUDA graph reads at each replay; a number and a tensor of the
 same value give the same bits. The norms are computed on the device by the
-multi-tensor (``torch._foreach_*``, torch's documented beta API) ops torch's
+multi-tensor (``torch._foreach_*``, through :func:`dimd.private_apis.foreach`) ops torch's
 own optimizers use: no per-layer Python loop and no device-to-host copy per
 step, so a CUDA graph can capture the step. The momentum buffers are made
 (zeros) at the first step, in ``state[p]["momentum_buffer"]`` as SGD keeps
@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable, Union
 import torch
 
 from dimd.errors import ConfigError
+from dimd.private_apis import foreach
 from dimd.train.config import LARS_TRUST
 from dimd.train.sgd import decays
 
@@ -107,14 +108,14 @@ class LARS(torch.optim.Optimizer):
         """Each layer's ``ratio * (g + lambda * w)``, its norms computed on the device; ``.grad`` is left as it is
         (S-SGD's gradients are views of its flat buffer)."""
         decay, trust = group["weight_decay"], group["trust"]
-        weight_norms = torch.stack(torch._foreach_norm(params))
-        grad_norms = torch.stack(torch._foreach_norm(grads))
+        weight_norms = torch.stack(foreach("norm")(params))
+        grad_norms = torch.stack(foreach("norm")(grads))
         ratios = trust * weight_norms / (grad_norms + decay * weight_norms)
         ratios = torch.where((weight_norms > 0) & (grad_norms > 0), ratios, torch.ones_like(ratios))
         if not decay:
-            return torch._foreach_mul(grads, list(ratios.unbind()))
-        directions = torch._foreach_add(grads, params, alpha=decay)
-        torch._foreach_mul_(directions, list(ratios.unbind()))
+            return foreach("mul")(grads, list(ratios.unbind()))
+        directions = foreach("add")(grads, params, alpha=decay)
+        foreach("mul_")(directions, list(ratios.unbind()))
         return directions
 
     @staticmethod
@@ -124,10 +125,10 @@ class LARS(torch.optim.Optimizer):
         alike whether it is a number or a tensor, so both give the same bits."""
         momentum = group["momentum"]
         if momentum != 0:
-            torch._foreach_mul_(buffers, momentum)
-            torch._foreach_add_(buffers, directions)
-            directions = torch._foreach_add(directions, buffers, alpha=momentum) if group["nesterov"] else buffers
-        torch._foreach_sub_(params, torch._foreach_mul(directions, group["lr"]))
+            foreach("mul_")(buffers, momentum)
+            foreach("add_")(buffers, directions)
+            directions = foreach("add")(directions, buffers, alpha=momentum) if group["nesterov"] else buffers
+        foreach("sub_")(params, foreach("mul")(directions, group["lr"]))
 
 
 def check_settings(group: dict[str, Any]) -> None:
