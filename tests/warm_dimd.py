@@ -33,9 +33,13 @@ import dimd.cli
 import dimd.commands.pack
 import dimd.commands.plan_batch
 import dimd.commands.train
-import dimd.train.engine  # noqa: F401
+import dimd.shuffle.loader  # the loader, its store and h5py: what every training rank opens
+import dimd.train.engine
+import dimd.train.sgd
+import dimd.train.sma  # noqa: F401
 import mpi4py.run  # noqa: F401  # no MPI yet: only the runner of ``python -m mpi4py``
 import pytest  # noqa: F401  # imported by the test files whose MPI cases the ranks run
+import torch._dynamo  # noqa: F401  # torch.optim's first optimizer imports it: ~900 modules, 1-2 s per rank
 
 gc.freeze()   # what was imported stays out of the children's collections: their pages stay shared, not copied
 
