@@ -85,68 +85,80 @@ def test_checkpoints_are_complete_and_named_by_epoch_and_step(straight_run):
     assert len(state["ranks"]) == 2 and "loader" in state["ranks"][1]
 
 
+@pytest.fixture(scope="module")
+def resumed_run(straight_run, packed_sample, tmp_path_factory):
+    """The straight run continued from step 4 (epoch 2, step 1 of 3, just before a reshuffle) with --allreduce
+    gloo (torch.distributed's group, started from MPI, reducing the flat buffer in place: the path NCCL takes on
+    GPUs), its metrics file as a crashed run left it, a checkpoint every 2 steps, all kept."""
+    ring, _ = straight_run
+    out = tmp_path_factory.mktemp("resumed")
+    shutil.copy(ring / "metrics.jsonl", out / "metrics.jsonl")   # epochs 1-4
+    proc = run_mpi_dimd(2, *train_args(packed_sample, out, "--allreduce", "gloo", "--checkpoint-every", "2",
+                                       "--keep-checkpoints", "0", "--metrics", out / "metrics.jsonl", "--resume-from",
+                                       ring / "checkpoints" / "checkpoint-e0001-s00000004.pt"),
+                        timeout=180, check=True)
+    return out, proc
+
+
 @pytest.mark.mpi
-def test_resume_mid_epoch_continues_exactly(straight_run, packed_sample, tmp_path):
-    """Resume from step 4 (epoch 2, step 1 of 3, just before a reshuffle): the same final weights."""
-    out, _ = straight_run
-    start = "checkpoint-e0001-s00000004.pt"
-    shutil.copy(out / "metrics.jsonl", tmp_path / "metrics.jsonl")   # as a crashed run left it: epochs 1-4
-    run_mpi_dimd(2, *train_args(packed_sample, tmp_path, "--resume-from", out / "checkpoints" / start,
-                                "--metrics", tmp_path / "metrics.jsonl"), timeout=180, check=True)
-    straight, resumed = final_weights(out / "checkpoints"), final_weights(tmp_path / "checkpoints")
-    assert straight.keys() == resumed.keys()
+def test_resume_mid_epoch_continues_exactly(straight_run, resumed_run):
+    """Resumed from step 4, mid-epoch: the same final weights."""
+    (out, _), (resumed, _) = straight_run, resumed_run
+    straight, weights = final_weights(out / "checkpoints"), final_weights(resumed / "checkpoints")
+    assert straight.keys() == weights.keys()
     for name in straight:
-        assert torch.allclose(straight[name].double(), resumed[name].double(), atol=1e-6), name
-    history = json.loads((tmp_path / "train.json").read_text())["result"]["history"]
+        assert torch.allclose(straight[name].double(), weights[name].double(), atol=1e-6), name
+    history = json.loads((resumed / "train.json").read_text())["result"]["history"]
     assert [e["epoch"] for e in history] == [1, 2, 3, 4]   # the history travels in the checkpoint
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert [line["epoch"] for line in lines] == [1, 2, 3, 4]   # epochs 2-4 ran again: their old lines went
     assert len({line["run_id"] for line in lines}) == 1
 
 
 @pytest.mark.mpi
-def test_gloo_resumes_the_ring_runs_checkpoint_and_trains_its_very_weights(straight_run, packed_sample, tmp_path):
-    """--allreduce gloo (torch.distributed's group, started from MPI, reducing the flat buffer in place: the path
-    NCCL takes on GPUs) continues the ring run from step 4: sums of two ranks are exact whichever way they go,
-    so every checkpoint it writes holds the ring run's very weights."""
-    ring, _ = straight_run
-    proc = run_mpi_dimd(2, *train_args(packed_sample, tmp_path, "--allreduce", "gloo", "--checkpoint-every", "2",
-                                       "--keep-checkpoints", "0", "--resume-from",
-                                       ring / "checkpoints" / "checkpoint-e0001-s00000004.pt"),
-                        timeout=180, check=True)
-    result = json.loads((tmp_path / "train.json").read_text())["result"]
+def test_gloo_resumes_the_ring_runs_checkpoint_and_trains_its_very_weights(straight_run, resumed_run):
+    """Sums of two ranks are exact whichever way they go, so every checkpoint gloo's run writes holds the ring
+    run's very weights."""
+    (ring, _), (gloo, proc) = straight_run, resumed_run
+    result = json.loads((gloo / "train.json").read_text())["result"]
     assert result["allreduce"] == "gloo" and result["allreduce_choice"]["how"] == "requested"
     assert result["replicas_identical"] and "allreduce gloo" in proc.stdout
-    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    names = sorted(p.name for p in (gloo / "checkpoints").iterdir())
     assert [int(n.split("-s")[1].split(".")[0]) for n in names] == [6, 8, 9, 10, 12], names   # written by gloo's run
     for name in names:
-        a, b = (torch.load(run / "checkpoints" / name, weights_only=True)["model"] for run in (ring, tmp_path))
+        a, b = (torch.load(run / "checkpoints" / name, weights_only=True)["model"] for run in (ring, gloo))
         assert all(torch.equal(a[key], b[key]) for key in a), name
 
 
+@pytest.fixture(scope="module")
+def one_rank_run(straight_run, packed_sample, tmp_path_factory):
+    """The straight run's epoch-2 checkpoint continued on 1 rank, quiet, the rate stepped down at epoch 3."""
+    out = tmp_path_factory.mktemp("one-rank")
+    boundary = straight_run[0] / "checkpoints" / "checkpoint-e0002-s00000006.pt"
+    args = train_args(packed_sample, out, "--resume-from", boundary, "--schedule", "step", "--milestones", "3",
+                      "--quiet")
+    return out, run_dimd(*args, timeout=180, check=True)
+
+
 @pytest.mark.mpi
-def test_quiet_training_prints_its_epochs_but_no_progress(straight_run, packed_sample, tmp_path):
-    _, loud = straight_run
-    quiet = run_dimd(*train_args(packed_sample, tmp_path, "--epochs", "1", "--quiet"), timeout=180, check=True)
+def test_quiet_training_prints_its_epochs_but_no_progress(straight_run, one_rank_run):
+    (_, loud), (_, quiet) = straight_run, one_rank_run
     assert "train: " in loud.stderr and "train: " not in quiet.stderr
-    assert "epoch 1/1" in quiet.stdout and "done: val top1" in quiet.stdout
+    assert "epoch 4/4" in quiet.stdout and "done: val top1" in quiet.stdout
 
 
 @pytest.mark.mpi
-def test_resume_on_another_rank_count_at_an_epoch_boundary(straight_run, packed_sample, tmp_path):
+def test_resume_on_another_rank_count_at_an_epoch_boundary(one_rank_run):
     """Two epochs on 2 ranks, the rest on 1: the schedule continues by epochs, not by raw steps."""
-    out, _ = straight_run
-    boundary = out / "checkpoints" / "checkpoint-e0002-s00000006.pt"
-    args = train_args(packed_sample, tmp_path, "--resume-from", boundary, "--schedule", "step", "--milestones", "3")
-    proc = run_dimd(*args, timeout=180, check=True)
+    out, proc = one_rank_run
     assert "differs from this run's" in proc.stdout and "continuing from the end of epoch 2" in proc.stdout
-    result = json.loads((tmp_path / "train.json").read_text())["result"]
+    result = json.loads((out / "train.json").read_text())["result"]
     assert result["world_size"] == 1 and result["steps_per_epoch"] == 2 * STEPS_PER_EPOCH
     history = result["history"]
     assert [e["epoch"] for e in history] == [1, 2, 3, 4]
     assert [e["lr"] for e in history] == pytest.approx([0.01, 0.01, 0.01, 0.001])
     assert [e["images"] for e in history] == [48, 48, 48, 48]
-    steps = [int(p.name.split("-s")[1].split(".")[0]) for p in sorted((tmp_path / "checkpoints").iterdir())]
+    steps = [int(p.name.split("-s")[1].split(".")[0]) for p in sorted((out / "checkpoints").iterdir())]
     assert steps == [12, 18]            # 6 + 6 steps of one rank per epoch
 
 
