@@ -366,15 +366,19 @@ def dimd_with_validation_loss_nan_from_epoch(epoch: str, *args: str) -> None:
     from dimd.cli import main
     from dimd.train import engine
 
-    real, evaluations = engine.local_counts, []
+    real_evaluate, real_counts, evaluations = engine.Trainer.evaluate, engine.local_counts, []
 
-    def counts(*positional: Any, **options: Any) -> Any:
-        result = real(*positional, **options)
+    def evaluate(trainer: Any) -> Any:
         evaluations.append(1)
+        return real_evaluate(trainer)
+
+    def counts(*positional: Any, **options: Any) -> Any:   # one batch's scores
+        result = real_counts(*positional, **options)
         if len(evaluations) >= int(epoch):
             result[0] = float("nan")
         return result
 
+    engine.Trainer.evaluate = evaluate  # type: ignore[method-assign]
     engine.local_counts = counts  # type: ignore[assignment]
     main(list(args), prog_name="dimd")
 
