@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import run_python
 from mpi_case import case, case_command, say, world
 
 from dimd.errors import DimdError
@@ -378,10 +379,11 @@ def test_a_record_whose_bytes_changed_since_the_pack_is_named_even_if_it_decodes
         collect(loader, 0)
 
 
-def test_a_loader_dropped_while_a_pool_starts_is_closed_without_a_deadlock(packed_sample):
+def test_a_loader_dropped_while_a_pool_starts_is_closed_without_a_deadlock(packed_sample, tmp_path):
     """The garbage collector may close a dropped loader in the thread that holds the pools' lock to start a
     pool (Popen allocates); in a process of its own, as a deadlock would hang it."""
-    script = f"""
+    script = tmp_path / "drop.py"
+    script.write_text(f"""
 import gc
 from dimd.mpi import init_mpi
 init_mpi("funneled")
@@ -395,8 +397,8 @@ with DecodeWorkers._pools_lock:   # what DecodeWorkers.shared() holds while it s
     del loader, store             # the two hold each other (the store's on_change hook): a cycle, so
     gc.collect()                  # the collector runs the loader's __del__, which releases the pool
 print("closed")
-"""
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+""")
+    proc = run_python(script, timeout=60)
     assert proc.stdout == "closed\n", proc.stderr
 
 
