@@ -51,7 +51,10 @@ def descendants(root: int) -> set[int]:
     while todo:
         pid = todo.pop()
         found.add(pid)
-        for task in Path(f"/proc/{pid}/task").glob("*"):
+        tasks: list[Path] = []
+        with contextlib.suppress(OSError):   # a process that ended meanwhile has no tasks to list
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        for task in tasks:
             with contextlib.suppress(OSError, ValueError):
                 todo.extend(int(child) for child in (task / "children").read_text().split())
     return found

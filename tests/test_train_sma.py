@@ -372,10 +372,10 @@ def dimd_with_validation_loss_nan_from_epoch(epoch: str, *args: str) -> None:
         evaluations.append(1)
         return real_evaluate(trainer)
 
-    def counts(*positional: Any, **options: Any) -> Any:   # one batch's scores
+    def counts(*positional: Any, **options: Any) -> Any:   # the scores: a row of counts per model
         result = real_counts(*positional, **options)
         if len(evaluations) >= int(epoch):
-            result[0] = float("nan")
+            result[..., 0] = float("nan")   # each row's loss sum
         return result
 
     engine.Trainer.evaluate = evaluate  # type: ignore[method-assign]
