@@ -187,7 +187,7 @@ COLOURS = {"sgd": "#1f77b4", "lars": "#d62728"}
 def plot(envelope: dict[str, Any]) -> Any:
     import numpy as np
     import plotting
-    from matplotlib.ticker import LogLocator, MaxNLocator, ScalarFormatter
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
     f = envelope["result"]
     fig, axes = plotting.figure(1, 2, width=5.6, height=4.2)
@@ -218,7 +218,9 @@ def plot(envelope: dict[str, Any]) -> Any:
     ax.set_yscale("log")
     ax.set_xticks(f["batches"], [f"{b}\n({k}x)" for b, k in zip(f["batches"], MULTIPLES)])
     ax.minorticks_off()
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    low, high = ax.get_ylim()   # a log axis within one decade gets no labels of its own: round numbers
+    ax.set_yticks([t for t in (20, 30, 50, 70, 100, 150, 200, 300, 500, 700, 1000, 1500, 2000, 3000, 5000)
+                   if low <= t <= high], minor=False)
     ax.yaxis.set_major_formatter(ScalarFormatter())
     target = envelope["parameters"]["target"]
     ax.set_xlabel("global batch M (images; multiple of M_opt)")
@@ -245,7 +247,10 @@ def findings(envelope: dict[str, Any]) -> str:
         cells = []
         for r in o["rows"]:
             median = f"median {r['median_updates']:.0f} updates" if r["median_updates"] is not None else "no median"
-            cells.append(f"{r['multiple']}x (M = {r['batch']}): {r['reached']}/{r['runs']} reached, {median}")
+            missed = r["final_top1_missed"]
+            ended = (f" (the missed runs' last top-1: {', '.join(f'{100 * t:.0f}%' for t in missed)})"
+                     if missed else "")
+            cells.append(f"{r['multiple']}x (M = {r['batch']}): {r['reached']}/{r['runs']} reached, {median}{ended}")
         parts.append(f"{name.upper()} (lr {OPTIMIZERS.get(name, {}).get('lr', '?')} per 256 images"
                      + (f", trust {OPTIMIZERS[name]['trust']}" if "trust" in OPTIMIZERS.get(name, {}) else "")
                      + "): " + "; ".join(cells) + ".")
