@@ -271,6 +271,14 @@ def findings(envelope: dict[str, Any]) -> str:
         parts.append(f"{name.upper()}: the inverse law fitted to the runs at M = {fitted} only "
                      f"({pred['n_inf']:.3g} + {pred['alpha']:.3g}/M) "
                      f"predicts {pred['predicted']:.0f} updates at M = {f['held_out']}, {against}.")
+    for name, o in f["optimizers"].items():   # a batch every seed missed: did the budget even allow the law's updates?
+        pred = o["prediction"]
+        for r in o["rows"]:
+            if r["reached"] == 0 and r["budget"] and pred["predicted"] is not None:
+                asks = pred["n_inf"] + pred["alpha"] / r["batch"]
+                short = ": more than the budget, so a median run could not reach the target within it"
+                parts.append(f"{name.upper()} at M = {r['batch']}: the budget allowed {r['budget']} updates, the "
+                             f"fitted law asks {asks:.0f}" + (short if asks > r["budget"] else "") + ".")
     error = t["prediction_within_25_percent_at_4x"]
     parts.append(f"LARS's prediction aim (within 25%): {'met' if error['met'] else 'missed'}.")
     return " ".join(parts)
