@@ -153,10 +153,11 @@ def recipe_args(name: str) -> list[Any]:
 
 def convergence(name: str, data: tuple[Path, Path], size: dict[str, Any], out: Path, *, ranks: int = 2,
                 ranks_per_run: int = 1, batches: tuple[int, ...] | None = None, seeds: int | None = None,
-                first_seed: int = 0, allreduce: str | None = None) -> dict[str, Any]:
-    """`plan-batch convergence`; its JSON even when the fit failed (the runs are kept)."""
+                first_seed: int = 0, allreduce: str | None = None, extra: tuple[Any, ...] = ()) -> dict[str, Any]:
+    """`plan-batch convergence` (``extra``: more of its options, e.g. the optimizer's); its JSON even when the
+    fit failed (the runs are kept)."""
     command = mpi(ranks) + DIMD + [
-        "plan-batch", "convergence", data[0], "--val", data[1], *recipe_args(name),
+        "plan-batch", "convergence", data[0], "--val", data[1], *recipe_args(name), *extra,
         "--target-top1", size["target"], "--batch-sizes", ",".join(map(str, batches or size["batches"])),
         "--seeds", seeds or size["seeds"], "--first-seed", first_seed, "--max-epochs", size["max_epochs"],
         "--eval-every-images", size["eval_every"], "--ranks-per-run", ranks_per_run, "-q", "--json", out]

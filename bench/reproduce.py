@@ -38,6 +38,8 @@ MODULES = (
     "sma_tta_resnet",        # opt-in: the same on resnet20 and the demo set (batch norm)
     "plan_batch_plan",       # Perrone et al.: T_C against P (three regimes), the inverse law
     "plan_batch_check",      # Perrone et al.: the plan against real runs to the target; B_simple vs alpha/N_inf
+    "large_batch",           # You et al.: SGD against LARS at 1-8x M_opt, the planner's law per optimizer
+    "recipe",                # FFCV, torchvision: label smoothing, progressive resizing, EMA; time to 90%
     "allreduce_vs_mpich",    # opt-in: dimd's algorithms against MPICH's, forced
     "peer_loaders",          # opt-in (make bench-peers): dimd against FFCV, litdata, webdataset, ImageFolder
     "gpu_feed",              # opt-in, CUDA only (make gpu-feed): one GPU's ceiling, dimd, a DataLoader script

@@ -23,8 +23,8 @@ def test_the_runner_lists_every_reproduction_once():
     names = [line.split()[0] for line in proc.stdout.splitlines()]
     assert names == ["allreduce_bandwidth", "epoch_by_allreduce", "shuffle_scaling", "memory_vs_files",
                      "comm_vs_ranks", "train_vs_ddp", "sma_tta", "sma_tta_resnet", "plan_batch_plan",
-                     "plan_batch_check", "allreduce_vs_mpich", "peer_loaders", "gpu_feed", "cuda_graphs",
-                     "sma_tta_gpu", "gpu_allreduce"]
+                     "plan_batch_check", "large_batch", "recipe", "allreduce_vs_mpich", "peer_loaders", "gpu_feed",
+                     "cuda_graphs", "sma_tta_gpu", "gpu_allreduce"]
     assert [line.split()[0] for line in proc.stdout.splitlines() if "(opt-in)" in line] == [
         "sma_tta_resnet", "allreduce_vs_mpich", "peer_loaders", "gpu_feed", "cuda_graphs", "sma_tta_gpu",
         "gpu_allreduce"]
