@@ -1,6 +1,6 @@
 """``dimd plot``: training runs' ``--metrics`` files as one figure, drawn with :mod:`dimd.plotting`.
 
-Rows: the loss, the top-1, and beneath them the rate (training images per second); columns: against epochs
+Rows: the loss, the top-1, and beneath them the learning rate (at each epoch's end); columns: against epochs
 and against wall time (seconds since the run started, loading included). One colour per run; training
 solid, validation dashed. Several runs on one figure compare recipes or algorithms.
 """
@@ -17,7 +17,7 @@ from dimd.errors import BadInput
 #: One strong colour per run, told apart in print too (matplotlib's first tab10 colours).
 RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 #: What a metrics line must hold to be drawn (dimd.train.results.EpochMetrics).
-FIELDS = ("epoch", "elapsed", "train_loss", "val_loss", "train_top1", "val_top1", "images_per_s")
+FIELDS = ("epoch", "elapsed", "train_loss", "val_loss", "train_top1", "val_top1", "lr")
 
 
 @dataclass(frozen=True)
@@ -80,16 +80,16 @@ def plot_runs(runs: list[Run], out: Path, *, title: str | None = None) -> Path:
                         label=f"{run.label}: training")
                 ax.plot(x, [v * scale for v in run.column(val_key)], color=colour, linestyle="--", marker="s",
                         markersize=2.5, label=f"{run.label}: validation")
-            axes[2][col].plot(x, run.column("images_per_s"), color=colour, marker="o", markersize=2.5,
-                              label=f"{run.label}: training rate")
+            axes[2][col].plot(x, run.column("lr"), color=colour, marker="o", markersize=2.5,
+                              label=f"{run.label}: learning rate")
     for col, x_label in enumerate(("epoch", "wall time since the start (s)")):
         for row, (name, _, _, y_label) in enumerate(rows):
             axes[row][col].set_ylabel(y_label)
             axes[row][col].set_title(f"{name} by {'epoch' if col == 0 else 'wall time'}")
         axes[0][col].set_yscale("log")   # the first epochs' validation loss can be tens of times the last
         axes[1][col].set_ylim(0, 100)
-        axes[2][col].set_ylabel("training images/s (all ranks)")
-        axes[2][col].set_title(f"rate by {'epoch' if col == 0 else 'wall time'}")
+        axes[2][col].set_ylabel("learning rate (at the epoch's end)")
+        axes[2][col].set_title(f"learning rate by {'epoch' if col == 0 else 'wall time'}")
         axes[2][col].set_ylim(bottom=0)
         for row in range(3):
             axes[row][col].set_xlabel(x_label)
