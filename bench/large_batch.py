@@ -186,7 +186,7 @@ COLOURS = {"sgd": "#1f77b4", "lars": "#d62728"}
 
 def plot(envelope: dict[str, Any]) -> Any:
     import numpy as np
-    import plotting
+    from dimd import plotting
     from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
     f = envelope["result"]

@@ -127,7 +127,7 @@ COLOURS = {"plain": "#000000", "smoothing": "#1f77b4", "progressive": "#2ca02c",
 
 
 def plot(envelope: dict[str, Any]) -> Any:
-    import plotting
+    from dimd import plotting
 
     f, p = envelope["result"], envelope["parameters"]
     fig, axes = plotting.figure(1, 2, width=5.6, height=4.2)
