@@ -266,7 +266,7 @@ class Trainer:
         from mpi4py import MPI
 
         t0 = time.perf_counter()
-        average = getattr(self.strategy, "average", None)
+        average = self.strategy.average
         models = [self.strategy.eval_model()] + ([average.module] if average is not None else [])
         plan = self.plan
         with plan.precision.autocast():   # one row of counts per model

@@ -78,6 +78,7 @@ class SMA:
     """SMA as a :class:`~dimd.train.steps.Strategy`; ``model`` becomes the central model z."""
 
     name = "sma"
+    average = None   # z is itself an average of the learners: no moving average of it (``ema``)
 
     def __init__(self, model: nn.Module, reduce: Reduce, world_size: int, *, learners: int | None,
                  alpha: float | None, momentum: float, central_momentum: float | None,

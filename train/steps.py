@@ -211,6 +211,7 @@ class Strategy(Protocol):
     """The per-step synchronisation: S-SGD's gradient allreduce or SMA's model averaging."""
 
     name: str                      # "ssgd" or "sma", as ``--sync`` names it
+    average: Any                   # the weights' moving average (dimd.train.ema.WeightAverage), or None
 
     @property
     def learners(self) -> int:
