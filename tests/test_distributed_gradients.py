@@ -685,7 +685,9 @@ def test_the_stream_current_at_the_step_waits_for_the_reduction(monkeypatch):
     torch.manual_seed(0)
     model = build_model("lenet", 10)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    grads = distributed.DistributedGradients(model, MPI.COMM_SELF, algorithm="mpi", optimizer=optimizer)
+    # overlap off: its communication thread needs MPI at THREAD_SERIALIZED, which this test process may not have
+    grads = distributed.DistributedGradients(model, MPI.COMM_SELF, algorithm="mpi", optimizer=optimizer,
+                                             overlap=False)
     reduce = grads.buckets.synchronize
     grads.buckets.synchronize = lambda: (reduce(), streams.log.append(("reduced", streams.current_stream().name)))
 
