@@ -270,8 +270,8 @@ class Trainer:
         models = [self.strategy.eval_model()] + ([average.module] if average is not None else [])
         plan = self.plan
         with plan.precision.autocast():   # one row of counts per model
-            counts = np.atleast_2d(local_counts(models[0] if len(models) == 1 else models, self.val_loader.epoch(0),
-                                                plan.normalize, label_map=plan.val_label_map, tta=self.config.tta))
+            counts = local_counts(models, self.val_loader.epoch(0), plan.normalize, label_map=plan.val_label_map,
+                                  tta=self.config.tta)
         with self.watchdog.waiting(f"the evaluation's allreduce after step {self.state.step}"):
             self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)   # MPI: every rank scored its share
         seconds = time.perf_counter() - t0
